@@ -1,0 +1,64 @@
+"""numabind: put each GPU rank process on the CPUs and memory of its GPU's NUMA node.
+
+``import numabind`` is light: the public names below load their modules on first use, so
+the startup hook (which imports ``numabind._startup``) pays only for what it runs, and no
+NVML, psutil or torch is ever imported here.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._api import State, apply, current, numa_bound, plan_for
+    from ._apply import Binding, BindingError
+    from ._kernel import KernelError
+    from ._plan import Plan, Request, plan
+    from ._topology import Machine
+
+__all__ = [
+    "Binding",
+    "BindingError",
+    "KernelError",
+    "Machine",
+    "Plan",
+    "Request",
+    "State",
+    "__version__",
+    "apply",
+    "current",
+    "numa_bound",
+    "plan",
+    "plan_for",
+]
+
+_LAZY = {
+    "apply": "_api",
+    "current": "_api",
+    "numa_bound": "_api",
+    "plan_for": "_api",
+    "State": "_api",
+    "Binding": "_apply",
+    "BindingError": "_apply",
+    "KernelError": "_kernel",
+    "Plan": "_plan",
+    "Request": "_plan",
+    "plan": "_plan",
+    "Machine": "_topology",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'numabind' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"numabind.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,251 @@
+"""Kernel calls: CPU affinity and memory policy, without libnuma.
+
+glibc does not export the memory-policy calls, and libnuma is missing from many images, so
+they go through ``syscall(2)`` by number (``ctypes.CDLL(None)`` is the already-loaded libc;
+``ctypes.util.find_library`` would cost ~20 ms and may spawn ``ldconfig``).  ctypes is
+imported on first use, only by a process that actually binds.
+
+Scope matters here: CPU affinity and memory policy both belong to one *thread*.  A
+policy set here governs the calling thread and the threads and processes it creates
+afterwards (kept across ``execve``); it cannot be set for another thread of the process.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED_MANY = range(6)
+MPOL_F_STATIC_NODES = 1 << 15
+MPOL_F_RELATIVE_NODES = 1 << 14
+MPOL_MF_STRICT, MPOL_MF_MOVE, MPOL_MF_MOVE_ALL = 1, 2, 4
+POLICY_CODES = {
+    "default": MPOL_DEFAULT,
+    "preferred": MPOL_PREFERRED,
+    "bind": MPOL_BIND,
+    "interleave": MPOL_INTERLEAVE,
+    "local": MPOL_LOCAL,
+    "preferred-many": MPOL_PREFERRED_MANY,
+}
+POLICY_NAMES = {v: k for k, v in POLICY_CODES.items()}
+
+_SYSCALLS = {
+    "x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "migrate_pages": 256, "move_pages": 279},
+    "aarch64": {"mbind": 235, "set_mempolicy": 237, "get_mempolicy": 236, "migrate_pages": 238, "move_pages": 239},
+}
+# Node masks are passed as arrays of unsigned longs; 1024 nodes covers every kernel
+# configuration shipped (CONFIG_NODES_SHIFT <= 10).
+MAX_NODES = 1024
+_WORD_BITS = 64
+_WORDS = MAX_NODES // _WORD_BITS
+
+_MEANINGS = {
+    1: "not permitted: a seccomp filter or container policy forbids memory-policy calls",
+    22: "invalid: a node is offline, memory-less, or outside this process's cpuset.mems",
+    38: "not implemented: this kernel was built without NUMA support",
+    12: "out of memory in the kernel",
+    14: "bad address",
+}
+
+
+class KernelError(OSError):
+    """A failed kernel call, with what was asked.  ``errno`` is the kernel's answer."""
+
+    def __init__(self, call: str, err: int, asked: str) -> None:
+        meaning = _MEANINGS.get(err, os.strerror(err))
+        super().__init__(err, f"{call}({asked}) failed: {meaning}")
+        self.call = call
+        self.asked = asked
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.errno, self.asked))
+
+
+class _Libc:
+    _instance: _Libc | None = None
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.syscall.restype = ctypes.c_long
+        machine = os.uname().machine
+        if machine not in _SYSCALLS:
+            raise KernelError("syscall", 38, f"memory-policy calls on {machine} are not supported")
+        self.numbers = _SYSCALLS[machine]
+
+    @classmethod
+    def get(cls) -> _Libc:
+        if cls._instance is None:
+            cls._instance = _Libc()
+        return cls._instance
+
+    def call(self, name: str, asked: str, *args: Any) -> int:
+        ct = self.ctypes
+        ct.set_errno(0)
+        res = int(self.libc.syscall(ct.c_long(self.numbers[name]), *args))
+        if res < 0:
+            raise KernelError(name, ct.get_errno(), asked)
+        return res
+
+    def mask(self, nodes: Iterable[int]) -> Any:
+        arr = (self.ctypes.c_ulong * _WORDS)()
+        for n in nodes:
+            if not 0 <= n < MAX_NODES:
+                raise KernelError("nodemask", 22, f"node {n}")
+            arr[n // _WORD_BITS] |= 1 << (n % _WORD_BITS)
+        return arr
+
+
+def _nodes_of(arr: Any) -> frozenset[int]:
+    out = set()
+    for w in range(_WORDS):
+        word = int(arr[w])
+        b = 0
+        while word:
+            if word & 1:
+                out.add(w * _WORD_BITS + b)
+            word >>= 1
+            b += 1
+    return frozenset(out)
+
+
+def _fmt(nodes: Iterable[int]) -> str:
+    from ._sysfs import format_cpulist
+
+    return format_cpulist(nodes) or "none"
+
+
+def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
+    """Set the calling thread's memory policy (inherited by threads/processes it starts)."""
+    lib = _Libc.get()
+    ct = lib.ctypes
+    nodes = frozenset(nodes)
+    code = POLICY_CODES[policy]
+    asked = f"{policy}, nodes {_fmt(nodes)}"
+    if code in (MPOL_DEFAULT, MPOL_LOCAL):
+        lib.call("set_mempolicy", asked, ct.c_int(code), None, ct.c_ulong(0))
+        return
+    mask = lib.mask(nodes)
+    lib.call("set_mempolicy", asked, ct.c_int(code), ct.byref(mask), ct.c_ulong(MAX_NODES + 1))
+
+
+def get_mempolicy() -> tuple[str, frozenset[int]]:
+    """The calling thread's memory policy and its nodes."""
+    lib = _Libc.get()
+    ct = lib.ctypes
+    mode = ct.c_int(0)
+    mask = lib.mask(())
+    lib.call(
+        "get_mempolicy", "self", ct.byref(mode), ct.byref(mask), ct.c_ulong(MAX_NODES + 1), None, ct.c_ulong(0)
+    )
+    code = mode.value & ~(MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES)
+    return POLICY_NAMES.get(code, str(code)), _nodes_of(mask)
+
+
+def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int = 0) -> None:
+    """Set the policy of an address range; with ``MPOL_MF_MOVE`` also move its pages."""
+    lib = _Libc.get()
+    ct = lib.ctypes
+    nodes = frozenset(nodes)
+    code = POLICY_CODES[policy]
+    asked = f"0x{addr:x}+{length}, {policy}, nodes {_fmt(nodes)}, flags {flags}"
+    if code in (MPOL_DEFAULT, MPOL_LOCAL):
+        lib.call("mbind", asked, ct.c_void_p(addr), ct.c_ulong(length), ct.c_int(code), None, ct.c_ulong(0), ct.c_uint(flags))
+        return
+    mask = lib.mask(nodes)
+    lib.call(
+        "mbind",
+        asked,
+        ct.c_void_p(addr),
+        ct.c_ulong(length),
+        ct.c_int(code),
+        ct.byref(mask),
+        ct.c_ulong(MAX_NODES + 1),
+        ct.c_uint(flags),
+    )
+
+
+def move_pages(pages: list[int], nodes: list[int] | None = None, pid: int = 0) -> list[int]:
+    """Move pages (``nodes`` given) or ask where they are (``nodes`` None).
+
+    Returns one status per page: the node it is on, or a negative errno (-ENOENT: not
+    present, -EFAULT: not mapped).
+    """
+    lib = _Libc.get()
+    ct = lib.ctypes
+    n = len(pages)
+    if n == 0:
+        return []
+    arr = (ct.c_void_p * n)(*pages)
+    status = (ct.c_int * n)()
+    node_arr = (ct.c_int * n)(*nodes) if nodes is not None else None
+    lib.call(
+        "move_pages",
+        f"pid {pid}, {n} pages",
+        ct.c_int(pid),
+        ct.c_ulong(n),
+        arr,
+        node_arr,
+        status,
+        ct.c_int(MPOL_MF_MOVE),
+    )
+    return list(status)
+
+
+def migrate_pages(pid: int, old: Iterable[int], new: Iterable[int]) -> int:
+    """Move all of a process's pages from ``old`` to ``new`` nodes (shared ones too, as
+    root: numabind itself never calls this on a rank; it is here for tools and tests)."""
+    lib = _Libc.get()
+    ct = lib.ctypes
+    old, new = frozenset(old), frozenset(new)
+    a, b = lib.mask(old), lib.mask(new)
+    return lib.call(
+        "migrate_pages",
+        f"pid {pid}, {_fmt(old)} -> {_fmt(new)}",
+        ct.c_int(pid),
+        ct.c_ulong(MAX_NODES + 1),
+        ct.byref(a),
+        ct.byref(b),
+    )
+
+
+# --- CPU affinity -------------------------------------------------------------------------
+
+
+def thread_ids(pid: int | str = "self") -> list[int]:
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return [os.getpid()] if pid == "self" else []
+
+
+def affinity_of(tid: int) -> frozenset[int] | None:
+    try:
+        return frozenset(os.sched_getaffinity(tid))
+    except OSError:
+        return None
+
+
+def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:
+    """Set one thread's CPU mask.  EINVAL here means none of ``cpus`` is allowed (a
+    cgroup cpuset without them); the error then lists the ones that are."""
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except OSError as err:
+        if err.errno == 22:
+            from ._sysfs import format_cpulist
+
+            eligible = affinity_of(0) or frozenset()
+            raise KernelError(
+                "sched_setaffinity",
+                22,
+                f"thread {tid}, CPUs {format_cpulist(cpus)}; this process may use "
+                f"{format_cpulist(eligible)}",
+            ) from err
+        raise

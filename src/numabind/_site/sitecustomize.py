@@ -1,0 +1,46 @@
+"""numabind's startup hook as a ``sitecustomize`` module, for PYTHONPATH users.
+
+Put the directory printed by ``numabind sitecustomize-path`` on PYTHONPATH.  Python then
+imports this file at startup instead of the sitecustomize it would otherwise have found
+(Debian and conda ship one), so after running the hook this module finds that one further
+down ``sys.path`` and runs it, under the same name.
+"""
+
+import os
+import sys
+
+
+def _chain() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    import importlib.machinery
+    import importlib.util
+
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+def _hook() -> None:
+    env = os.environ
+    if env.get("NUMABIND", "").strip().lower() in ("0", "off"):
+        return
+    if not any(v in env for v in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                  "MV2_COMM_WORLD_LOCAL_RANK", "PALS_LOCAL_RANKID", "SLURM_LOCALID")):
+        return
+    try:
+        from numabind import _startup
+
+        _startup.run()
+    except Exception as err:
+        sys.stderr.write(f"numabind: startup hook failed to load ({err!r}); this process runs unbound\n")
+
+
+_hook()
+try:
+    _chain()
+except Exception as _err:
+    sys.stderr.write(f"numabind: could not run the sitecustomize it shadows ({_err!r})\n")
