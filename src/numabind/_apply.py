@@ -173,6 +173,10 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool) -> None:
             continue
         b._previous_affinity[tid] = current
         b.threads_rebound += 1
+        if tid in (0, self_tid):
+            got = _kernel.affinity_of(tid)
+            if got is not None and got != cpus:
+                b.notes.append(f"the kernel narrowed the CPUs to {fmt(got)} (a cpuset numabind could not read)")
     b.cpus_applied = not b.errors
 
 

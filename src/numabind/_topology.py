@@ -237,25 +237,26 @@ class SysfsSource(Source):
         if found is not None:
             cpus, mems, source = found
             return Allowed(cpus & online if online else cpus, mems, source)
+        # No cgroup cpuset readable (none mounted in this mount namespace, or a kernel
+        # without cgroups).  Cpus_allowed_list is only the *current affinity*, which a
+        # launcher or parent may have narrowed: planning inside it is the bug this library
+        # exists to fix (a rank pinned by its agent would stay pinned).  So the plan
+        # assumes every online CPU; the kernel still intersects any mask we set with the
+        # real cpuset, and apply reports a mask it narrowed.  Mems_allowed_list is the
+        # cpuset's own memory nodes (no parent narrows it), so it is used as it is.
         status = self._read("/proc/self/status") or ""
-        cpus_text = mems_text = None
+        mems: frozenset[int] | None = None
+        current = ""
         for line in status.splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                cpus_text = line.split(":", 1)[1]
-            elif line.startswith("Mems_allowed_list:"):
-                mems_text = line.split(":", 1)[1]
-        try:
-            if cpus_text is not None:
-                mems = _sysfs.parse_cpulist(mems_text) if mems_text is not None else None
-                return Allowed(
-                    _sysfs.parse_cpulist(cpus_text) & online,
-                    mems,
-                    "current affinity (Cpus_allowed_list; no cgroup cpuset could be read, "
-                    "so a parent's narrower mask may show here)",
-                )
-        except ValueError:
-            pass
-        return Allowed(online, None, "online CPUs (no cgroup cpuset or process status readable)")
+            if line.startswith("Mems_allowed_list:"):
+                try:
+                    mems = _sysfs.parse_cpulist(line.split(":", 1)[1])
+                except ValueError:
+                    mems = None
+            elif line.startswith("Cpus_allowed_list:"):
+                current = line.split(":", 1)[1].strip()
+        note = f"; current affinity {current} not used to narrow the plan" if current else ""
+        return Allowed(online, mems, f"all online CPUs (no cgroup cpuset readable{note})")
 
     def _cgroup_cpuset(self) -> tuple[frozenset[int], frozenset[int] | None, str] | None:
         mounts = self._read("/proc/self/mounts") or self._read("/proc/mounts") or ""
