@@ -29,4 +29,6 @@ def start() -> None:
     except Exception as err:
         import sys
 
-        sys.stderr.write(f"numabind: startup hook failed to load ({err!r}); this process runs unbound\n")
+        sys.stderr.write(
+            f"numabind: startup hook failed to load ({err!r}); this process runs unbound\n"
+        )

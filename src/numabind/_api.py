@@ -54,11 +54,15 @@ def plan_for(
             raise ValueError(f"local_rank must be >= 0, not {local_rank}")
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
-        info = RankInfo(local_rank, size, "argument", "argument" if local_world_size else found.size_source)
+        info = RankInfo(
+            local_rank, size, "argument", "argument" if local_world_size else found.size_source
+        )
     else:
         info = detect(env, getattr(sys, "orig_argv", None))
         if local_world_size is not None:
-            info = RankInfo(info.local_rank, local_world_size, info.rank_source, "argument", None, info.problem)
+            info = RankInfo(
+                info.local_rank, local_world_size, info.rank_source, "argument", None, info.problem
+            )
     visible = resolve(m, env)
     if device is not None:
         visible = _pick(visible, device, m)
@@ -81,12 +85,19 @@ def _pick(visible: Visible, device: int | str, machine: Machine) -> Visible:
     if isinstance(device, int):
         if 0 <= device < len(devs):
             return Visible((devs[device],), visible.family, f"device={device}")
-        return Visible((), visible.family, f"device={device}", f"device index {device} is not visible ({len(devs)} are)")
+        return Visible(
+            (),
+            visible.family,
+            f"device={device}",
+            f"device index {device} is not visible ({len(devs)} are)",
+        )
     pci = normalize_pci(device)
     for acc in (*devs, *machine.accelerators):
         if acc.pci == pci or (acc.uuid and acc.uuid.lower().startswith(device.lower())):
             return Visible((acc,), acc.vendor, f"device={device}")
-    return Visible((), visible.family, f"device={device}", f"no accelerator {device!r} on this machine")
+    return Visible(
+        (), visible.family, f"device={device}", f"no accelerator {device!r} on this machine"
+    )
 
 
 def apply(
@@ -109,11 +120,15 @@ def apply(
     raises :class:`~numabind.BindingError` instead of recording failures.
     """
     cfg = config_from_env(os.environ)
-    p = plan_for(local_rank, device=device, mode=mode, memory=memory, local_world_size=local_world_size)
+    p = plan_for(
+        local_rank, device=device, mode=mode, memory=memory, local_world_size=local_world_size
+    )
     return apply_plan(p, migrate=migrate, strict=cfg.strict if strict is None else strict)
 
 
-def _rank_from_call(rank_arg: int | str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+def _rank_from_call(
+    rank_arg: int | str | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> int | None:
     if isinstance(rank_arg, str):
         value = kwargs.get(rank_arg)
         if value is None:
@@ -157,9 +172,7 @@ def numa_bound(
             binding = apply(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
             wrapper.binding = binding  # type: ignore[attr-defined]
             cfg = config_from_env(os.environ)
-            if (not binding.plan.bound and binding.plan.problem) or binding.errors:
-                print(f"numabind: {binding}", file=sys.stderr)
-            elif cfg.verbose:
+            if (not binding.plan.bound and binding.plan.problem) or binding.errors or cfg.verbose:
                 print(f"numabind: {binding}", file=sys.stderr)
             return fn(*args, **kwargs)
 
@@ -205,7 +218,9 @@ class State(Record):
 
 def current() -> State:
     """Read this process's live state from the kernel."""
-    threads = {tid: cpus for tid in _kernel.thread_ids() if (cpus := _kernel.affinity_of(tid)) is not None}
+    threads = {
+        tid: cpus for tid in _kernel.thread_ids() if (cpus := _kernel.affinity_of(tid)) is not None
+    }
     try:
         policy, nodes = _kernel.get_mempolicy()
     except OSError:

@@ -65,7 +65,10 @@ class Binding:
             return p.summary()
         parts = [p.summary().split(": ", 1)[0] + ":"]
         if self.cpus_applied:
-            parts.append(f"CPUs {fmt(p.cpus)} ({self.threads_rebound} threads rebound, {self.threads_kept} kept)")
+            parts.append(
+                f"CPUs {fmt(p.cpus)} ({self.threads_rebound} threads rebound, "
+                f"{self.threads_kept} kept)"
+            )
         if self.policy_applied:
             nodes = f" {fmt(self.policy_nodes)}" if self.policy_nodes else ""
             parts.append(f"memory {self.policy_applied}{nodes}")
@@ -130,9 +133,11 @@ def apply_plan(
     cpus: bool = True,
     memory: bool = True,
     strict: bool = False,
+    register: bool = True,
 ) -> Binding:
     """Bind this process as ``plan`` says.  In strict mode any failure, or a skipped plan,
-    raises :class:`BindingError`; otherwise failures are recorded in ``Binding.errors``."""
+    raises :class:`BindingError`; otherwise failures are recorded in ``Binding.errors``.
+    A process that ends up bound registers itself for ``numabind check --all``."""
     b = Binding(plan)
     if not plan.bound:
         if strict:
@@ -147,6 +152,10 @@ def apply_plan(
     if strict and b.errors:
         b.restore()
         raise BindingError(f"{plan.summary()}: " + "; ".join(b.errors))
+    if register and not b.errors:
+        from ._registry import register as _register
+
+        _register(b)
     return b
 
 
@@ -176,7 +185,9 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool) -> None:
         if tid in (0, self_tid):
             got = _kernel.affinity_of(tid)
             if got is not None and got != cpus:
-                b.notes.append(f"the kernel narrowed the CPUs to {fmt(got)} (a cpuset numabind could not read)")
+                b.notes.append(
+                    f"the kernel narrowed the CPUs to {fmt(got)} (a cpuset numabind could not read)"
+                )
     b.cpus_applied = not b.errors
 
 

@@ -43,7 +43,9 @@ class CaptureError(Exception):
 class Capture:
     """An opened capture: the machine and, if it recorded one, the environment."""
 
-    def __init__(self, machine: Machine, environ: dict[str, str] | None, cleanup: str | None) -> None:
+    def __init__(
+        self, machine: Machine, environ: dict[str, str] | None, cleanup: str | None
+    ) -> None:
         self.machine = machine
         self.environ = environ
         self._tmp = cleanup
@@ -95,7 +97,8 @@ def open_capture(path: str) -> Capture:
         try:
             with tarfile.open(path) as tar:
                 members = [
-                    m for m in tar.getmembers()
+                    m
+                    for m in tar.getmembers()
                     if not (m.name.startswith("/") or ".." in m.name.split("/"))
                     and (m.isfile() or m.isdir() or m.issym())
                 ]
@@ -144,7 +147,9 @@ def _gather_paths(root: str = "/") -> list[str]:
             paths += [f"{base}/topology/{f}" for f in _CPU_TOPO]
             for idx in _sysfs.listdir(j(root, f"{base}/cache")):
                 if idx.startswith("index"):
-                    paths += [f"{base}/cache/{idx}/{f}" for f in ("level", "type", "shared_cpu_list")]
+                    paths += [
+                        f"{base}/cache/{idx}/{f}" for f in ("level", "type", "shared_cpu_list")
+                    ]
     for bdf in _sysfs.listdir(j(root, "/sys/bus/pci/devices")):
         paths += [f"/sys/bus/pci/devices/{bdf}/{f}" for f in _PCI_FILES]
     for bdf in _sysfs.listdir(j(root, "/proc/driver/nvidia/gpus")):
@@ -153,9 +158,16 @@ def _gather_paths(root: str = "/") -> list[str]:
     if allowed.source.startswith("cgroup"):
         d = allowed.source.split(" ")[-1]
         for f in (
-            "cpuset.cpus.effective", "cpuset.mems.effective", "cpuset.effective_cpus",
-            "cpuset.effective_mems", "cpuset.cpus", "cpuset.mems", "cpus", "mems",
-            "effective_cpus", "effective_mems",
+            "cpuset.cpus.effective",
+            "cpuset.mems.effective",
+            "cpuset.effective_cpus",
+            "cpuset.effective_mems",
+            "cpuset.cpus",
+            "cpuset.mems",
+            "cpus",
+            "mems",
+            "effective_cpus",
+            "effective_mems",
         ):
             paths.append(f"{d}/{f}")
     return paths

@@ -199,7 +199,11 @@ def resolve(
         else:
             return Visible((), None, "no accelerator found")
         return Visible(
-            devs, family, f"all {len(devs)} reachable {family} GPUs", None, _order_notes(devs, environ, notes)
+            devs,
+            family,
+            f"all {len(devs)} reachable {family} GPUs",
+            None,
+            _order_notes(devs, environ, notes),
         )
     devs, n = reachable(machine, family, environ)
     notes.extend(n)
@@ -210,7 +214,9 @@ def resolve(
         out, problem, n = _parse_list("CUDA_VISIBLE_DEVICES", text, devs, nvml)
         notes.extend(n)
         if problem and text.startswith("-"):
-            return Visible((), family, f"CUDA_VISIBLE_DEVICES={text} hides every GPU", None, tuple(notes))
+            return Visible(
+                (), family, f"CUDA_VISIBLE_DEVICES={text} hides every GPU", None, tuple(notes)
+            )
         return Visible(
             out, family, f"CUDA_VISIBLE_DEVICES={text}", problem, _order_notes(out, environ, notes)
         )

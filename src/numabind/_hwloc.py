@@ -179,3 +179,27 @@ class HwlocSource(Source):
 def load(path: str) -> Machine:
     """A :class:`Machine` from an hwloc XML export."""
     return Machine(HwlocSource(path))
+
+
+def nvml_osdevs(path: str) -> list[tuple[str, str, str | None]]:
+    """The NVML OS devices hwloc recorded: (``nvmlN``, PCI address, UUID), in file order.
+
+    These are real NVML answers (hwloc's NVML backend wrote them), which is what the tests'
+    recorded NVML replays."""
+    out: list[tuple[str, str, str | None]] = []
+    for pci in ET.parse(path).getroot().iter("object"):
+        if pci.get("type") != "PCIDev":
+            continue
+        for osdev in pci.findall("object"):
+            name = osdev.get("name", "")
+            if osdev.get("type") == "OSDev" and name.startswith("nvml"):
+                uuid = next(
+                    (
+                        i.get("value")
+                        for i in osdev.findall("info")
+                        if i.get("name") == "NVIDIAUUID"
+                    ),
+                    None,
+                )
+                out.append((name, normalize_pci(pci.get("pci_busid", "")) or "", uuid))
+    return out

@@ -34,8 +34,20 @@ POLICY_CODES = {
 POLICY_NAMES = {v: k for k, v in POLICY_CODES.items()}
 
 _SYSCALLS = {
-    "x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "migrate_pages": 256, "move_pages": 279},
-    "aarch64": {"mbind": 235, "set_mempolicy": 237, "get_mempolicy": 236, "migrate_pages": 238, "move_pages": 239},
+    "x86_64": {
+        "mbind": 237,
+        "set_mempolicy": 238,
+        "get_mempolicy": 239,
+        "migrate_pages": 256,
+        "move_pages": 279,
+    },
+    "aarch64": {
+        "mbind": 235,
+        "set_mempolicy": 237,
+        "get_mempolicy": 236,
+        "migrate_pages": 238,
+        "move_pages": 239,
+    },
 }
 # Node masks are passed as arrays of unsigned longs; 1024 nodes covers every kernel
 # configuration shipped (CONFIG_NODES_SHIFT <= 10).
@@ -142,7 +154,13 @@ def get_mempolicy() -> tuple[str, frozenset[int]]:
     mode = ct.c_int(0)
     mask = lib.mask(())
     lib.call(
-        "get_mempolicy", "self", ct.byref(mode), ct.byref(mask), ct.c_ulong(MAX_NODES + 1), None, ct.c_ulong(0)
+        "get_mempolicy",
+        "self",
+        ct.byref(mode),
+        ct.byref(mask),
+        ct.c_ulong(MAX_NODES + 1),
+        None,
+        ct.c_ulong(0),
     )
     code = mode.value & ~(MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES)
     return POLICY_NAMES.get(code, str(code)), _nodes_of(mask)
@@ -156,7 +174,16 @@ def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int 
     code = POLICY_CODES[policy]
     asked = f"0x{addr:x}+{length}, {policy}, nodes {_fmt(nodes)}, flags {flags}"
     if code in (MPOL_DEFAULT, MPOL_LOCAL):
-        lib.call("mbind", asked, ct.c_void_p(addr), ct.c_ulong(length), ct.c_int(code), None, ct.c_ulong(0), ct.c_uint(flags))
+        lib.call(
+            "mbind",
+            asked,
+            ct.c_void_p(addr),
+            ct.c_ulong(length),
+            ct.c_int(code),
+            None,
+            ct.c_ulong(0),
+            ct.c_uint(flags),
+        )
         return
     mask = lib.mask(nodes)
     lib.call(

@@ -40,13 +40,18 @@ class Record:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
+    def _names(self) -> tuple[str, ...]:
+        names: tuple[str, ...] = self.__slots__
+        return names
+
     def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, n) for n in self.__slots__)
+        return tuple(getattr(self, n) for n in self._names())
 
     def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined, no-any-return]
+        assert isinstance(other, Record)
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._values()))
@@ -55,12 +60,12 @@ class Record:
         return (type(self), self._values())
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._names())
         return f"{type(self).__name__}({fields})"
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-ready data (sets as sorted lists)."""
-        return {n: jsonable(getattr(self, n)) for n in self.__slots__}
+        return {n: jsonable(getattr(self, n)) for n in self._names()}
 
 
 class Node(Record):

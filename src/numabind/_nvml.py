@@ -106,8 +106,12 @@ class PynvmlBackend(NvmlBackend):
                         gpu["numa_node"] = None
                     try:
                         words = nv.nvmlDeviceGetCpuAffinity(h, 64)
-                        cpus = [w * 64 + b for w, word in enumerate(words) for b in range(64)
-                                if int(word) >> b & 1]
+                        cpus = [
+                            w * 64 + b
+                            for w, word in enumerate(words)
+                            for b in range(64)
+                            if int(word) >> b & 1
+                        ]
                         gpu["cpu_affinity"] = cpus
                     except Exception:
                         gpu["cpu_affinity"] = None

@@ -23,7 +23,15 @@ MEMORY_POLICIES = ("preferred", "bind", "interleave", "local", "none")
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    __slots__ = ("local_rank", "local_world_size", "rank_source", "visible", "mode", "memory", "problem")
+    __slots__ = (
+        "local_rank",
+        "local_world_size",
+        "rank_source",
+        "visible",
+        "mode",
+        "memory",
+        "problem",
+    )
     local_rank: int | None
     local_world_size: int | None
     rank_source: str | None
@@ -178,7 +186,9 @@ def _describe(dev: Accelerator, index: int | None) -> str:
     return f"{label} {where}"
 
 
-def device_node(machine: Machine, dev: Accelerator) -> tuple[int | None, frozenset[int] | None, str]:
+def device_node(
+    machine: Machine, dev: Accelerator
+) -> tuple[int | None, frozenset[int] | None, str]:
     """The CPU-bearing NUMA node next to a device: (node, narrower CPU locality, how known).
 
     ``numa_node`` from sysfs is the answer when it names a node with CPUs.  When it is
@@ -214,7 +224,9 @@ def plan(machine: Machine, request: Request) -> Plan:
     try:
         return _Planner(machine, request).run()
     except Exception as err:  # a capture we did not foresee must not break a process
-        return _skipped(request, f"numabind could not plan on this machine ({type(err).__name__}: {err})")
+        return _skipped(
+            request, f"numabind could not plan on this machine ({type(err).__name__}: {err})"
+        )
 
 
 def _skipped(
@@ -267,7 +279,9 @@ class _Planner:
         if r.mode not in MODES:
             raise _Skip(f"unknown mode {r.mode!r} (use one of {', '.join(MODES)})")
         if r.memory not in MEMORY_POLICIES:
-            raise _Skip(f"unknown memory policy {r.memory!r} (use one of {', '.join(MEMORY_POLICIES)})")
+            raise _Skip(
+                f"unknown memory policy {r.memory!r} (use one of {', '.join(MEMORY_POLICIES)})"
+            )
         if r.problem:
             raise _Skip(r.problem)
         visible = r.visible
@@ -276,6 +290,7 @@ class _Planner:
         devs = visible.devices if visible is not None else ()
         allowed = self.m.allowed.cpus
         what: str
+        node_id: int | None
         locality: frozenset[int] | None = None
         one_node = len(self.m.cpu_nodes) <= 1 and r.mode in ("node", "socket")
         if one_node:
@@ -293,8 +308,10 @@ class _Planner:
                     f"the NUMA node of {_describe(dev, index)} is unknown (sysfs numa_node is -1 "
                     "and its CPU locality is the whole machine); left unbound rather than guess"
                 )
-            what = f"{_describe(dev, index)} is on node {node_id}" if node_id is not None else (
-                f"{_describe(dev, index)}: {how}"
+            what = (
+                f"{_describe(dev, index)} is on node {node_id}"
+                if node_id is not None
+                else (f"{_describe(dev, index)}: {how}")
             )
         self.node = node_id
         if node_id is None:
@@ -341,7 +358,8 @@ class _Planner:
             if len(nodes) == 1 and None not in nodes:
                 return devs[0], 0
             raise _Skip(
-                f"{len(devs)} GPUs are visible, on nodes {sorted(n for n in nodes if n is not None)}"
+                f"{len(devs)} GPUs are visible, on nodes "
+                f"{sorted(n for n in nodes if n is not None)}"
                 " (or unknown), and no local rank picks one"
             )
         index = r.local_rank % len(devs)
@@ -374,7 +392,9 @@ class _Planner:
         )
 
     # --- modes
-    def _mode_cpus(self, node_id: int, base: frozenset[int], devs: tuple[Accelerator, ...]) -> frozenset[int]:
+    def _mode_cpus(
+        self, node_id: int, base: frozenset[int], devs: tuple[Accelerator, ...]
+    ) -> frozenset[int]:
         mode = self.r.mode
         if mode == "node":
             return base
@@ -415,7 +435,11 @@ class _Planner:
             if size is None:
                 return None
             nodes = [n for n in self.m.cpu_nodes if n.cpus & self.m.allowed.cpus]
-            same = [k for k in range(size) if nodes[min(k * len(nodes) // size, len(nodes) - 1)].id == node_id]
+            same = [
+                k
+                for k in range(size)
+                if nodes[min(k * len(nodes) // size, len(nodes) - 1)].id == node_id
+            ]
             return same.index(r.local_rank), len(same)
         if size is None:
             if len(self.m.cpu_nodes) == 1 and len(devs) > 1:
@@ -429,7 +453,9 @@ class _Planner:
             return None
         return same.index(r.local_rank), len(same)
 
-    def _exclusive(self, node_id: int, base: frozenset[int], position: int, count: int) -> frozenset[int]:
+    def _exclusive(
+        self, node_id: int, base: frozenset[int], position: int, count: int
+    ) -> frozenset[int]:
         cores: dict[frozenset[int], None] = {}
         for info in self.m.cpu_infos(base):
             cores.setdefault(frozenset(info.siblings & base), None)
@@ -471,12 +497,16 @@ class _Planner:
             mem &= allowed_mems
             self.notes.append(f"memory nodes {fmt(dropped)} are outside this process's cpuset.mems")
         if not mem:
-            self.notes.append("no memory node this process may use holds its CPUs: memory left alone")
+            self.notes.append(
+                "no memory node this process may use holds its CPUs: memory left alone"
+            )
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
             if self.m.kernel_at_least(5, 15):
                 return frozenset(mem), "preferred-many"
             first = node_id if node_id in mem else min(mem)
-            self.notes.append(f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}")
+            self.notes.append(
+                f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}"
+            )
             return frozenset({first}), "preferred"
         return frozenset(mem), policy

@@ -23,7 +23,9 @@ class Region(Record):
     page_size: int
     pages: dict[int, int]
 
-    def __init__(self, start: int, end: int, name: str, page_size: int, pages: dict[int, int]) -> None:
+    def __init__(
+        self, start: int, end: int, name: str, page_size: int, pages: dict[int, int]
+    ) -> None:
         _set(self, "start", start)
         _set(self, "end", end)
         _set(self, "name", name)

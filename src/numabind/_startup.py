@@ -74,7 +74,9 @@ def run(environ: Mapping[str, str] | None = None) -> Binding | None:
     try:
         return _run(env, strict)
     except Exception as err:  # the hook must never break an interpreter
-        _fail(f"startup hook failed ({type(err).__name__}: {err}); this process runs unbound", strict)
+        _fail(
+            f"startup hook failed ({type(err).__name__}: {err}); this process runs unbound", strict
+        )
         return None
 
 
@@ -93,7 +95,10 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     info = detect(env, getattr(sys, "orig_argv", None))
     if info.launcher is not None:
         if cfg.verbose:
-            _say(f"{info.launcher} is a launcher, not a rank: not bound (its workers bind themselves)")
+            _say(
+                f"{info.launcher} is a launcher, not a rank: not bound "
+                "(its workers bind themselves)"
+            )
         return None
     if info.local_rank is None and info.problem is None:
         return None
@@ -109,13 +114,21 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 
     machine = Machine.from_root(env.get("NUMABIND_SYSROOT", "/"))
     visible = None
-    if info.problem is None and not (cfg.mode in ("node", "socket") and len(machine.cpu_nodes) <= 1):
+    if info.problem is None and not (
+        cfg.mode in ("node", "socket") and len(machine.cpu_nodes) <= 1
+    ):
         from ._devices import resolve
         from ._nvml import PynvmlBackend
 
         visible = resolve(machine, env, PynvmlBackend())
     request = Request(
-        info.local_rank, info.local_world_size, info.rank_source, visible, cfg.mode, cfg.memory, info.problem
+        info.local_rank,
+        info.local_world_size,
+        info.rank_source,
+        visible,
+        cfg.mode,
+        cfg.memory,
+        info.problem,
     )
     p = plan(machine, request)
     binding = apply_plan(p, migrate=True, strict=False)

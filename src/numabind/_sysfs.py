@@ -24,7 +24,7 @@ def join(root: str, path: str) -> str:
     return root.rstrip("/") + path
 
 
-def read_text(path: str, fallback: str | None | object = _MISSING) -> str:
+def read_text(path: str, fallback: str | object | None = _MISSING) -> str:
     """Read a small sysfs/procfs file and strip it.
 
     Without a fallback an ``OSError`` propagates (the caller wanted the file); with one, a

@@ -235,8 +235,8 @@ class SysfsSource(Source):
     def allowed(self, online: frozenset[int]) -> Allowed:
         found = self._cgroup_cpuset()
         if found is not None:
-            cpus, mems, source = found
-            return Allowed(cpus & online if online else cpus, mems, source)
+            cpus, cg_mems, source = found
+            return Allowed(cpus & online if online else cpus, cg_mems, source)
         # No cgroup cpuset readable (none mounted in this mount namespace, or a kernel
         # without cgroups).  Cpus_allowed_list is only the *current affinity*, which a
         # launcher or parent may have narrowed: planning inside it is the bug this library
@@ -289,7 +289,12 @@ class SysfsSource(Source):
             names = (
                 ("effective_cpus", "cpus", "effective_mems", "mems")
                 if v1_noprefix
-                else ("cpuset.effective_cpus", "cpuset.cpus", "cpuset.effective_mems", "cpuset.mems")
+                else (
+                    "cpuset.effective_cpus",
+                    "cpuset.cpus",
+                    "cpuset.effective_mems",
+                    "cpuset.mems",
+                )
             )
             got = self._read_cpuset_dir(v1_mount, v1_path, names)
             if got is not None:
@@ -441,8 +446,8 @@ class Machine:
         self._cpu: dict[int, CpuInfo] = {}
         self._allowed: Allowed | None = None
         self._accelerators: tuple[Accelerator, ...] | None = None
-        self._driver_gpus: tuple[str, ...] | None | bool = False
-        self._kernel: str | None | bool = False
+        self._driver_gpus: tuple[str, ...] | bool | None = False
+        self._kernel: str | bool | None = False
 
     @classmethod
     def from_root(cls, root: str = "/") -> Machine:

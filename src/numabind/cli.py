@@ -43,7 +43,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"numabind {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
-    show = sub.add_parser("show", help="the machine, its accelerators and the plan for each local rank")
+    show = sub.add_parser(
+        "show", help="the machine, its accelerators and the plan for each local rank"
+    )
     show.add_argument("--input", metavar="PATH", help="a capture: directory, tarball or hwloc .xml")
     show.add_argument("--mode", choices=MODES, default=None)
     show.add_argument("--memory", choices=MEMORY_POLICIES, default=None)
@@ -65,7 +67,9 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--all", action="store_true", help="every rank process on this machine")
     check.add_argument("--json", action="store_true")
 
-    sub.add_parser("sitecustomize-path", help="print the PYTHONPATH entry of numabind's sitecustomize")
+    sub.add_parser(
+        "sitecustomize-path", help="print the PYTHONPATH entry of numabind's sitecustomize"
+    )
     return p
 
 
@@ -128,7 +132,17 @@ def plans_for(
     else:
         count, source = max(len(visible.devices), 1), "one per visible device"
     plans = [
-        plan(machine, Request(r, count, info.rank_source if nproc is None and info.rank_source else "show", visible, mode, memory))
+        plan(
+            machine,
+            Request(
+                r,
+                count,
+                info.rank_source if nproc is None and info.rank_source else "show",
+                visible,
+                mode,
+                memory,
+            ),
+        )
         for r in range(count)
     ]
     return visible, plans, source
@@ -163,7 +177,9 @@ def _show(args: argparse.Namespace) -> int:
     try:
         visible, plans, source = plans_for(machine, environ, args.nproc, mode, memory)
         if not machine.node_ids and not machine.online_cpus:
-            raise UsageError(f"numabind show: {machine.description}: no CPUs or NUMA nodes readable")
+            raise UsageError(
+                f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
+            )
         data = show_data(machine, visible, plans)
         if args.svg:
             from ._svg import render
@@ -211,7 +227,11 @@ def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> dict[str
         },
         "nodes": [n.to_dict() for n in machine.nodes],
         "devices": devices,
-        "visible": {"source": visible.source, "problem": visible.problem, "notes": list(visible.notes)},
+        "visible": {
+            "source": visible.source,
+            "problem": visible.problem,
+            "notes": list(visible.notes),
+        },
         "ranks": [p.to_dict() for p in plans],
     }
 
@@ -301,7 +321,10 @@ def _gather(args: argparse.Namespace) -> int:
         n = gather(args.output, dict(os.environ), os.environ.get("NUMABIND_SYSROOT", "/"))
     except OSError as err:
         raise UsageError(f"numabind gather: {args.output}: {err.strerror or err}") from err
-    print(f"numabind: wrote {n} files to {args.output}; show it with: numabind show --input {args.output}")
+    print(
+        f"numabind: wrote {n} files to {args.output}; "
+        f"show it with: numabind show --input {args.output}"
+    )
     return OK
 
 

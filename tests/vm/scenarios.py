@@ -30,10 +30,17 @@ def node_cpus(node: int) -> list[int]:
         return sorted(parse_cpulist(f.read()))
 
 
-def run(code: str, env: dict[str, str] | None = None, cpus: list[int] | None = None,
-        wrap: list[str] | None = None, timeout: float = 300) -> dict[str, Any]:
+def run(
+    code: str,
+    env: dict[str, str] | None = None,
+    cpus: list[int] | None = None,
+    wrap: list[str] | None = None,
+    timeout: float = 300,
+) -> dict[str, Any]:
     """Start a Python child the way a launcher does, optionally on given CPUs first."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"}
+    full = {
+        k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"
+    }
     full.update(env or {})
 
     def pre() -> None:
@@ -42,8 +49,14 @@ def run(code: str, env: dict[str, str] | None = None, cpus: list[int] | None = N
 
     argv = [*(wrap or []), PY, "-c", code]
     t0 = time.time()
-    proc = subprocess.run(argv, env=full, capture_output=True, text=True, preexec_fn=pre, timeout=timeout)
-    out: dict[str, Any] = {"rc": proc.returncode, "stderr": proc.stderr, "seconds": round(time.time() - t0, 1)}
+    proc = subprocess.run(
+        argv, env=full, capture_output=True, text=True, preexec_fn=pre, timeout=timeout
+    )
+    out: dict[str, Any] = {
+        "rc": proc.returncode,
+        "stderr": proc.stderr,
+        "seconds": round(time.time() - t0, 1),
+    }
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     out["data"] = json.loads(lines[-1]) if lines else None
     out["stdout"] = proc.stdout[-2000:]
@@ -74,11 +87,17 @@ def scenario_hook(results: dict[str, Any]) -> None:
     """LOCAL_RANK=k starts on the wrong node; the hook puts it on device k's node."""
     for rank in (0, 1):
         wrong = node_cpus(1 - rank)
-        results[f"hook_rank{rank}"] = run(PROBE % {"mb": 200}, {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}, cpus=wrong)
+        results[f"hook_rank{rank}"] = run(
+            PROBE % {"mb": 200}, {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}, cpus=wrong
+        )
         results[f"hook_rank{rank}"]["expect_cpus"] = node_cpus(rank)
     results["hook_verbose"] = run("pass", {"LOCAL_RANK": "1", "NUMABIND_VERBOSE": "1"})
-    results["hook_off"] = run(PROBE % {"mb": 1}, {"LOCAL_RANK": "1", "NUMABIND": "0"}, cpus=node_cpus(0))
-    results["hook_cvd"] = run(PROBE % {"mb": 1}, {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1"}, cpus=node_cpus(0))
+    results["hook_off"] = run(
+        PROBE % {"mb": 1}, {"LOCAL_RANK": "1", "NUMABIND": "0"}, cpus=node_cpus(0)
+    )
+    results["hook_cvd"] = run(
+        PROBE % {"mb": 1}, {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1"}, cpus=node_cpus(0)
+    )
 
 
 LATE = r"""
@@ -152,7 +171,9 @@ def scenario_memory(results: dict[str, Any]) -> None:
     results["fill_bind"] = run(FILL, {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "bind"})
     # interleave across a socket-mode plan is not possible on 1 CPU node/socket; check
     # that the policy requested is the policy the kernel reports
-    results["policy_interleave"] = run(PROBE % {"mb": 8}, {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "interleave"})
+    results["policy_interleave"] = run(
+        PROBE % {"mb": 8}, {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "interleave"}
+    )
 
 
 def _cgroup() -> str | None:
@@ -177,7 +198,10 @@ def scenario_bad_input(results: dict[str, Any]) -> None:
     user = "print('USER CODE RAN')"
     cases = {
         "garbled_rank": {"LOCAL_RANK": "zero"},
-        "missing_uuid": {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "GPU-00000000-dead-beef-0000-000000000000"},
+        "missing_uuid": {
+            "LOCAL_RANK": "0",
+            "CUDA_VISIBLE_DEVICES": "GPU-00000000-dead-beef-0000-000000000000",
+        },
         "bad_index": {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "7"},
         "bad_mode": {"LOCAL_RANK": "0", "NUMABIND_MODE": "sideways"},
     }
@@ -187,7 +211,12 @@ def scenario_bad_input(results: dict[str, Any]) -> None:
     problem = _cgroup()
     results["cgroup_setup"] = problem
     if problem is None:
-        wrap = ["sh", "-c", 'echo $$ > /sys/fs/cgroup/numabind-test/cgroup.procs && exec "$@"', "sh"]
+        wrap = [
+            "sh",
+            "-c",
+            'echo $$ > /sys/fs/cgroup/numabind-test/cgroup.procs && exec "$@"',
+            "sh",
+        ]
         results["bad_cgroup"] = run(user, {"LOCAL_RANK": "1"}, wrap=wrap)
         results["strict_cgroup"] = run(user, {"LOCAL_RANK": "1", "NUMABIND_STRICT": "1"}, wrap=wrap)
         results["ok_cgroup"] = run(PROBE % {"mb": 1}, {"LOCAL_RANK": "0"}, wrap=wrap)

@@ -1,0 +1,180 @@
+"""``numabind show`` / ``gather`` / ``run`` through ``main(argv)`` and as a real command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import synth
+from numabind.cli import main
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def dgx_root(tmp_path: Path) -> str:
+    return synth.write(synth.dgx_h100(filler_pci=30), str(tmp_path / "dgx"))
+
+
+def test_show_live_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run_main(capsys, "show")
+    assert rc == 0, err
+    assert "NUMA nodes" in out and "Plan (mode node" in out
+
+
+def test_show_json_schema(capsys: pytest.CaptureFixture[str], dgx_root: str) -> None:
+    rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--json", "--nproc", "8")
+    assert rc == 0
+    data = json.loads(out)
+    assert {"id", "cpus", "has_cpus", "memory_bytes"} <= set(data["nodes"][0])
+    assert {"index", "pci", "vendor", "numa_node", "memory_node", "uuid"} <= set(data["devices"][0])
+    rank_keys = {
+        "local_rank",
+        "rank_source",
+        "local_world_size",
+        "device_pci",
+        "numa_node",
+        "cpus",
+        "memory_nodes",
+        "memory_policy",
+        "status",
+        "reason",
+    }
+    assert len(data["ranks"]) == 8 and rank_keys <= set(data["ranks"][0])
+    assert (
+        data["ranks"][5]["numa_node"] == 1 and data["ranks"][5]["device_pci"] == synth.DGX_BDFS[5]
+    )
+    assert data["ranks"][0]["cpus"] == sorted(data["ranks"][0]["cpus"])
+    assert [d["pci"] for d in data["devices"] if d["vendor"] == "nvidia"] == synth.DGX_BDFS
+
+
+def test_show_text_table(capsys: pytest.CaptureFixture[str], dgx_root: str) -> None:
+    rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--mode", "exclusive")
+    assert rc == 0
+    assert "0-13,112-125" in out, "rank 0's exclusive share"
+    assert "8 local ranks: one per visible device" in out
+    assert "(memory only)" not in out
+
+
+def test_show_uses_recorded_environment(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    root = synth.write(
+        synth.dgx_h100(
+            filler_pci=0,
+            environ={"CUDA_VISIBLE_DEVICES": "6,7", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+        ),
+        str(tmp_path / "c"),
+    )
+    _rc, out, _ = run_main(capsys, "show", "--input", root, "--json")
+    data = json.loads(out)
+    assert [r["device_pci"] for r in data["ranks"]] == synth.DGX_BDFS[6:8]
+    assert data["ranks"][0]["rank_source"] == "LOCAL_RANK"
+
+
+def test_show_hwloc_xml_and_tarball(capsys: pytest.CaptureFixture[str], hwloc_dir: Path) -> None:
+    rc, out, _ = run_main(capsys, "show", "--input", str(hwloc_dir / "nvidiaDGX2.xml"), "--json")
+    assert rc == 0 and len(json.loads(out)["ranks"]) == 16
+    rc, out, _ = run_main(capsys, "show", "--input", str(hwloc_dir / "nvidiagpunumanodes.tar.bz2"))
+    assert rc == 0 and "(memory only)" in out and "255" in out
+
+
+def test_gather_round_trip(
+    capsys: pytest.CaptureFixture[str],
+    dgx_root: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NUMABIND_SYSROOT", dgx_root)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    tar = str(tmp_path / "cap.tar.gz")
+    rc, out, _ = run_main(capsys, "gather", tar)
+    assert rc == 0 and "wrote" in out
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv("NUMABIND_SYSROOT")
+    rc, out, _ = run_main(capsys, "show", "--input", tar, "--json")
+    data = json.loads(out)
+    assert [r["device_pci"] for r in data["ranks"]] == synth.DGX_BDFS[4:6], (
+        "the recorded CUDA_VISIBLE_DEVICES"
+    )
+    direct = json.loads(run_main(capsys, "show", "--input", dgx_root, "--json", "--nproc", "2")[1])
+    assert data["nodes"] == direct["nodes"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "--input", "/nonexistent"],
+        ["show", "--mode", "sideways"],
+        ["show", "--nproc", "0"],
+        ["bogus"],
+        ["run"],
+        ["show", "--input", "/etc/hostname"],
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    rc, _out, err = run_main(capsys, *argv)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_env_value_is_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NUMABIND_MEMORY", "everywhere")
+    rc, _, err = run_main(capsys, "show")
+    assert rc == 2 and "NUMABIND_MEMORY='everywhere'" in err and "preferred" in err
+
+
+def test_python_dash_m_and_console_script(dgx_root: str) -> None:
+    a = subprocess.run(
+        [sys.executable, "-m", "numabind", "show", "--input", dgx_root, "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert a.returncode == 0, a.stderr
+    exe = Path(sys.executable).parent / "numabind"
+    if exe.exists():
+        b = subprocess.run(
+            [str(exe), "show", "--input", dgx_root, "--json"], capture_output=True, text=True
+        )
+        assert b.returncode == 0 and json.loads(b.stdout) == json.loads(a.stdout)
+
+
+def test_run_execs_the_command() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_"))}
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numabind",
+            "run",
+            "--local-rank",
+            "0",
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['LOCAL_RANK'], os.environ['NUMABIND_STATE'])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    rank, state = p.stdout.split()
+    assert rank == "0" and state.startswith("LOCAL_RANK=0|")
+    missing = subprocess.run(
+        [sys.executable, "-m", "numabind", "run", "--", "/no/such/program"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert missing.returncode == 127 and "cannot run" in missing.stderr

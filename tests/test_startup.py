@@ -1,0 +1,236 @@
+"""The startup hook in real interpreters: the .pth line, its cost, its manners."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import synth
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {
+    "dataclasses",
+    "json",
+    "typing",
+    "re",
+    "logging",
+    "warnings",
+    "inspect",
+    "psutil",
+    "pynvml",
+    "torch",
+}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("NUMABIND", "LOCAL_", "OMPI_", "MPI_", "SLURM_", "PMI", "CUDA_", "PYTHON")
+        )
+    }
+    env.update(extra)
+    return env
+
+
+def py(code: str, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *flags, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def site_packages() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+@pytest.fixture(scope="module")
+def dgx_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return synth.write(synth.dgx_h100(), str(tmp_path_factory.mktemp("dgx")))
+
+
+def test_pth_is_installed_and_sorts_right() -> None:
+    names = sorted(p.name for p in site_packages().glob("*.pth"))
+    assert "_numabind_hook.pth" in names, "pip install (-e) . installs the hook"
+    mine = names.index("_numabind_hook.pth")
+    for other in names:
+        if other.startswith(("_editable_impl_", "_numabind.pth", "__editable__")):
+            assert names.index(other) < mine, (
+                f"{other} must come first: it puts numabind on sys.path"
+            )
+    lines = (site_packages() / "_numabind_hook.pth").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import os;")
+    assert (site_packages() / "_numabind_hook.start").read_text().strip() == "_numabind_start:start"
+
+
+def test_inactive_imports_nothing() -> None:
+    r = py("import sys; print('numabind' in sys.modules)", clean_env())
+    assert r.stdout.strip() == "False" and r.stderr == ""
+
+
+SHOW_MODULES = "import sys; print(' '.join(sorted(sys.modules)))"
+
+
+def test_active_hook_stays_off_heavy_modules(dgx_root: str) -> None:
+    base = set(py(SHOW_MODULES, clean_env()).stdout.split())
+    r = py(SHOW_MODULES, clean_env(LOCAL_RANK="5", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=dgx_root))
+    assert r.returncode == 0, r.stderr
+    added = set(r.stdout.split()) - base
+    assert "numabind._startup" in added and "numabind._plan" in added
+    assert not (added & FORBIDDEN), added & FORBIDDEN
+
+
+def test_hook_is_quiet_on_success_and_verbose_on_request(dgx_root: str) -> None:
+    quiet = py("pass", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    loud = py(
+        "pass",
+        clean_env(
+            LOCAL_RANK="6", LOCAL_WORLD_SIZE="8", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root
+        ),
+    )
+    lines = loud.stderr.strip().splitlines()
+    assert len(lines) == 1, loud.stderr
+    assert (
+        lines[0].startswith("numabind: local rank 6 (LOCAL_RANK, 8 local ranks)")
+        and "GPU 6 (0000:ba:00.0) is on node 1" in lines[0]
+    )
+
+
+def test_warnings_as_errors_do_not_break_it(dgx_root: str) -> None:
+    r = py(
+        "print('ran')", clean_env(LOCAL_RANK="x", PYTHONWARNINGS="error", NUMABIND_SYSROOT=dgx_root)
+    )
+    assert r.returncode == 0 and r.stdout == "ran\n"
+    assert r.stderr.count("\n") == 1 and "LOCAL_RANK='x'" in r.stderr
+
+
+def test_python_dash_S_skips_and_dash_I_runs(dgx_root: str) -> None:
+    env = clean_env(LOCAL_RANK="0", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root)
+    assert py("pass", env, "-S").stderr == ""
+    assert "numabind: local rank 0" in py("pass", env, "-I").stderr
+
+
+def test_state_key_lets_children_inherit(dgx_root: str) -> None:
+    env = clean_env(LOCAL_RANK="1", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root)
+    code = (
+        "import os, subprocess, sys; print(os.environ['NUMABIND_STATE']);"
+        "subprocess.run([sys.executable, '-c', 'pass'])"
+    )
+    r = py(code, env)
+    assert r.returncode == 0
+    assert r.stdout.startswith("LOCAL_RANK=1||node|preferred#bound")
+    lines = r.stderr.strip().splitlines()
+    assert "CPUs" in lines[0] and "inherited from the parent" in lines[1]
+    # a child with another rank plans again
+    code2 = (
+        "import os, subprocess, sys;"
+        "subprocess.run([sys.executable, '-c', 'pass'], env=dict(os.environ, LOCAL_RANK='5'))"
+    )
+    r2 = py(code2, env)
+    assert "local rank 5" in r2.stderr.splitlines()[1]
+
+
+def test_run_is_idempotent_in_process(dgx_root: str) -> None:
+    code = (
+        "import numabind._startup as s, os; os.environ['NUMABIND_SYSROOT']=%r;"
+        "print(s.run() is None)"
+    ) % dgx_root
+    # the .pth already ran it once at startup: a second call does nothing
+    assert py(code, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root)).stdout.strip() == "True"
+
+
+def test_launcher_is_not_bound(tmp_path: Path, dgx_root: str) -> None:
+    script = tmp_path / "torchrun"
+    script.write_text("print('agent')\n")
+    env = clean_env(
+        SLURM_LOCALID="0", SLURM_STEP_ID="0", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert r.stdout == "agent\n" and "torchrun is a launcher, not a rank" in r.stderr
+
+
+def test_strict_mode_exits_before_user_code(dgx_root: str) -> None:
+    r = py(
+        "print('user')",
+        clean_env(
+            LOCAL_RANK="0",
+            CUDA_VISIBLE_DEVICES="GPU-nope",
+            NUMABIND_STRICT="1",
+            NUMABIND_SYSROOT=dgx_root,
+        ),
+    )
+    assert (
+        r.returncode == 1 and r.stdout == "" and "no reachable GPU has UUID 'GPU-nope'" in r.stderr
+    )
+
+
+def test_sitecustomize_runs_hook_and_chains(tmp_path: Path, dgx_root: str) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(
+        "import sys; sys.stderr.write('other sitecustomize\\n')\n"
+    )
+    from numabind._startup import sitecustomize_dir
+
+    env = clean_env(
+        LOCAL_RANK="0",
+        NUMABIND_VERBOSE="1",
+        NUMABIND_SYSROOT=dgx_root,
+        PYTHONPATH=os.pathsep.join([sitecustomize_dir(), str(other)]),
+    )
+    r = py("import sitecustomize; print(sitecustomize.__file__)", env, "-S")
+    # -S: no .pth processing and no site at all; run site explicitly to import sitecustomize
+    r = py(
+        "import site; site.main(); import sitecustomize, sys; print(sitecustomize.__file__)",
+        env,
+        "-S",
+    )
+    assert "other sitecustomize" in r.stderr and "numabind: local rank 0" in r.stderr
+    assert r.stdout.strip() == str(other / "sitecustomize.py")
+    p = subprocess.run(
+        [sys.executable, "-m", "numabind", "sitecustomize-path"], capture_output=True, text=True
+    )
+    assert (
+        p.stdout.strip() == sitecustomize_dir()
+        and Path(p.stdout.strip(), "sitecustomize.py").exists()
+    )
+
+
+@pytest.mark.slow
+def test_wheel_install_kind(tmp_path: Path, dgx_root: str) -> None:
+    """A regular (non-editable) install from a built wheel carries the hook too."""
+    wheel_dir = tmp_path / "wheel"
+    b = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
+    assert b.returncode == 0, b.stderr[-2000:]
+    (wheel,) = wheel_dir.glob("numabind-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {
+        "_numabind_hook.pth",
+        "_numabind_hook.start",
+        "_numabind_start.py",
+        "numabind/_startup.py",
+        "numabind/_site/sitecustomize.py",
+        "numabind/py.typed",
+    } <= names
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    target = next((venv / "lib").glob("python*/site-packages"))
+    zipfile.ZipFile(wheel).extractall(target)
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "pass"],
+        capture_output=True,
+        text=True,
+        env=clean_env(LOCAL_RANK="3", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root),
+    )
+    assert "numabind: local rank 3" in r.stderr and r.stderr.count("\n") == 1, r.stderr
