@@ -36,6 +36,9 @@ def clean_env(**extra: str) -> dict[str, str]:
             ("NUMABIND", "LOCAL_", "OMPI_", "MPI_", "SLURM_", "PMI", "CUDA_", "PYTHON")
         )
     }
+    # A generated machine (NUMABIND_SYSROOT) is bigger than this one, so this process's
+    # real mask always looks narrower than its cgroup: force skips the keep/replace rule.
+    env["NUMABIND"] = "force"
     env.update(extra)
     return env
 

@@ -30,8 +30,7 @@ def _vm_available() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def vm() -> dict[str, Any]:
+def _boot(script: str, devices: str) -> dict[str, Any]:
     why = _vm_available()
     if why:
         if os.environ.get("NUMABIND_REQUIRE_VM") == "1":
@@ -42,10 +41,10 @@ def vm() -> dict[str, Any]:
         pytest.skip("the test interpreter lives under /tmp, which the VM does not share")
     out_dir = ROOT / ".vmtmp"
     out_dir.mkdir(exist_ok=True)
-    out = out_dir / f"scenarios-{os.getpid()}.json"
-    env = dict(os.environ, NODES="2", CPUS="2", MEM="1024", DEVICES="0 1", SPOOF="10de:2330:030200")
+    out = out_dir / f"{Path(script).stem}-{os.getpid()}.json"
+    env = dict(os.environ, NODES="2", CPUS="2", MEM="1024", DEVICES=devices, SPOOF="10de:2330:030200")
     proc = subprocess.run(
-        [str(ROOT / "scripts" / "numa-vm"), sys.executable, "tests/vm/scenarios.py", str(out)],
+        [str(ROOT / "scripts" / "numa-vm"), sys.executable, script, str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -62,6 +61,18 @@ def vm() -> dict[str, Any]:
     return data
 
 
+@pytest.fixture(scope="session")
+def vm() -> dict[str, Any]:
+    """Device 0 on node 0, device 1 on node 1."""
+    return _boot("tests/vm/scenarios.py", "0 1")
+
+
+@pytest.fixture(scope="session")
+def vm_launchers() -> dict[str, Any]:
+    """Devices 0-1 on node 0, 2-3 on node 1."""
+    return _boot("tests/vm/launchers.py", "0 0 1 1")
+
+
 def _pages(result: dict[str, Any]) -> dict[int, int]:
     return {int(k): v for k, v in result["data"]["pages"].items()}
 
@@ -74,7 +85,10 @@ def _share(pages: dict[int, int], node: int) -> float:
 def test_hook_binds_before_first_statement(vm: dict[str, Any], rank: int) -> None:
     r = vm[f"hook_rank{rank}"]
     assert r["rc"] == 0, r["stderr"]
-    assert r["stderr"] == "", "a successful bind is silent"
+    # it started pinned to the other node (a mask set for it, outside its GPU's node):
+    # replaced, with one line saying so
+    lines = r["stderr"].strip().splitlines()
+    assert len(lines) == 1 and "replaced CPU mask" in lines[0] and "outside the GPU's node" in lines[0]
     assert r["data"]["affinity"] == r["expect_cpus"]
     assert r["data"]["policy"] == ["preferred", [rank]]
     pages = _pages(r)
@@ -169,3 +183,63 @@ def test_bad_input_messages_name_the_cause(vm: dict[str, Any]) -> None:
 def test_cgroup_inside_node_binds(vm: dict[str, Any]) -> None:
     r = vm["ok_cgroup"]
     assert r["data"]["affinity"] == [0, 1] and r["data"]["policy"] == ["preferred", [0]]
+
+
+# --- bindings already in place (issue: real launchers) --------------------------------------
+
+
+def _ranks(vm_launchers: dict[str, Any], case: str) -> dict[str, dict[str, Any]]:
+    r = vm_launchers[case]
+    assert r["rc"] == 0, r["stderr"]
+    return r["ranks"]  # type: ignore[no-any-return]
+
+
+def test_mpirun_default_pins_are_replaced(vm_launchers: dict[str, Any]) -> None:
+    if not vm_launchers["have"]["mpirun"]:
+        pytest.fail("mpirun is not installed (scripts/test-launchers installs openmpi-bin)")
+    ranks = _ranks(vm_launchers, "mpirun2")
+    assert ranks["0"]["affinity"] == [2, 3] and ranks["0"]["policy"] == ["preferred", [1]]
+    assert ranks["1"]["affinity"] == [0, 1] and ranks["1"]["policy"] == ["preferred", [0]]
+    assert "Open MPI's default core binding" in vm_launchers["mpirun2"]["stderr"]
+
+
+def test_mpirun_respect_keeps_the_core(vm_launchers: dict[str, Any]) -> None:
+    ranks = _ranks(vm_launchers, "mpirun2_respect")
+    assert len(ranks["0"]["affinity"]) == 1 and len(ranks["1"]["affinity"]) == 1
+    assert ranks["0"]["policy"] == ["preferred", [1]], "memory still follows the GPU"
+
+
+def test_mpirun_explicit_bind_inside_node_is_kept(vm_launchers: dict[str, Any]) -> None:
+    ranks = _ranks(vm_launchers, "mpirun2_bindto_core")
+    assert sorted(len(r["affinity"]) for r in ranks.values()) == [1, 1]
+    assert all(set(r["affinity"]) <= {0, 1} for r in ranks.values())
+    assert "replaced" not in vm_launchers["mpirun2_bindto_core"]["stderr"]
+
+
+def test_mpirun_four_ranks_each_on_its_gpu_node(vm_launchers: dict[str, Any]) -> None:
+    ranks = _ranks(vm_launchers, "mpirun4")
+    assert len(ranks) == 4
+    for k in range(4):
+        node = 0 if k < 2 else 1
+        assert ranks[str(k)]["affinity"] == [2 * node, 2 * node + 1], ranks
+        assert ranks[str(k)]["policy"] == ["preferred", [node]]
+
+
+def test_numactl_inside_gpu_node_is_kept(vm_launchers: dict[str, Any]) -> None:
+    if not vm_launchers["have"]["numactl"]:
+        pytest.fail("numactl is not installed")
+    r = _ranks(vm_launchers, "numactl_inside")["2"]
+    assert r["affinity"] == [3] and r["policy"] == ["bind", [1]], "numactl --membind stays"
+    assert vm_launchers["numactl_inside"]["stderr"] == ""
+
+
+def test_numactl_outside_gpu_node_is_replaced(vm_launchers: dict[str, Any]) -> None:
+    r = _ranks(vm_launchers, "numactl_outside")["3"]
+    assert r["affinity"] == [2, 3] and r["policy"] == ["preferred", [1]]
+    assert "outside the GPU's node" in vm_launchers["numactl_outside"]["stderr"]
+
+
+def test_inherited_pin_is_replaced(vm_launchers: dict[str, Any]) -> None:
+    r = _ranks(vm_launchers, "inherited")["3"]
+    assert r["affinity"] == [2, 3]
+    assert "inherited from the parent process" in vm_launchers["inherited"]["stderr"]

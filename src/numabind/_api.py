@@ -14,7 +14,7 @@ import os
 import sys
 
 from . import _kernel
-from ._apply import Binding, apply_plan
+from ._apply import Binding
 from ._config import config_from_env
 from ._devices import Visible, resolve
 from ._model import Record, _set
@@ -120,10 +120,25 @@ def apply(
     raises :class:`~numabind.BindingError` instead of recording failures.
     """
     cfg = config_from_env(os.environ)
+    machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
     p = plan_for(
-        local_rank, device=device, mode=mode, memory=memory, local_world_size=local_world_size
+        local_rank,
+        device=device,
+        mode=mode,
+        memory=memory,
+        local_world_size=local_world_size,
+        machine=machine,
     )
-    return apply_plan(p, migrate=migrate, strict=cfg.strict if strict is None else strict)
+    from ._existing import bind
+
+    return bind(
+        p,
+        machine,
+        cfg.enable,
+        os.environ,
+        migrate=migrate,
+        strict=cfg.strict if strict is None else strict,
+    )
 
 
 def _rank_from_call(
@@ -172,7 +187,13 @@ def numa_bound(
             binding = apply(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
             wrapper.binding = binding  # type: ignore[attr-defined]
             cfg = config_from_env(os.environ)
-            if (not binding.plan.bound and binding.plan.problem) or binding.errors or cfg.verbose:
+            replaced = (binding.existing or "").startswith("replaced")
+            if (
+                (not binding.plan.bound and binding.plan.problem)
+                or binding.errors
+                or cfg.verbose
+                or replaced
+            ):
                 print(f"numabind: {binding}", file=sys.stderr)
             return fn(*args, **kwargs)
 

@@ -51,6 +51,7 @@ class Binding:
         self.pages_failed = 0
         self.errors: list[str] = []
         self.notes: list[str] = []
+        self.existing: str | None = None  # what happened to a binding found in place
         self._previous_affinity: dict[int, frozenset[int]] = {}
         self._previous_policy: tuple[str, frozenset[int]] | None = None
         self._restored = False
@@ -75,6 +76,8 @@ class Binding:
         if self.pages_moved or self.pages_failed:
             parts.append(f"{self.pages_moved} pages moved, {self.pages_failed} not")
         parts.append(f"({p.reason})")
+        if self.existing:
+            parts.append(f"[{self.existing}]")
         for e in self.errors:
             parts.append(f"[error: {e}]")
         for n in (*p.notes, *self.notes):
@@ -94,6 +97,7 @@ class Binding:
             "pages_moved": self.pages_moved,
             "pages_failed": self.pages_failed,
             "errors": list(self.errors),
+            "existing": self.existing,
         }
 
     def restore(self) -> None:
@@ -134,19 +138,29 @@ def apply_plan(
     memory: bool = True,
     strict: bool = False,
     register: bool = True,
+    keep_cpus: str | None = None,
+    keep_policy: bool = False,
+    rebind_inside: bool = False,
 ) -> Binding:
     """Bind this process as ``plan`` says.  In strict mode any failure, or a skipped plan,
     raises :class:`BindingError`; otherwise failures are recorded in ``Binding.errors``.
-    A process that ends up bound registers itself for ``numabind check --all``."""
+    A process that ends up bound registers itself for ``numabind check --all``.
+
+    ``keep_cpus`` (a reason) leaves the CPU masks as they are; ``keep_policy`` leaves a
+    memory policy already set (numactl --membind) and sets one only where there is none.
+    A thread whose mask already lies inside the plan is kept, unless ``rebind_inside``.
+    """
     b = Binding(plan)
     if not plan.bound:
         if strict:
             raise BindingError(plan.summary())
         return b
-    if cpus and plan.cpus:
-        _apply_cpus(b, plan.cpus, all_threads)
+    if keep_cpus:
+        b.existing = keep_cpus
+    elif cpus and plan.cpus:
+        _apply_cpus(b, plan.cpus, all_threads, rebind_inside)
     if memory and plan.memory_policy != "none":
-        _apply_policy(b, plan)
+        _apply_policy(b, plan, keep_policy)
         if migrate and b.policy_applied and plan.memory_nodes:
             _migrate(b, plan)
     if strict and b.errors:
@@ -159,7 +173,7 @@ def apply_plan(
     return b
 
 
-def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool) -> None:
+def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_inside: bool) -> None:
     import os
 
     tids = _kernel.thread_ids() if all_threads else [0]
@@ -168,7 +182,7 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool) -> None:
         current = _kernel.affinity_of(tid)
         if current is None:
             continue  # exited meanwhile
-        if current <= cpus:
+        if current == cpus or (current <= cpus and not rebind_inside):
             b.threads_kept += 1
             continue
         try:
@@ -191,11 +205,15 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool) -> None:
     b.cpus_applied = not b.errors
 
 
-def _apply_policy(b: Binding, plan: Plan) -> None:
+def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
     try:
         b._previous_policy = _kernel.get_mempolicy()
     except OSError as err:
         b.errors.append(str(err))
+        return
+    if keep_existing and b._previous_policy[0] != "default":
+        name, nodes = b._previous_policy
+        b.notes.append(f"kept the memory policy already set ({name} {fmt(nodes)})")
         return
     policy, nodes = plan.memory_policy, plan.memory_nodes
     if policy == "local":

@@ -108,7 +108,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         if cfg.verbose:
             _say(f"local rank {info.local_rank}: binding inherited from the parent process")
         return None
-    from ._apply import apply_plan
+    from ._existing import bind
     from ._plan import Request, plan
     from ._topology import Machine
 
@@ -131,11 +131,11 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         info.problem,
     )
     p = plan(machine, request)
-    binding = apply_plan(p, migrate=True, strict=False)
+    binding = bind(p, machine, cfg.enable, env, migrate=True, strict=False)
     record_state(binding, info, cfg.mode, cfg.memory)
     if (not p.bound and p.problem) or binding.errors:
         _fail(str(binding), strict)
-    elif cfg.verbose:
+    elif cfg.verbose or (binding.existing or "").startswith("replaced"):
         _say(str(binding))
     return binding
 
