@@ -18,7 +18,7 @@ from ._apply import Binding
 from ._config import config_from_env
 from ._devices import Visible, resolve
 from ._model import Record, _set
-from ._plan import Plan, Request, plan
+from ._plan import Plan, plan, request_for
 from ._procmaps import pages_per_node, private_anon_regions
 from ._ranks import RankInfo, detect
 from ._topology import Machine, normalize_pci
@@ -68,15 +68,7 @@ def plan_for(
         visible = _pick(visible, device, m)
         if visible.problem is None and info.local_rank is None:
             info = RankInfo(0, 1, "device argument")
-    request = Request(
-        info.local_rank,
-        info.local_world_size,
-        info.rank_source,
-        visible,
-        mode or cfg.mode,
-        memory or cfg.memory,
-        info.problem,
-    )
+    request = request_for(info, visible, mode or cfg.mode, memory or cfg.memory)
     return plan(m, request)
 
 

@@ -108,7 +108,7 @@ def expected_plan(pid: int, machine: Machine) -> tuple[dict[str, Any] | None, st
         return None, f"cannot read /proc/{pid}/environ ({err.strerror})"
     from ._config import config_from_env
     from ._devices import resolve
-    from ._plan import Request, plan
+    from ._plan import plan, request_for
     from ._ranks import detect
 
     info = detect(env)
@@ -121,15 +121,7 @@ def expected_plan(pid: int, machine: Machine) -> tuple[dict[str, Any] | None, st
     visible = resolve(machine, env)
     p = plan(
         machine,
-        Request(
-            info.local_rank,
-            info.local_world_size,
-            info.rank_source,
-            visible,
-            cfg.mode,
-            cfg.memory,
-            info.problem,
-        ),
+        request_for(info, visible, cfg.mode, cfg.memory),
     )
     return p.to_dict(), "its initial environment"
 

@@ -14,6 +14,7 @@ from ._model import Accelerator, Record, _set
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._devices import Visible
+    from ._ranks import RankInfo
     from ._topology import Machine
 
 MODES = ("node", "socket", "exclusive", "core-complex")
@@ -31,6 +32,7 @@ class Request(Record):
         "mode",
         "memory",
         "problem",
+        "size_source",
     )
     local_rank: int | None
     local_world_size: int | None
@@ -39,6 +41,7 @@ class Request(Record):
     mode: str
     memory: str
     problem: str | None
+    size_source: str | None
 
     def __init__(
         self,
@@ -49,6 +52,7 @@ class Request(Record):
         mode: str = "node",
         memory: str = "preferred",
         problem: str | None = None,
+        size_source: str | None = None,
     ) -> None:
         _set(self, "local_rank", local_rank)
         _set(self, "local_world_size", local_world_size)
@@ -57,6 +61,21 @@ class Request(Record):
         _set(self, "mode", mode)
         _set(self, "memory", memory)
         _set(self, "problem", problem)
+        _set(self, "size_source", size_source)
+
+
+def request_for(info: RankInfo, visible: Visible | None, mode: str, memory: str) -> Request:
+    """The request for a rank found in an environment (:func:`numabind._ranks.detect`)."""
+    return Request(
+        info.local_rank,
+        info.local_world_size,
+        info.rank_source,
+        visible,
+        mode,
+        memory,
+        info.problem,
+        info.size_source,
+    )
 
 
 class Plan(Record):
@@ -79,6 +98,7 @@ class Plan(Record):
         "reason",
         "notes",
         "problem",
+        "size_source",
     )
     local_rank: int | None
     rank_source: str | None
@@ -94,6 +114,7 @@ class Plan(Record):
     reason: str
     notes: tuple[str, ...]
     problem: bool
+    size_source: str | None
 
     def __init__(
         self,
@@ -111,6 +132,7 @@ class Plan(Record):
         reason: str,
         notes: tuple[str, ...] = (),
         problem: bool = False,
+        size_source: str | None = None,
     ) -> None:
         _set(self, "local_rank", local_rank)
         _set(self, "rank_source", rank_source)
@@ -126,6 +148,7 @@ class Plan(Record):
         _set(self, "reason", reason)
         _set(self, "notes", notes)
         _set(self, "problem", problem)
+        _set(self, "size_source", size_source)
 
     @property
     def bound(self) -> bool:
@@ -148,6 +171,7 @@ class Plan(Record):
             "reason": self.reason,
             "notes": list(self.notes),
             "problem": self.problem,
+            "size_source": self.size_source,
         }
 
     def summary(self) -> str:
@@ -156,7 +180,9 @@ class Plan(Record):
         if self.rank_source:
             who += f" ({self.rank_source}"
             if self.local_world_size is not None:
-                who += f", {self.local_world_size} local ranks"
+                who += f"; {self.local_world_size} local ranks"
+                if self.size_source:
+                    who += f" from {self.size_source}"
             who += ")"
         if not self.bound:
             return f"{who}: not bound: {self.reason}"
@@ -253,6 +279,7 @@ def _skipped(
         reason,
         notes,
         problem,
+        request.size_source,
     )
 
 
@@ -347,6 +374,8 @@ class _Planner:
             "bound",
             what,
             tuple(self.notes),
+            False,
+            r.size_source,
         )
 
     def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int]:

@@ -109,7 +109,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
             _say(f"local rank {info.local_rank}: binding inherited from the parent process")
         return None
     from ._existing import bind
-    from ._plan import Request, plan
+    from ._plan import plan, request_for
     from ._topology import Machine
 
     machine = Machine.from_root(env.get("NUMABIND_SYSROOT", "/"))
@@ -121,15 +121,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         from ._nvml import PynvmlBackend
 
         visible = resolve(machine, env, PynvmlBackend())
-    request = Request(
-        info.local_rank,
-        info.local_world_size,
-        info.rank_source,
-        visible,
-        cfg.mode,
-        cfg.memory,
-        info.problem,
-    )
+    request = request_for(info, visible, cfg.mode, cfg.memory)
     p = plan(machine, request)
     binding = bind(p, machine, cfg.enable, env, migrate=True, strict=False)
     record_state(binding, info, cfg.mode, cfg.memory)

@@ -141,6 +141,8 @@ def plans_for(
                 visible,
                 mode,
                 memory,
+                None,
+                source,
             ),
         )
         for r in range(count)
