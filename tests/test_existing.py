@@ -15,11 +15,26 @@ PLAN = NODE1
     ("env", "expected"),
     [
         ({"OMPI_MCA_orte_bound_at_launch": "1"}, "Open MPI's default core binding"),
-        ({"OMPI_MCA_orte_bound_at_launch": "1", "OMPI_MCA_hwloc_base_binding_policy": "core"}, None),
-        ({"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x1,0x2"},
-         "Slurm's automatic task/affinity binding"),
-        ({"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "1"}, None),
-        ({"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "1,0"}, None),
+        (
+            {"OMPI_MCA_orte_bound_at_launch": "1", "OMPI_MCA_hwloc_base_binding_policy": "core"},
+            None,
+        ),
+        (
+            {
+                "SLURM_STEP_ID": "0",
+                "SLURM_CPU_BIND_TYPE": "mask_cpu:",
+                "SLURM_CPU_BIND_LIST": "0x1,0x2",
+            },
+            "Slurm's automatic task/affinity binding",
+        ),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "1"},
+            None,
+        ),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND_LIST": "1,0"},
+            None,
+        ),
         ({"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x1"}, None),  # not a step
         ({}, None),
     ],

@@ -37,39 +37,70 @@ def need(tool: str) -> str:
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("NUMABIND", "LOCAL_", "OMPI_", "PMI", "SLURM_", "MPI_", "CUDA_"))}
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NUMABIND", "LOCAL_", "OMPI_", "PMI", "SLURM_", "MPI_", "CUDA_"))
+    }
     e.update(NUMABIND_VERBOSE="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
     if "SLURM_CONF" in os.environ:
         e["SLURM_CONF"] = os.environ["SLURM_CONF"]
     return e
 
 
-def launch(argv: list[str], timeout: float = 180, **extra: str) -> tuple[list[dict[str, Any]], list[str]]:
-    p = subprocess.run(argv, capture_output=True, text=True, env=env(**extra), timeout=timeout, cwd=HERE)
-    assert p.returncode == 0, f"{argv} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+def launch(
+    argv: list[str], timeout: float = 180, **extra: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    p = subprocess.run(
+        argv, capture_output=True, text=True, env=env(**extra), timeout=timeout, cwd=HERE
+    )
+    assert p.returncode == 0, (
+        f"{argv} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    )
     probes = [json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("PROBE ")]
-    lines = sorted(line[line.index("numabind: "):] for line in (p.stdout + p.stderr).splitlines()
-                   if "numabind: " in line)
+    lines = sorted(
+        line[line.index("numabind: ") :]
+        for line in (p.stdout + p.stderr).splitlines()
+        if "numabind: " in line
+    )
     return probes, lines
 
 
 def expected(source: str, size_source: str, n: int = 2) -> list[str]:
-    return sorted(f"numabind: local rank {k} ({source}; {n} local ranks from {size_source}): {ONE_NODE}"
-                  for k in range(n))
+    return sorted(
+        f"numabind: local rank {k} ({source}; {n} local ranks from {size_source}): {ONE_NODE}"
+        for k in range(n)
+    )
 
 
 def test_torchrun() -> None:
     torchrun = need("torchrun")
     probes, lines = launch([torchrun, "--nproc-per-node", "2", PROBE])
     assert len(probes) == 2
-    assert lines == expected("LOCAL_RANK", "LOCAL_WORLD_SIZE"), "the agent is silent: it has no rank"
+    assert lines == expected("LOCAL_RANK", "LOCAL_WORLD_SIZE"), (
+        "the agent is silent: it has no rank"
+    )
 
 
 def test_accelerate(tmp_path: Path) -> None:
     accelerate = need("accelerate")
-    probes, lines = launch([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                            "--mixed_precision", "no", "--dynamo_backend", "no", PROBE], HF_HOME=str(tmp_path))
+    probes, lines = launch(
+        [
+            accelerate,
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            PROBE,
+        ],
+        HF_HOME=str(tmp_path),
+    )
     assert len(probes) == 2
     assert lines == expected("LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -99,7 +130,9 @@ def slurm() -> None:
 
 def test_srun(slurm: None) -> None:
     probes, lines = launch(["srun", "-n2", sys.executable, PROBE])
-    assert len(probes) == 2 and sorted(p["affinity"] for p in probes) == [[0], [1]], "task/affinity pins"
+    assert len(probes) == 2 and sorted(p["affinity"] for p in probes) == [[0], [1]], (
+        "task/affinity pins"
+    )
     assert lines == expected("SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE")
 
 
@@ -107,16 +140,25 @@ def test_srun_one_task_torchrun(slurm: None) -> None:
     torchrun = need("torchrun")
     probes, lines = launch(["srun", "-n1", torchrun, "--nproc-per-node", "2", PROBE])
     assert len(probes) == 2
-    assert all(p["env"]["SLURM_LOCALID"] == "0" for p in probes), "workers inherit the agent's task id"
+    assert all(p["env"]["SLURM_LOCALID"] == "0" for p in probes), (
+        "workers inherit the agent's task id"
+    )
     agent = [line for line in lines if "launcher" in line]
-    assert agent == ["numabind: torchrun is a launcher, not a rank: not bound (its workers bind themselves)"]
+    assert agent == [
+        "numabind: torchrun is a launcher, not a rank: not bound (its workers bind themselves)"
+    ]
     assert sorted(set(lines) - set(agent)) == expected("LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def test_sbatch_script_is_not_a_rank(slurm: None, tmp_path: Path) -> None:
     out = tmp_path / "batch.out"
-    p = subprocess.run(["sbatch", "--wait", "-n2", "-o", str(out), "--wrap", f"{sys.executable} {PROBE}"],
-                       capture_output=True, text=True, env=env(), timeout=120)
+    p = subprocess.run(
+        ["sbatch", "--wait", "-n2", "-o", str(out), "--wrap", f"{sys.executable} {PROBE}"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     for _ in range(50):
         if out.exists() and "PROBE" in out.read_text():

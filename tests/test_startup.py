@@ -101,7 +101,9 @@ def test_hook_is_quiet_on_success_and_verbose_on_request(dgx_root: str) -> None:
     lines = loud.stderr.strip().splitlines()
     assert len(lines) == 1, loud.stderr
     assert (
-        lines[0].startswith("numabind: local rank 6 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)")
+        lines[0].startswith(
+            "numabind: local rank 6 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)"
+        )
         and "GPU 6 (0000:ba:00.0) is on node 1" in lines[0]
     )
 

@@ -42,7 +42,9 @@ def _boot(script: str, devices: str) -> dict[str, Any]:
     out_dir = ROOT / ".vmtmp"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / f"{Path(script).stem}-{os.getpid()}.json"
-    env = dict(os.environ, NODES="2", CPUS="2", MEM="1024", DEVICES=devices, SPOOF="10de:2330:030200")
+    env = dict(
+        os.environ, NODES="2", CPUS="2", MEM="1024", DEVICES=devices, SPOOF="10de:2330:030200"
+    )
     proc = subprocess.run(
         [str(ROOT / "scripts" / "numa-vm"), sys.executable, script, str(out)],
         cwd=ROOT,
@@ -88,7 +90,9 @@ def test_hook_binds_before_first_statement(vm: dict[str, Any], rank: int) -> Non
     # it started pinned to the other node (a mask set for it, outside its GPU's node):
     # replaced, with one line saying so
     lines = r["stderr"].strip().splitlines()
-    assert len(lines) == 1 and "replaced CPU mask" in lines[0] and "outside the GPU's node" in lines[0]
+    assert (
+        len(lines) == 1 and "replaced CPU mask" in lines[0] and "outside the GPU's node" in lines[0]
+    )
     assert r["data"]["affinity"] == r["expect_cpus"]
     assert r["data"]["policy"] == ["preferred", [rank]]
     pages = _pages(r)

@@ -13,6 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._api import State, apply, current, numa_bound, plan_for
     from ._apply import Binding, BindingError
+    from ._children import child_binding, spawn
     from ._kernel import KernelError
     from ._plan import Plan, Request, plan
     from ._topology import Machine
@@ -27,10 +28,12 @@ __all__ = [
     "State",
     "__version__",
     "apply",
+    "child_binding",
     "current",
     "numa_bound",
     "plan",
     "plan_for",
+    "spawn",
 ]
 
 _LAZY = {
@@ -40,6 +43,8 @@ _LAZY = {
     "plan_for": "_api",
     "State": "_api",
     "Binding": "_apply",
+    "child_binding": "_children",
+    "spawn": "_children",
     "BindingError": "_apply",
     "KernelError": "_kernel",
     "Plan": "_plan",

@@ -90,6 +90,10 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         return None
     if cfg.disabled:
         return None
+    if env.get("NUMABIND_TORCH", "").strip().lower() in ("1", "true", "yes", "on"):
+        from .torch import install_when_imported
+
+        install_when_imported()
     from ._ranks import detect
 
     info = detect(env, getattr(sys, "orig_argv", None))

@@ -26,12 +26,17 @@ from numabind import _kernel
 pol = _kernel.get_mempolicy()
 import json
 rank = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or os.environ.get("LOCAL_RANK") or "-"
-print("RANK " + json.dumps({"rank": rank, "affinity": aff, "policy": [pol[0], sorted(pol[1])]}), flush=True)
+info = {"rank": rank, "affinity": aff, "policy": [pol[0], sorted(pol[1])]}
+print("RANK " + json.dumps(info), flush=True)
 """
 
 
-def launch(argv: list[str], env: dict[str, str] | None = None, timeout: float = 240) -> dict[str, Any]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"}
+def launch(
+    argv: list[str], env: dict[str, str] | None = None, timeout: float = 240
+) -> dict[str, Any]:
+    full = {
+        k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"
+    }
     full.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     full.update(env or {})
     t0 = time.time()
@@ -41,8 +46,13 @@ def launch(argv: list[str], env: dict[str, str] | None = None, timeout: float = 
         if line.startswith("RANK "):
             d = json.loads(line[5:])
             ranks[d["rank"]] = d
-    return {"rc": p.returncode, "ranks": ranks, "stderr": p.stderr[-3000:], "stdout": p.stdout[-2000:],
-            "seconds": round(time.time() - t0, 1)}
+    return {
+        "rc": p.returncode,
+        "ranks": ranks,
+        "stderr": p.stderr[-3000:],
+        "stdout": p.stdout[-2000:],
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def main() -> int:
@@ -58,19 +68,38 @@ def main() -> int:
         # -np 2 maps by core: both ranks pinned on node 0, but rank 1's GPU (index 1 of
         # CUDA_VISIBLE_DEVICES=0,2) is on node 1; rank 0's is on node 0.
         cases["mpirun2"] = ([*base, "-np", "2", PY, "-c", PROBE], {"CUDA_VISIBLE_DEVICES": "2,0"})
-        cases["mpirun2_respect"] = ([*base, "-np", "2", PY, "-c", PROBE],
-                                    {"CUDA_VISIBLE_DEVICES": "2,0", "NUMABIND": "respect"})
-        cases["mpirun2_bindto_core"] = ([*base, "-np", "2", "--bind-to", "core", PY, "-c", PROBE],
-                                        {"CUDA_VISIBLE_DEVICES": "0,1"})
+        cases["mpirun2_respect"] = (
+            [*base, "-np", "2", PY, "-c", PROBE],
+            {"CUDA_VISIBLE_DEVICES": "2,0", "NUMABIND": "respect"},
+        )
+        cases["mpirun2_bindto_core"] = (
+            [*base, "-np", "2", "--bind-to", "core", PY, "-c", PROBE],
+            {"CUDA_VISIBLE_DEVICES": "0,1"},
+        )
         # -np 4: round-robin by socket puts ranks 1 and 2 on the wrong socket for GPUs 1, 2
         cases["mpirun4"] = ([*base, "-np", "4", PY, "-c", PROBE], {})
     if numactl:
-        cases["numactl_inside"] = ([numactl, "--physcpubind=3", "--membind=1", PY, "-c", PROBE],
-                                   {"LOCAL_RANK": "2"})
-        cases["numactl_outside"] = ([numactl, "--cpunodebind=0", PY, "-c", PROBE], {"LOCAL_RANK": "3"})
-    cases["inherited"] = (["taskset", "-c", "0", PY, "-c",
-                           "import subprocess, sys, os; subprocess.run([sys.executable, '-c', sys.argv[1]],"
-                           " env=dict(os.environ, LOCAL_RANK='3'))", PROBE], {})
+        cases["numactl_inside"] = (
+            [numactl, "--physcpubind=3", "--membind=1", PY, "-c", PROBE],
+            {"LOCAL_RANK": "2"},
+        )
+        cases["numactl_outside"] = (
+            [numactl, "--cpunodebind=0", PY, "-c", PROBE],
+            {"LOCAL_RANK": "3"},
+        )
+    cases["inherited"] = (
+        [
+            "taskset",
+            "-c",
+            "0",
+            PY,
+            "-c",
+            "import subprocess, sys, os; subprocess.run([sys.executable, '-c', sys.argv[1]],"
+            " env=dict(os.environ, LOCAL_RANK='3'))",
+            PROBE,
+        ],
+        {},
+    )
     for name, (argv, env) in cases.items():
         try:
             results[name] = launch(argv, env)

@@ -37,6 +37,7 @@ def _hook() -> None:
             "MV2_COMM_WORLD_LOCAL_RANK",
             "PALS_LOCAL_RANKID",
             "SLURM_LOCALID",
+            "NUMABIND_TORCH",
         )
     ):
         return
