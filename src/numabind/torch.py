@@ -99,7 +99,7 @@ def _torch_child_entry(
 
 
 def _process_class(
-    base: type, mode: str | None, memory: str | None, wrap: Callable[..., Any]
+    base: Any, mode: str | None, memory: str | None, wrap: Callable[..., Any]
 ) -> type:
     from ._children import child_binding, say_forkserver_once
 
