@@ -30,7 +30,7 @@ def _vm_available() -> str | None:
     return None
 
 
-def _boot(script: str, devices: str) -> dict[str, Any]:
+def _boot(script: str, devices: str, mem: str = "1024") -> dict[str, Any]:
     why = _vm_available()
     if why:
         if os.environ.get("NUMABIND_REQUIRE_VM") == "1":
@@ -51,7 +51,7 @@ def _boot(script: str, devices: str) -> dict[str, Any]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     if proc.returncode != 0 or not out.exists():
         pytest.fail(
@@ -67,6 +67,13 @@ def _boot(script: str, devices: str) -> dict[str, Any]:
 def vm() -> dict[str, Any]:
     """Device 0 on node 0, device 1 on node 1."""
     return _boot("tests/vm/scenarios.py", "0 1")
+
+
+@pytest.fixture(scope="session")
+def vm_torch() -> dict[str, Any]:
+    """Real torch 2.13 (CPU build): GPU 0 on node 0, GPU 1 on node 1, 2 GiB per node."""
+    pytest.importorskip("torch")
+    return _boot("tests/vm/torch_scenarios.py", "0 1", mem="2048")
 
 
 @pytest.fixture(scope="session")
@@ -247,3 +254,34 @@ def test_inherited_pin_is_replaced(vm_launchers: dict[str, Any]) -> None:
     r = _ranks(vm_launchers, "inherited")["3"]
     assert r["affinity"] == [2, 3]
     assert "inherited from the parent process" in vm_launchers["inherited"]["stderr"]
+
+
+# --- torch's Callable launches (issue: children that start bound) ----------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["spawn", "elastic"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torch_children_start_bound(vm_torch: dict[str, Any], kind: str, rank: int) -> None:
+    r = vm_torch[f"{kind}-{rank}"]
+    cpus = [2 * rank, 2 * rank + 1]
+    # the child's main module runs before it unpickles its target (and imports torch)
+    assert r["main_first_affinity"] == cpus and r["main_first_policy"] == ["preferred", [rank]]
+    assert r["first_affinity"] == cpus and r["first_policy"] == ["preferred", [rank]]
+    pages = {int(k): v for k, v in r["pages"].items()}
+    assert sum(pages.values()) * 4096 > r["touched"], "import torch + 200 MB + 32 MB through torch"
+    assert _share(pages, rank) >= 0.99, pages
+
+
+@pytest.mark.torch
+def test_elastic_gloo_ran(vm_torch: dict[str, Any]) -> None:
+    assert vm_torch["elastic_return"] == {"0": 3, "1": 3}, "all_reduce of 1 + 2 over gloo"
+
+
+@pytest.mark.torch
+def test_numabind_run_under_torchrun_no_python(vm_torch: dict[str, Any]) -> None:
+    r = vm_torch["torchrun_run"]
+    assert r["rc"] == 0, r["stderr"]
+    by_rank = {x["rank"]: x for x in r["ranks"]}
+    assert by_rank["0"]["affinity"] == [0, 1] and by_rank["0"]["policy"] == ["preferred", [0]]
+    assert by_rank["1"]["affinity"] == [2, 3] and by_rank["1"]["policy"] == ["preferred", [1]]

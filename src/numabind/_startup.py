@@ -133,6 +133,11 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         _fail(str(binding), strict)
     elif cfg.verbose or (binding.existing or "").startswith("replaced"):
         _say(str(binding))
+    if cfg.guard and p.bound and not binding.errors:
+        from ._guard import install
+
+        expected = p.cpus if binding.cpus_applied else frozenset(os.sched_getaffinity(0))
+        install(expected)
     return binding
 
 

@@ -1,0 +1,18 @@
+"""Sphinx configuration: plain reStructuredText, autodoc for the API, warnings are errors in CI."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath("../src"))
+
+from numabind import __version__  # noqa: E402
+
+project = "numabind"
+author = "numabind developers"
+release = version = __version__
+extensions = ["sphinx.ext.autodoc"]
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+exclude_patterns = ["_build"]
+html_theme = "alabaster"
+nitpicky = False
