@@ -2,24 +2,29 @@
 
 Variants, interleaved round by round (the machine is noisy; only ratios within one run mean
 anything):
-  bare      a venv of the same Python without numabind
-  inactive  numabind installed, no local rank in the environment (every process on a box)
+  bare      a fresh venv of the same Python, nothing installed
+  inactive  the same venv plus numabind's wheel, no local rank in the environment (what
+            every process on a machine pays)
   active    LOCAL_RANK=3 on a generated DGX H100 (224 CPUs, 8 GPUs, ~400 PCI functions)
             read through NUMABIND_SYSROOT: plan, bind, set the policy, migrate early pages
-  nvml      what NVML-based discovery (accelerate's --enable_cpu_affinity) pays before it
-            knows anything: import pynvml + nvmlInit (no driver here: it fails fast)
+  nvml      a bare venv with nvidia-ml-py doing what NVML-based discovery (accelerate's
+            --enable_cpu_affinity) pays before it knows anything: import pynvml + nvmlInit
+            (no driver here, so nvmlInit fails fast; with a driver and persistence mode off
+            it can take seconds)
 
 Run: python benchmarks/startup.py    (NUMABIND_BENCH_SMALL=1: a few rounds, for CI)
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
-from _common import SMALL, clean_env, interleaved, median_ms, table
+from _common import ROOT, SMALL, clean_env, interleaved, median_ms, table
 
 import synth
 
@@ -27,28 +32,69 @@ import synth
 def main() -> int:
     rounds = 8 if SMALL else 200
     with tempfile.TemporaryDirectory(prefix="numabind-bench-") as tmp:
-        bare = Path(tmp) / "bare"
         base = getattr(sys, "_base_executable", sys.executable)
-        subprocess.run([base, "-m", "venv", "--without-pip", str(bare)], check=True)
+        venvs = {}
+        for name in ("bare", "numabind"):
+            venvs[name] = Path(tmp) / name
+            subprocess.run([base, "-m", "venv", "--without-pip", str(venvs[name])], check=True)
+        wheel_dir = Path(tmp) / "wheel"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "-w",
+                str(wheel_dir),
+                str(ROOT),
+            ],
+            check=True,
+        )
+        site = next((venvs["numabind"] / "lib").glob("python*/site-packages"))
+        with zipfile.ZipFile(next(wheel_dir.glob("numabind-*.whl"))) as whl:
+            whl.extractall(site)
+        subprocess.run(
+            [str(venvs["numabind"] / "bin" / "python"), "-m", "compileall", "-q", str(site)],
+            check=True,
+        )
         root = synth.write(synth.dgx_h100(), str(Path(tmp) / "dgx"))
-        py = sys.executable
+        bare_py = str(venvs["bare"] / "bin" / "python")
+        nb_py = str(venvs["numabind"] / "bin" / "python")
+        active = clean_env(
+            LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=root, NUMABIND="force"
+        )
         variants = {
-            "bare": ([str(bare / "bin" / "python"), "-c", "pass"], clean_env()),
-            "inactive": ([py, "-c", "pass"], clean_env()),
-            "active": (
-                [py, "-c", "pass"],
-                clean_env(
-                    LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=root, NUMABIND="force"
-                ),
-            ),
+            "bare": ([bare_py, "-c", "pass"], clean_env()),
+            "inactive": ([nb_py, "-c", "pass"], clean_env()),
+            "active": ([nb_py, "-c", "pass"], active),
         }
-        has_nvml = subprocess.run([py, "-c", "import pynvml"], capture_output=True).returncode == 0
+        # the same bare venv plus nvidia-ml-py's pynvml module (one file), when it is here
+        found = subprocess.run(
+            [sys.executable, "-c", "import pynvml; print(pynvml.__file__)"],
+            capture_output=True,
+            text=True,
+        )
+        has_nvml = found.returncode == 0
         if has_nvml:
-            variants["nvml"] = (
-                [py, "-c", "import pynvml\ntry:\n pynvml.nvmlInit()\nexcept Exception:\n pass"],
-                clean_env(),
+            nvml_venv = Path(tmp) / "nvml"
+            subprocess.run([base, "-m", "venv", "--without-pip", str(nvml_venv)], check=True)
+            shutil.copy(
+                found.stdout.strip(), next((nvml_venv / "lib").glob("python*/site-packages"))
             )
+            nvml = "import pynvml\ntry:\n pynvml.nvmlInit()\nexcept Exception:\n pass"
+            variants["nvml"] = ([str(nvml_venv / "bin" / "python"), "-c", nvml], clean_env())
         times = interleaved(variants, rounds)
+        # where the active hook's time goes: its imports, from -X importtime
+        out = subprocess.run(
+            [nb_py, "-X", "importtime", "-c", "pass"], env=active, capture_output=True, text=True
+        )
+        own = sum(
+            int(line.split("|")[0].split(":")[1])
+            for line in out.stderr.splitlines()
+            if line.startswith("import time:") and ("numabind" in line or "_ctypes" in line)
+        )
     med = {k: median_ms(v) for k, v in times.items()}
     rows = []
     for name, ms in med.items():
@@ -57,6 +103,9 @@ def main() -> int:
     print(table(["variant", "median ms", "vs bare ms", "ratio to bare"], rows))
     if not has_nvml:
         print("\n(nvml row skipped: nvidia-ml-py is not installed in this environment)")
+    print(
+        f"\nof which the active hook's own imports (numabind modules, _ctypes): {own / 1000:.2f} ms"
+    )
     print(
         f"\nhook budget: inactive {med['inactive'] - med['bare']:+.2f} ms (target < 0.5), "
         f"active {med['active'] - med['bare']:+.2f} ms (target < 5)"

@@ -7,7 +7,7 @@ NVML, psutil or torch is ever imported here.
 
 from __future__ import annotations
 
-from ._version import __version__
+__version__ = "0.1.0"  # the one place the version lives (hatch reads it here)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

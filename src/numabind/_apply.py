@@ -16,7 +16,7 @@ late binding:
 from __future__ import annotations
 
 from . import _kernel, _sysfs
-from ._procmaps import pages_per_node, private_anon_regions
+from ._procmaps import anon_pages_outside, pages_per_node, private_anon_regions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -248,6 +248,8 @@ def _migrate(b: Binding, plan: Plan) -> None:
     policy = b.policy_applied or "preferred"
     move_policy = "bind" if policy in ("preferred", "preferred-many", "local") else policy
     try:
+        if anon_pages_outside(target) == 0:
+            return
         before = private_anon_regions()
     except OSError as err:
         b.notes.append(f"page migration skipped: {err}")

@@ -31,6 +31,27 @@ VISIBILITY_VARIABLES = (
 FAMILY_ORDER = ("nvidia", "amd", "intel")
 
 
+class LazyNvml:
+    """NVML for the visibility lists, imported and initialised only if a UUID or MIG id
+    cannot be resolved from files (``import pynvml`` alone costs ~30 ms)."""
+
+    def __init__(self) -> None:
+        self._backend: NvmlBackend | None = None
+
+    def _get(self) -> NvmlBackend:
+        if self._backend is None:
+            from ._nvml import PynvmlBackend
+
+            self._backend = PynvmlBackend()
+        return self._backend
+
+    def pci_of_uuid(self, uuid: str) -> str | None:
+        return self._get().pci_of_uuid(uuid)
+
+    def mig_parent_pci(self, mig_uuid: str) -> str | None:
+        return self._get().mig_parent_pci(mig_uuid)
+
+
 class Visible(Record):
     """The devices this process's runtime will number 0..n-1, in that order.
 
@@ -108,7 +129,7 @@ def _match_uuid(token: str, devs: tuple[Accelerator, ...]) -> list[Accelerator]:
 def _resolve_token(
     token: str,
     devs: tuple[Accelerator, ...],
-    nvml: NvmlBackend | None,
+    nvml: NvmlBackend | LazyNvml | None,
 ) -> tuple[Accelerator | None, str | None]:
     """One entry of a visibility list -> (device, why it could not be resolved)."""
     if token.isdigit():
@@ -152,7 +173,7 @@ def _parse_list(
     var: str,
     text: str,
     devs: tuple[Accelerator, ...],
-    nvml: NvmlBackend | None,
+    nvml: NvmlBackend | LazyNvml | None,
     keep_subdevice: bool = False,
 ) -> tuple[tuple[Accelerator, ...], str | None, list[str]]:
     """Resolve a visibility list the way the runtimes do: entries in order, and the
@@ -180,7 +201,7 @@ def _parse_list(
 def resolve(
     machine: Machine,
     environ: Mapping[str, str],
-    nvml: NvmlBackend | None = None,
+    nvml: NvmlBackend | LazyNvml | None = None,
 ) -> Visible:
     """Turn the environment's visibility variables into the ordered visible devices."""
     family: str | None = None

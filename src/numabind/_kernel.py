@@ -1,9 +1,10 @@
 """Kernel calls: CPU affinity and memory policy, without libnuma.
 
 glibc does not export the memory-policy calls, and libnuma is missing from many images, so
-they go through ``syscall(2)`` by number (``ctypes.CDLL(None)`` is the already-loaded libc;
-``ctypes.util.find_library`` would cost ~20 ms and may spawn ``ldconfig``).  ctypes is
-imported on first use, only by a process that actually binds.
+they go through ``syscall(2)`` by number, from the already-loaded libc (never
+``ctypes.util.find_library``: ~20 ms, and it may spawn ``ldconfig``).  The ctypes machinery
+is built on first use, only by a process that actually binds, and from the ``_ctypes`` C
+module rather than the ctypes package (see :class:`_CTypes`).
 
 Scope matters here: CPU affinity and memory policy both belong to one *thread*.  A
 policy set here governs the calling thread and the threads and processes it creates
@@ -77,19 +78,107 @@ class KernelError(OSError):
         return (type(self), (self.call, self.errno, self.asked))
 
 
-class _Libc:
-    _instance: _Libc | None = None
+class _CTypes:
+    """The few ctypes pieces the kernel layer needs, built on the ``_ctypes`` C module.
+
+    ``import ctypes`` costs ~2 ms (its package sets up dozens of types and imports struct);
+    the startup hook has 5 ms in all.  ``_ctypes`` is what ctypes itself is made of, so the
+    handful of scalar, array and function-pointer types below behave exactly like ctypes'
+    own.  If anything about it is unexpected, numabind falls back to the ctypes package.
+    """
+
+    def __init__(self) -> None:
+        _ctypes: Any = __import__("_ctypes")  # typeshed's stubs do not describe these uses
+
+        def scalar(name: str, code: str) -> Any:
+            return type(name, (_ctypes._SimpleCData,), {"_type_": code})
+
+        c_long, c_ulong, c_int = scalar("c_long", "l"), scalar("c_ulong", "L"), scalar("c_int", "i")
+        c_uint, c_void_p = scalar("c_uint", "I"), scalar("c_void_p", "P")
+        syscall_type: Any = type(
+            "Syscall",
+            (_ctypes.CFuncPtr,),
+            {"_flags_": _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, "_restype_": c_long},
+        )
+
+        class Handle:
+            _handle = _ctypes.dlopen(
+                None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2)
+            )
+
+        self.c_long, self.c_ulong, self.c_int, self.c_uint, self.c_void_p = (
+            c_long,
+            c_ulong,
+            c_int,
+            c_uint,
+            c_void_p,
+        )
+        self.byref = _ctypes.byref
+        self.get_errno, self.set_errno = _ctypes.get_errno, _ctypes.set_errno
+        self._array_base = _ctypes.Array
+        self._arrays: dict[tuple[Any, int], Any] = {}
+        self.syscall = syscall_type(("syscall", Handle()))
+
+    def array(self, kind: Any, length: int) -> Any:
+        key = (kind, length)
+        if key not in self._arrays:
+            self._arrays[key] = type(
+                f"{kind.__name__}_Array_{length}",
+                (self._array_base,),
+                {"_type_": kind, "_length_": length},
+            )
+        return self._arrays[key]
+
+
+class _CTypesPackage:
+    """The same pieces from the ctypes package (the fallback)."""
 
     def __init__(self) -> None:
         import ctypes
 
-        self.ctypes = ctypes
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.libc.syscall.restype = ctypes.c_long
+        self.c_long, self.c_ulong, self.c_int = ctypes.c_long, ctypes.c_ulong, ctypes.c_int
+        self.c_uint, self.c_void_p = ctypes.c_uint, ctypes.c_void_p
+        self.byref = ctypes.byref
+        self.get_errno, self.set_errno = ctypes.get_errno, ctypes.set_errno
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        self.syscall = libc.syscall
+
+    def array(self, kind: Any, length: int) -> Any:
+        return kind * length
+
+
+class _Libc:
+    _instance: _Libc | None = None
+
+    def __init__(self) -> None:
         machine = os.uname().machine
         if machine not in _SYSCALLS:
             raise KernelError("syscall", 38, f"memory-policy calls on {machine} are not supported")
         self.numbers = _SYSCALLS[machine]
+        ct: Any
+        try:
+            ct = _CTypes()
+            ct.set_errno(0)
+            # a harmless call proves the function pointer works: get_mempolicy(NULL...)
+            if (
+                int(
+                    ct.syscall(
+                        ct.c_long(self.numbers["get_mempolicy"]),
+                        None,
+                        None,
+                        ct.c_ulong(0),
+                        None,
+                        ct.c_ulong(0),
+                    )
+                )
+                < 0
+                and ct.get_errno() == 0
+            ):
+                raise OSError("syscall returned -1 without errno")
+        except Exception:
+            ct = _CTypesPackage()
+        self.ctypes = ct
 
     @classmethod
     def get(cls) -> _Libc:
@@ -100,13 +189,13 @@ class _Libc:
     def call(self, name: str, asked: str, *args: Any) -> int:
         ct = self.ctypes
         ct.set_errno(0)
-        res = int(self.libc.syscall(ct.c_long(self.numbers[name]), *args))
+        res = int(ct.syscall(ct.c_long(self.numbers[name]), *args))
         if res < 0:
             raise KernelError(name, ct.get_errno(), asked)
         return res
 
     def mask(self, nodes: Iterable[int]) -> Any:
-        arr = (self.ctypes.c_ulong * _WORDS)()
+        arr = self.ctypes.array(self.ctypes.c_ulong, _WORDS)()
         for n in nodes:
             if not 0 <= n < MAX_NODES:
                 raise KernelError("nodemask", 22, f"node {n}")
@@ -209,9 +298,9 @@ def move_pages(pages: list[int], nodes: list[int] | None = None, pid: int = 0) -
     n = len(pages)
     if n == 0:
         return []
-    arr = (ct.c_void_p * n)(*pages)
-    status = (ct.c_int * n)()
-    node_arr = (ct.c_int * n)(*nodes) if nodes is not None else None
+    arr = ct.array(ct.c_void_p, n)(*pages)
+    status = ct.array(ct.c_int, n)()
+    node_arr = ct.array(ct.c_int, n)(*nodes) if nodes is not None else None
     lib.call(
         "move_pages",
         f"pid {pid}, {n} pages",

@@ -80,6 +80,21 @@ def private_anon_regions(pid: int | str = "self") -> list[Region]:
     return out
 
 
+def anon_pages_outside(nodes: frozenset[int], pid: int | str = "self") -> int:
+    """Resident pages of anonymous mappings outside ``nodes``, from numa_maps alone: a cheap
+    first look that lets the startup hook skip the full walk when nothing is remote."""
+    count = 0
+    for line in _read(f"/proc/{pid}/numa_maps").splitlines():
+        if "file=" in line:
+            continue
+        for f in line.split()[2:]:
+            if f[0] == "N" and "=" in f:
+                node, _, n = f[1:].partition("=")
+                if node.isdigit() and int(node) not in nodes:
+                    count += int(n)
+    return count
+
+
 def pages_per_node(regions: list[Region]) -> dict[int, int]:
     """Resident private anonymous memory per node, in 4 KiB page units."""
     total: dict[int, int] = {}

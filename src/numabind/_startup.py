@@ -112,7 +112,6 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         if cfg.verbose:
             _say(f"local rank {info.local_rank}: binding inherited from the parent process")
         return None
-    from ._existing import bind
     from ._plan import plan, request_for
     from ._topology import Machine
 
@@ -121,24 +120,46 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     if info.problem is None and not (
         cfg.mode in ("node", "socket") and len(machine.cpu_nodes) <= 1
     ):
-        from ._devices import resolve
-        from ._nvml import PynvmlBackend
+        from ._devices import LazyNvml, resolve
 
-        visible = resolve(machine, env, PynvmlBackend())
+        visible = resolve(machine, env, LazyNvml())
     request = request_for(info, visible, cfg.mode, cfg.memory)
     p = plan(machine, request)
-    binding = bind(p, machine, cfg.enable, env, migrate=True, strict=False)
+    if (
+        p.bound
+        and cfg.enable != "force"
+        and not machine.allowed.cpus <= frozenset(os.sched_getaffinity(0))
+    ):
+        # a mask narrower than the cgroup allows: whose is it? (_existing has the rule)
+        from ._existing import bind
+
+        binding = bind(p, machine, cfg.enable, env, migrate=True, strict=False)
+    else:
+        from ._apply import apply_plan
+
+        binding = apply_plan(p, migrate=True, strict=False)
     record_state(binding, info, cfg.mode, cfg.memory)
     if (not p.bound and p.problem) or binding.errors:
         _fail(str(binding), strict)
     elif cfg.verbose or (binding.existing or "").startswith("replaced"):
         _say(str(binding))
     if cfg.guard and p.bound and not binding.errors:
-        from ._guard import install
-
-        expected = p.cpus if binding.cpus_applied else frozenset(os.sched_getaffinity(0))
-        install(expected)
+        _install_guard(p.cpus if binding.cpus_applied else frozenset(os.sched_getaffinity(0)))
     return binding
+
+
+def _install_guard(expected: frozenset[int]) -> None:
+    """Arm the guard (numabind._guard) for the first import of torch or numpy; the guard's
+    own module is imported only if one of them is."""
+    from ._importhook import after_import
+
+    def check(module: object) -> None:
+        from ._guard import check
+
+        check(f"import {getattr(module, '__name__', '?')}", expected)
+
+    for name in ("torch", "numpy"):
+        after_import(name, check)
 
 
 def sitecustomize_dir() -> str:

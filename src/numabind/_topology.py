@@ -139,6 +139,7 @@ class SysfsSource(Source):
         self.description = "live system" if root in ("", "/") else root
         self._pci_cache: dict[str, Accelerator | None] = {}
         self._nvidia_info: dict[str, dict[str, str]] = {}
+        self._driver_gpus: tuple[str, ...] | bool | None = False
 
     def _p(self, path: str) -> str:
         return _sysfs.join(self.root, path)
@@ -353,6 +354,14 @@ class SysfsSource(Source):
             return self._pci_cache[bdf]
         base = f"{_SYS_PCI}/{bdf}"
         vendor_id = _sysfs.parse_int(self._read(f"{base}/vendor"))
+        if (
+            not force_nvidia
+            and vendor_id not in VENDORS
+            and bdf not in (self.nvidia_driver_gpus() or ())
+        ):
+            # one read decides for the hundreds of bridges, NICs and chipset functions
+            self._pci_cache[bdf] = None
+            return None
         pci_class = _sysfs.parse_int(self._read(f"{base}/class"))
         device_id = _sysfs.parse_int(self._read(f"{base}/device"))
         family = classify(vendor_id, device_id, pci_class)
@@ -417,12 +426,11 @@ class SysfsSource(Source):
         return self._nvidia_info[bdf]
 
     def nvidia_driver_gpus(self) -> tuple[str, ...] | None:
-        path = self._p(_PROC_NVIDIA)
-        entries = _sysfs.listdir(path)
-        if not entries:
-            return None
-        out = [n for n in (normalize_pci(e) for e in entries) if n is not None]
-        return tuple(sorted(out, key=pci_sort_key))
+        if self._driver_gpus is False:
+            entries = _sysfs.listdir(self._p(_PROC_NVIDIA))
+            out = [n for n in (normalize_pci(e) for e in entries) if n is not None]
+            self._driver_gpus = tuple(sorted(out, key=pci_sort_key)) if entries else None
+        return self._driver_gpus  # type: ignore[return-value]
 
     def kernel_release(self) -> str | None:
         return self._read("/proc/sys/kernel/osrelease")

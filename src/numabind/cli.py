@@ -12,8 +12,7 @@ import json
 import os
 import sys
 
-from . import _sysfs
-from ._version import __version__
+from . import __version__, _sysfs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
