@@ -1,7 +1,8 @@
 """Memory locality of every way to launch a rank, measured in the multi-NUMA VM.
 
 The rank's GPU is on node 1; every process starts on node 0's CPUs (where a launcher or the
-scheduler happened to put it).  The same workload everywhere: import torch, allocate and
+scheduler happened to put it), except the numactl trampolines, which are the first thing
+the launcher runs (libnuma refuses CPUs outside the mask numactl itself started with).  The same workload everywhere: import torch, allocate and
 touch 500 MB, 4 threads that allocate 25 MB each.  Late paths bind after ``import torch``,
 as their real counterparts do, before the allocations.  Reported: the share of the
 process's private anonymous pages on node 1 at the end (/proc/self/numa_maps).

@@ -285,3 +285,45 @@ def test_numabind_run_under_torchrun_no_python(vm_torch: dict[str, Any]) -> None
     by_rank = {x["rank"]: x for x in r["ranks"]}
     assert by_rank["0"]["affinity"] == [0, 1] and by_rank["0"]["policy"] == ["preferred", [0]]
     assert by_rank["1"]["affinity"] == [2, 3] and by_rank["1"]["policy"] == ["preferred", [1]]
+
+
+# --- numabind check on real processes (issue: see and prove it) -------------------------------
+
+
+def test_check_on_plan(vm: dict[str, Any]) -> None:
+    r = vm["check_good"]
+    assert r["rc"] == 0, r
+    (proc,) = r["json"]["processes"]
+    assert proc["ok"] and proc["status"] == "bound" and proc["locality"] >= 0.99
+    assert proc["plan"]["cpus"] == [2, 3] and proc["memory_policy"] == {
+        "policy": "preferred",
+        "nodes": [1],
+    }
+    assert proc["plan_source"] == "registry"
+
+
+def test_check_off_plan_names_causes(vm: dict[str, Any]) -> None:
+    r = vm["check_bad"]
+    assert r["rc"] == 1
+    (proc,) = r["json"]["processes"]
+    assert not proc["ok"] and proc["plan_source"] == "its initial environment"
+    problems = " | ".join(proc["problems"])
+    assert "bound by someone else" in problems and "CPUs 0-1" in problems
+    assert "memory policy is default" in problems
+    assert "pages left remote" in problems
+    text = vm["check_bad_text"]
+    assert text["rc"] == 1 and text["stdout"].startswith("OFF PLAN")
+
+
+def test_check_all_finds_late_ranks_through_the_registry(vm: dict[str, Any]) -> None:
+    r = vm["check_all"]
+    procs = {p["pid"]: p for p in r["json"]["processes"]}
+    assert vm["check_pids"]["good"] in procs and vm["check_pids"]["bad"] in procs
+    spawned = [p for pid, p in procs.items() if pid not in vm["check_pids"].values()]
+    assert spawned, "the numabind.spawn child has no rank in its initial environment"
+    assert all(p["plan_source"] == "registry" and p["ok"] for p in spawned), spawned
+    assert r["rc"] == 1, "one process is off its plan"
+
+
+def test_check_missing_pid_is_usage_error(vm: dict[str, Any]) -> None:
+    assert vm["check_missing"]["rc"] == 2

@@ -13,6 +13,8 @@ from ._model import Accelerator, Record, _set
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._devices import Visible
     from ._ranks import RankInfo
     from ._topology import Machine
@@ -444,13 +446,13 @@ class _Planner:
     def _socket(self, node_id: int, base: frozenset[int]) -> frozenset[int]:
         node = self.m.node(node_id)
         assert node is not None
-        pkg = self.m.cpu_info(min(node.cpus)).package
+        pkg = self.m.package_of(min(node.cpus))
         if pkg is None:
             self.notes.append("package of the node's CPUs unknown: socket mode used the node")
             return base
         out = set(base)
         for n in self.m.cpu_nodes:
-            if n.id != node_id and self.m.cpu_info(min(n.cpus)).package == pkg:
+            if n.id != node_id and self.m.package_of(min(n.cpus)) == pkg:
                 out |= n.cpus & self.m.allowed.cpus
         return frozenset(out)
 
@@ -485,10 +487,7 @@ class _Planner:
     def _exclusive(
         self, node_id: int, base: frozenset[int], position: int, count: int
     ) -> frozenset[int]:
-        cores: dict[frozenset[int], None] = {}
-        for info in self.m.cpu_infos(base):
-            cores.setdefault(frozenset(info.siblings & base), None)
-        groups = sorted(cores, key=min)
+        groups = self._groups(base, self.m.siblings_of)
         if len(groups) < count:
             self.notes.append(
                 f"node {node_id} has {len(groups)} physical cores for {count} ranks: they share "
@@ -504,14 +503,29 @@ class _Planner:
         return frozenset(out)
 
     def _core_complex(self, node_id: int, base: frozenset[int], position: int) -> frozenset[int]:
-        domains: dict[frozenset[int], set[int]] = {}
-        for info in self.m.cpu_infos(base):
-            if info.cache is None:
-                self.notes.append("cache domains unknown: core-complex mode used the node")
-                return base
-            domains.setdefault(info.cache, set()).add(info.cpu)
-        ordered = sorted(domains.values(), key=lambda s: (-len(s), min(s)))
-        return frozenset(ordered[position % len(ordered)])
+        if self.m.cache_of(min(base)) is None:
+            self.notes.append("cache domains unknown: core-complex mode used the node")
+            return base
+        domains = self._groups(base, lambda c: self.m.cache_of(c) or frozenset({c}))
+        ordered = sorted(domains, key=lambda s: (-len(s), min(s)))
+        return ordered[position % len(ordered)]
+
+    @staticmethod
+    def _groups(
+        base: frozenset[int], shared_with: Callable[[int], frozenset[int]]
+    ) -> list[frozenset[int]]:
+        """Partition ``base`` by a per-CPU sharing relation (SMT siblings, cache domain),
+        asking once per group rather than once per CPU: the startup hook reads these from
+        sysfs, one file per question."""
+        groups: list[frozenset[int]] = []
+        seen: set[int] = set()
+        for c in sorted(base):
+            if c in seen:
+                continue
+            group = (shared_with(c) & base) | {c}
+            seen |= group
+            groups.append(frozenset(group))
+        return sorted(groups, key=min)
 
     # --- memory
     def _memory(self, cpus: frozenset[int], node_id: int | None) -> tuple[frozenset[int], str]:

@@ -40,7 +40,7 @@ def _node_package(machine: Machine, node_id: int) -> int | None:
     node = machine.node(node_id)
     if node is None or not node.cpus:
         return None
-    return machine.cpu_info(min(node.cpus)).package
+    return machine.package_of(min(node.cpus))
 
 
 def render(machine: Machine, plans: list[Plan]) -> str:

@@ -15,7 +15,8 @@ from ._model import Accelerator, Allowed, CpuInfo, Node
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable
+    from typing import Any
 
 _SYS_NODE = "/sys/devices/system/node"
 _SYS_CPU = "/sys/devices/system/cpu"
@@ -110,7 +111,19 @@ class Source:
         raise NotImplementedError
 
     def cpu_info(self, cpu: int) -> CpuInfo:
-        raise NotImplementedError
+        return CpuInfo(cpu, self.cpu_package(cpu), self.cpu_siblings(cpu), self.cpu_cache(cpu))
+
+    # One fact at a time, so a mode reads only what it uses (exclusive: siblings; socket:
+    # packages; core-complex: cache domains).  Sources that know everything at once
+    # override cpu_info and inherit these.
+    def cpu_package(self, cpu: int) -> int | None:
+        return self.cpu_info(cpu).package
+
+    def cpu_siblings(self, cpu: int) -> frozenset[int]:
+        return self.cpu_info(cpu).siblings
+
+    def cpu_cache(self, cpu: int) -> frozenset[int] | None:
+        return self.cpu_info(cpu).cache
 
     def allowed(self, online: frozenset[int]) -> Allowed:
         raise NotImplementedError
@@ -200,29 +213,33 @@ class SysfsSource(Source):
                     distances = ()
         return Node(node_id, cpus & online, memory, distances)
 
-    def cpu_info(self, cpu: int) -> CpuInfo:
-        base = f"{_SYS_CPU}/cpu{cpu}"
-        package = _sysfs.parse_int(self._read(f"{base}/topology/physical_package_id"))
-        siblings: frozenset[int] = frozenset({cpu})
+    def cpu_package(self, cpu: int) -> int | None:
+        return _sysfs.parse_int(self._read(f"{_SYS_CPU}/cpu{cpu}/topology/physical_package_id"))
+
+    def cpu_siblings(self, cpu: int) -> frozenset[int]:
         # core_cpus_list is the current name; thread_siblings_list is the deprecated one.
         for name in ("core_cpus_list", "thread_siblings_list"):
-            text = self._read(f"{base}/topology/{name}")
+            text = self._read(f"{_SYS_CPU}/cpu{cpu}/topology/{name}")
             if text:
                 try:
-                    siblings = _sysfs.parse_cpulist(text) | {cpu}
-                    break
+                    return _sysfs.parse_cpulist(text) | {cpu}
                 except ValueError:
                     continue
+        return frozenset({cpu})
+
+    def cpu_cache(self, cpu: int) -> frozenset[int] | None:
+        """The largest cache domain the CPU shares (the highest-level data/unified cache)."""
+        base = f"{_SYS_CPU}/cpu{cpu}/cache"
         cache: frozenset[int] | None = None
         best = -1
-        for index in _sysfs.listdir(self._p(f"{base}/cache")):
+        for index in _sysfs.listdir(self._p(base)):
             if not index.startswith("index"):
                 continue
-            level = _sysfs.parse_int(self._read(f"{base}/cache/{index}/level"))
-            kind = self._read(f"{base}/cache/{index}/type") or ""
+            level = _sysfs.parse_int(self._read(f"{base}/{index}/level"))
+            kind = self._read(f"{base}/{index}/type") or ""
             if level is None or kind == "Instruction" or level <= best:
                 continue
-            shared = self._read(f"{base}/cache/{index}/shared_cpu_list")
+            shared = self._read(f"{base}/{index}/shared_cpu_list")
             if shared is None:
                 continue
             try:
@@ -230,7 +247,7 @@ class SysfsSource(Source):
             except ValueError:
                 continue
             best = level
-        return CpuInfo(cpu, package, siblings, cache)
+        return cache
 
     # what this process may use
     def allowed(self, online: frozenset[int]) -> Allowed:
@@ -452,6 +469,9 @@ class Machine:
         self._node_ids: tuple[int, ...] | None = None
         self._nodes: dict[int, Node] = {}
         self._cpu: dict[int, CpuInfo] = {}
+        self._package: dict[int, int | None] = {}
+        self._siblings: dict[int, frozenset[int]] = {}
+        self._cache: dict[int, frozenset[int] | None] = {}
         self._allowed: Allowed | None = None
         self._accelerators: tuple[Accelerator, ...] | None = None
         self._driver_gpus: tuple[str, ...] | bool | None = False
@@ -511,8 +531,29 @@ class Machine:
             self._cpu[cpu] = self.source.cpu_info(cpu)
         return self._cpu[cpu]
 
-    def cpu_infos(self, cpus: Iterable[int]) -> list[CpuInfo]:
-        return [self.cpu_info(c) for c in sorted(cpus)]
+    def package_of(self, cpu: int) -> int | None:
+        if cpu in self._cpu:
+            return self._cpu[cpu].package
+        found: int | None = self._fact(self._package, cpu, self.source.cpu_package)
+        return found
+
+    def siblings_of(self, cpu: int) -> frozenset[int]:
+        if cpu in self._cpu:
+            return self._cpu[cpu].siblings
+        found: frozenset[int] = self._fact(self._siblings, cpu, self.source.cpu_siblings)
+        return found
+
+    def cache_of(self, cpu: int) -> frozenset[int] | None:
+        if cpu in self._cpu:
+            return self._cpu[cpu].cache
+        found: frozenset[int] | None = self._fact(self._cache, cpu, self.source.cpu_cache)
+        return found
+
+    @staticmethod
+    def _fact(store: dict[int, Any], cpu: int, read: Callable[[int], Any]) -> Any:
+        if cpu not in store:
+            store[cpu] = read(cpu)
+        return store[cpu]
 
     @property
     def allowed(self) -> Allowed:

@@ -222,11 +222,92 @@ def scenario_bad_input(results: dict[str, Any]) -> None:
         results["ok_cgroup"] = run(PROBE % {"mb": 1}, {"LOCAL_RANK": "0"}, wrap=wrap)
 
 
+HOLD = r"""
+import os, sys, time
+buf = b"\x01" * (50 << 20)
+print("READY", flush=True)
+sys.stdin.read()
+"""
+
+
+def scenario_check(results: dict[str, Any]) -> None:
+    """numabind check on real processes: one on its plan, one left on the wrong node, and a
+    numabind.spawn child whose rank exists only in numabind's registry."""
+    numabind_cmd = os.path.join(os.path.dirname(PY), "numabind")
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"
+    }
+
+    def hold(env: dict[str, str], cpus: list[int] | None) -> subprocess.Popen[str]:
+        def pre() -> None:
+            if cpus is not None:
+                os.sched_setaffinity(0, cpus)
+
+        p = subprocess.Popen(
+            [PY, "-c", HOLD],
+            env={**base, **env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=pre,  # noqa: PLW1509 - this driver starts no threads
+        )
+        assert p.stdout is not None
+        p.stdout.readline()
+        return p
+
+    good = hold({"LOCAL_RANK": "1"}, node_cpus(0))
+    bad = hold({"LOCAL_RANK": "1", "NUMABIND": "0"}, node_cpus(0))
+    marker = f"/tmp/numabind-check-release-{os.getpid()}"
+    spawner = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            "import numabind, sys\nsys.path.insert(0, 'tests/vm')\nimport check_helpers\n"
+            "if __name__ == '__main__':\n"
+            f"    numabind.spawn(check_helpers.hold, 1, args=({marker!r},))",
+        ],
+        env=base,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert spawner.stdout is not None
+    spawner.stdout.readline()
+    try:
+        for name, argv in {
+            "check_good": ["--pid", str(good.pid)],
+            "check_bad": ["--pid", str(bad.pid)],
+            "check_all": ["--all"],
+            "check_missing": ["--pid", "999999"],
+        }.items():
+            p = subprocess.run(
+                [numabind_cmd, "check", *argv, "--json"], capture_output=True, text=True, env=base
+            )
+            results[name] = {
+                "rc": p.returncode,
+                "json": json.loads(p.stdout) if p.stdout.strip() else None,
+                "stderr": p.stderr[-2000:],
+            }
+        text = subprocess.run(
+            [numabind_cmd, "check", "--pid", str(bad.pid)], capture_output=True, text=True, env=base
+        )
+        results["check_bad_text"] = {"rc": text.returncode, "stdout": text.stdout}
+        results["check_pids"] = {"good": good.pid, "bad": bad.pid}
+    finally:
+        with open(marker, "w"):
+            pass
+        for p in (good, bad, spawner):
+            assert p.stdin is not None
+            p.stdin.close()
+            p.wait(timeout=60)
+
+
 SCENARIOS = {
     "hook": scenario_hook,
     "late": scenario_late,
     "memory": scenario_memory,
     "bad_input": scenario_bad_input,
+    "check": scenario_check,
 }
 
 
