@@ -2,7 +2,8 @@
 
 The rank's GPU is on node 1; every process starts on node 0's CPUs (where a launcher or the
 scheduler happened to put it), except the numactl trampolines, which are the first thing
-the launcher runs (libnuma refuses CPUs outside the mask numactl itself started with).  The same workload everywhere: import torch, allocate and
+the launcher runs (libnuma refuses CPUs outside the mask numactl itself started with).
+The same workload everywhere: import torch, allocate and
 touch 500 MB, 4 threads that allocate 25 MB each.  Late paths bind after ``import torch``,
 as their real counterparts do, before the allocations.  Reported: the share of the
 process's private anonymous pages on node 1 at the end (/proc/self/numa_maps).
@@ -125,7 +126,12 @@ def run_path(name: str) -> dict[str, object]:
             os.sched_setaffinity(0, node0 + node1)
     else:
         p = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=900, preexec_fn=start_on_node0
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            preexec_fn=None if name in ("numactl", "torch-script") else start_on_node0,
         )
     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
     if p.returncode != 0 or line is None:
