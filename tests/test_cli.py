@@ -178,3 +178,39 @@ def test_run_execs_the_command() -> None:
         env=env,
     )
     assert missing.returncode == 127 and "cannot run" in missing.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize(
+    ("enable", "expected"),
+    [
+        ("auto", "replaced CPU mask 0 (outside the GPU's node)"),
+        ("respect", "kept CPU mask 0 (NUMABIND=respect)"),
+    ],
+)
+def test_show_reports_what_the_hook_did_to_it(tmp_path: Path, enable: str, expected: str) -> None:
+    spec = synth.Spec(
+        nodes=[[0], [1]],
+        package_of_node=[0, 1],
+        memory_gib=1,
+        gpus=[synth.Gpu(f"0000:{i + 1:02x}:00.0", i) for i in range(2)],
+    )
+    root = synth.write(spec, str(tmp_path / "root"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_", "CUDA_"))}
+    env.update(
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="2",
+        NUMABIND_SYSROOT=root,
+        NUMABIND_MEMORY="none",
+        NUMABIND=enable,
+    )
+    p = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-m", "numabind", "show", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    this = json.loads(p.stdout)["this_process"]
+    assert this["hook"]["existing"].startswith(expected), this
+    assert ("local rank 1 (LOCAL_RANK; 2 local ranks from LOCAL_WORLD_SIZE)") in this["summary"]

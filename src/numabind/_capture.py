@@ -21,6 +21,10 @@ from ._devices import VISIBILITY_VARIABLES
 from ._ranks import RANK_VARIABLES
 from ._topology import Machine, SysfsSource
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 ENV_FILE = "numabind-env.json"
 RECORDED_VARIABLES = (
     *(name for name, _ in RANK_VARIABLES),
@@ -102,10 +106,14 @@ def open_capture(path: str) -> Capture:
                     if not (m.name.startswith("/") or ".." in m.name.split("/"))
                     and (m.isfile() or m.isdir() or m.issym())
                 ]
+                # the 'tar' filter (Python 3.12, backported to 3.10.12/3.11.4) refuses
+                # members and links that would land outside tmp; older Pythons get the
+                # same checks from the member list above
+                extra: dict[str, Any] = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
                 for m in members:
                     if m.issym() and (m.linkname.startswith("/")):
                         continue
-                    tar.extract(m, tmp, set_attrs=False)
+                    tar.extract(m, tmp, set_attrs=False, **extra)
             root = _find_root(tmp)
             return Capture(Machine(SysfsSource(root)), _read_env(root), tmp)
         except (tarfile.TarError, OSError, CaptureError) as err:

@@ -19,6 +19,7 @@ import sys
 
 STATE_VARIABLE = "NUMABIND_STATE"
 _done = False
+last: Binding | None = None  # what the hook did in this process (numabind show reports it)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 
         binding = apply_plan(p, migrate=True, strict=False)
     record_state(binding, info, cfg.mode, cfg.memory)
+    global last
+    last = binding
     if (not p.bound and p.problem) or binding.errors:
         _fail(str(binding), strict)
     elif cfg.verbose or (binding.existing or "").startswith("replaced"):

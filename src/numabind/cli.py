@@ -182,6 +182,9 @@ def _show(args: argparse.Namespace) -> int:
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
         data = show_data(machine, visible, plans)
+        this = None if args.input else this_process(machine, environ, plans)
+        if this is not None:
+            data["this_process"] = this
         if args.svg:
             from ._svg import render
 
@@ -192,12 +195,54 @@ def _show(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             sys.stdout.write(_show_text(machine, visible, plans, source, mode, memory))
+            if this is not None:
+                sys.stdout.write(f"\nThis process (pid {os.getpid()}): {this['summary']}\n")
     except OSError as err:
         raise UsageError(f"numabind show: {err}") from err
     finally:
         if capture is not None:
             capture.close()
     return OK
+
+
+def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str, Any] | None:
+    """When ``show`` itself runs as a rank (``srun numabind show``): what the startup hook did
+    to it, or, if the hook did not run, what it would do with the CPU mask found in place."""
+    from . import _startup
+    from ._existing import assess, decide, parent_mask
+    from ._ranks import detect
+
+    binding = _startup.last
+    if binding is not None:
+        return {"summary": str(binding), "hook": binding.to_dict()}
+    info = detect(environ, getattr(sys, "orig_argv", None))
+    if not info.is_rank or info.local_rank is None:
+        return None
+    mine = next((p for p in plans if p.local_rank == info.local_rank), None)
+    if mine is None or not mine.bound:
+        why = mine.reason if mine is not None else "no plan for this rank"
+        return {"summary": f"local rank {info.local_rank} ({info.rank_source}): not bound: {why}"}
+    from ._config import config_from_env
+
+    current = frozenset(os.sched_getaffinity(0))
+    existing = assess(current, machine.allowed.cpus, parent_mask(os.getppid()), environ)
+    node = machine.node(mine.numa_node) if mine.numa_node is not None else None
+    decision = decide(
+        existing, mine.cpus, node.cpus if node else None, config_from_env(environ).enable
+    )
+    verb = "keep it" if decision.cpus == "keep" else f"bind CPUs {_sysfs.format_cpulist(mine.cpus)}"
+    summary = (
+        f"local rank {info.local_rank} ({info.rank_source}); current CPU mask "
+        f"{_sysfs.format_cpulist(current)} ({existing.origin}): numabind would {verb}"
+    )
+    return {
+        "summary": summary,
+        "current_cpus": sorted(current),
+        "origin": existing.origin,
+        "deliberate": existing.deliberate,
+        "decision": decision.cpus,
+        "message": decision.message,
+    }
 
 
 def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> dict[str, Any]:
