@@ -267,3 +267,14 @@ def container_2_of_8() -> Spec:
         g.driver = i in (2, 5)
     spec.cgroup_cpus = list(range(0, 8)) + list(range(56, 64))
     return spec
+
+
+def two_nodes(gpus: int = 2) -> Spec:
+    """The smallest two-node machine this 2-CPU host can really bind to: node 0 = CPU 0,
+    node 1 = CPU 1, GPUs alternating between them (GPU i on node i % 2)."""
+    return Spec(
+        nodes=[[0], [1]],
+        package_of_node=[0, 1],
+        memory_gib=1,
+        gpus=[Gpu(f"0000:{i + 1:02x}:00.0", i % 2) for i in range(gpus)],
+    )

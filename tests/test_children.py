@@ -28,13 +28,7 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 
 
 @pytest.fixture
 def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    spec = synth.Spec(
-        nodes=[[0], [1]],
-        package_of_node=[0, 1],
-        memory_gib=1,
-        gpus=[synth.Gpu(f"0000:{i + 1:02x}:00.0", i % 2) for i in range(8)],
-    )
-    root = synth.write(spec, str(tmp_path / "root"))
+    root = synth.write(synth.two_nodes(gpus=8), str(tmp_path / "root"))
     monkeypatch.setenv("NUMABIND_SYSROOT", root)
     monkeypatch.setenv("NUMABIND_MEMORY", "none")
     monkeypatch.setenv("NUMABIND", "force")

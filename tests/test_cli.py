@@ -189,13 +189,7 @@ def test_run_execs_the_command() -> None:
     ],
 )
 def test_show_reports_what_the_hook_did_to_it(tmp_path: Path, enable: str, expected: str) -> None:
-    spec = synth.Spec(
-        nodes=[[0], [1]],
-        package_of_node=[0, 1],
-        memory_gib=1,
-        gpus=[synth.Gpu(f"0000:{i + 1:02x}:00.0", i) for i in range(2)],
-    )
-    root = synth.write(spec, str(tmp_path / "root"))
+    root = synth.write(synth.two_nodes(), str(tmp_path / "root"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_", "CUDA_"))}
     env.update(
         LOCAL_RANK="1",

@@ -18,13 +18,7 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 
 def env(tmp_path: Path) -> dict[str, str]:
     """Rank 1 of a generated two-node machine (node 1 = CPU 1), and a stand-in 'numpy'
     whose import rebinds the importing thread to CPU 0 as libgomp does with OMP_PROC_BIND."""
-    spec = synth.Spec(
-        nodes=[[0], [1]],
-        package_of_node=[0, 1],
-        memory_gib=1,
-        gpus=[synth.Gpu(f"0000:{i + 1:02x}:00.0", i) for i in range(2)],
-    )
-    root = synth.write(spec, str(tmp_path / "root"))
+    root = synth.write(synth.two_nodes(), str(tmp_path / "root"))
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "numpy.py").write_text("import os\nos.sched_setaffinity(0, {0})\n")

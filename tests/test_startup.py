@@ -239,3 +239,15 @@ def test_wheel_install_kind(tmp_path: Path, dgx_root: str) -> None:
         env=clean_env(LOCAL_RANK="3", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root),
     )
     assert "numabind: local rank 3" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_every_hook_form_checks_the_same_variables() -> None:
+    """The .pth line, the PEP 829 entry and numabind itself must agree on what makes a
+    process worth looking at (the first two cannot import numabind to ask)."""
+    import _numabind_start
+    from numabind._ranks import TRIGGER_VARIABLES
+
+    expected = (*TRIGGER_VARIABLES, "NUMABIND_TORCH")
+    assert expected == _numabind_start._TRIGGERS
+    pth = (ROOT / "src" / "_numabind_hook.pth").read_text()
+    assert repr(expected) in pth

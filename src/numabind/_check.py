@@ -16,18 +16,11 @@ from typing import Any
 
 from . import _registry, _sysfs
 from ._procmaps import locality, pages_per_node, private_anon_regions
+from ._ranks import TRIGGER_VARIABLES
 from ._topology import Machine
 
 fmt = _sysfs.format_cpulist
 MIN_LOCALITY = 0.9
-_RANK_VARS = (
-    "LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-    "MV2_COMM_WORLD_LOCAL_RANK",
-    "PALS_LOCAL_RANKID",
-    "SLURM_LOCALID",
-)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -212,7 +205,7 @@ def rank_pids() -> list[int]:
             env = _environ(pid)
         except OSError:
             continue
-        if any(v in env for v in _RANK_VARS):
+        if any(v in env for v in TRIGGER_VARIABLES):
             from ._ranks import detect
 
             try:

@@ -25,30 +25,14 @@ def _chain() -> None:
 
 
 def _hook() -> None:
-    env = os.environ
-    if env.get("NUMABIND", "").strip().lower() in ("0", "off"):
-        return
-    if not any(
-        v in env
-        for v in (
-            "LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "MPI_LOCALRANKID",
-            "MV2_COMM_WORLD_LOCAL_RANK",
-            "PALS_LOCAL_RANKID",
-            "SLURM_LOCALID",
-            "NUMABIND_TORCH",
-        )
-    ):
-        return
     try:
-        from numabind import _startup
-
-        _startup.run()
-    except Exception as err:
+        from _numabind_start import start  # the same cheap environment check as the .pth
+    except ImportError as err:
         sys.stderr.write(
             f"numabind: startup hook failed to load ({err!r}); this process runs unbound\n"
         )
+        return
+    start()
 
 
 _hook()
