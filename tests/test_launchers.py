@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,19 @@ def env(**extra: str) -> dict[str, str]:
 def launch(
     argv: list[str], timeout: float = 180, **extra: str
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    p = subprocess.run(
-        argv, capture_output=True, text=True, env=env(**extra), timeout=timeout, cwd=HERE
-    )
-    assert p.returncode == 0, (
-        f"{argv} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-    )
-    probes = [json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("PROBE ")]
+    with tempfile.TemporaryDirectory(prefix="numabind-probe-") as probe_dir:
+        p = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=env(PROBE_DIR=probe_dir, **extra),
+            timeout=timeout,
+            cwd=HERE,
+        )
+        assert p.returncode == 0, (
+            f"{argv} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+        )
+        probes = [json.loads(f.read_text()) for f in sorted(Path(probe_dir).glob("*.json"))]
     lines = sorted(
         line[line.index("numabind: ") :]
         for line in (p.stdout + p.stderr).splitlines()

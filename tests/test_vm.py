@@ -105,6 +105,7 @@ def test_hook_binds_before_first_statement(vm: dict[str, Any], rank: int) -> Non
     pages = _pages(r)
     assert sum(pages.values()) > 200 * 256, "the probe touched 200 MB"
     assert _share(pages, rank) >= 0.99, pages
+    assert r["data"]["move_pages"] == [rank], "move_pages sees every page of a fresh mmap there"
 
 
 def test_hook_verbose_prints_one_line(vm: dict[str, Any]) -> None:
@@ -327,3 +328,11 @@ def test_check_all_finds_late_ranks_through_the_registry(vm: dict[str, Any]) -> 
 
 def test_check_missing_pid_is_usage_error(vm: dict[str, Any]) -> None:
     assert vm["check_missing"]["rc"] == 2
+
+
+def test_migrate_pages_moves_another_process(vm: dict[str, Any]) -> None:
+    r = vm["migrate_pages"]
+    before = {int(k): v for k, v in r["before"].items()}
+    after = {int(k): v for k, v in r["after"].items()}
+    assert before.get(0, 0) > 50 * 256 * 0.9
+    assert after.get(1, 0) >= 0.95 * before.get(0, 0) and r["not_moved"] >= 0

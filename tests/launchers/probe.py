@@ -16,15 +16,15 @@ keys = (
     "SLURM_STEP_ID",
     "NUMABIND_STATE",
 )
-print(
-    "PROBE "
-    + json.dumps(
-        {
-            "pid": os.getpid(),
-            "affinity": affinity,
-            "argv": sys.argv,
-            "env": {k: os.environ[k] for k in keys if k in os.environ},
-        }
-    ),
-    flush=True,
-)
+info = {
+    "pid": os.getpid(),
+    "affinity": affinity,
+    "argv": sys.argv,
+    "env": {k: os.environ[k] for k in keys if k in os.environ},
+}
+# one file per rank (PROBE_DIR): lines that ranks print through a launcher can interleave
+if os.environ.get("PROBE_DIR"):
+    with open(os.path.join(os.environ["PROBE_DIR"], f"{os.getpid()}.json"), "w") as f:
+        json.dump(info, f)
+else:
+    print("PROBE " + json.dumps(info), flush=True)

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any
@@ -27,7 +28,9 @@ pol = _kernel.get_mempolicy()
 import json
 rank = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or os.environ.get("LOCAL_RANK") or "-"
 info = {"rank": rank, "affinity": aff, "policy": [pol[0], sorted(pol[1])]}
-print("RANK " + json.dumps(info), flush=True)
+# a file per rank: lines that several ranks print through mpirun can interleave
+with open(os.path.join(os.environ["PROBE_DIR"], f"{os.getpid()}.json"), "w") as f:
+    json.dump(info, f)
 """
 
 
@@ -39,13 +42,16 @@ def launch(
     }
     full.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
     full.update(env or {})
+    probe_dir = tempfile.mkdtemp(prefix="numabind-probe-")
+    full["PROBE_DIR"] = probe_dir
     t0 = time.time()
     p = subprocess.run(argv, env=full, capture_output=True, text=True, timeout=timeout)
     ranks = {}
-    for line in p.stdout.splitlines():
-        if line.startswith("RANK "):
-            d = json.loads(line[5:])
-            ranks[d["rank"]] = d
+    for name in os.listdir(probe_dir):
+        with open(os.path.join(probe_dir, name)) as f:
+            d = json.load(f)
+        ranks[d["rank"]] = d
+    shutil.rmtree(probe_dir, ignore_errors=True)
     return {
         "rc": p.returncode,
         "ranks": ranks,

@@ -72,6 +72,11 @@ from numabind import _kernel
 first_policy = _kernel.get_mempolicy()
 import json, threading
 buf = b"\x01" * (%(mb)d << 20)
+import ctypes, mmap
+m = mmap.mmap(-1, 4 << 20)
+m.write(b"\x01" * (4 << 20))
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+where = sorted(set(_kernel.move_pages([addr + i * 4096 for i in range(1024)])))
 def worker(out):
     out.append(b"\x02" * (8 << 20))
 keep = []
@@ -79,7 +84,7 @@ ts = [threading.Thread(target=worker, args=(keep,)) for _ in range(2)]
 [t.start() for t in ts]; [t.join() for t in ts]
 from numabind._procmaps import pages_per_node, private_anon_regions
 print(json.dumps({"affinity": first_affinity, "policy": [first_policy[0], sorted(first_policy[1])],
-                  "pages": pages_per_node(private_anon_regions())}))
+                  "pages": pages_per_node(private_anon_regions()), "move_pages": where}))
 """
 
 
@@ -293,6 +298,15 @@ def scenario_check(results: dict[str, Any]) -> None:
         )
         results["check_bad_text"] = {"rc": text.returncode, "stdout": text.stdout}
         results["check_pids"] = {"good": good.pid, "bad": bad.pid}
+        # migrate_pages moves another process's pages (numabind never does this to a rank:
+        # as root it would move shared library pages too; here it proves the call)
+        from numabind import _kernel
+        from numabind._procmaps import pages_per_node, private_anon_regions
+
+        before = pages_per_node(private_anon_regions(bad.pid))
+        left = _kernel.migrate_pages(bad.pid, {0}, {1})
+        after = pages_per_node(private_anon_regions(bad.pid))
+        results["migrate_pages"] = {"before": before, "after": after, "not_moved": left}
     finally:
         with open(marker, "w"):
             pass
