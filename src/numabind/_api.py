@@ -179,13 +179,7 @@ def numa_bound(
             binding = apply(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
             wrapper.binding = binding  # type: ignore[attr-defined]
             cfg = config_from_env(os.environ)
-            replaced = (binding.existing or "").startswith("replaced")
-            if (
-                (not binding.plan.bound and binding.plan.problem)
-                or binding.errors
-                or cfg.verbose
-                or replaced
-            ):
+            if binding.worth_a_line(cfg.verbose):
                 print(f"numabind: {binding}", file=sys.stderr)
             return fn(*args, **kwargs)
 

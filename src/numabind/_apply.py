@@ -60,6 +60,17 @@ class Binding:
     def ok(self) -> bool:
         return self.plan.bound and not self.errors
 
+    @property
+    def failed(self) -> bool:
+        """A call failed, or the plan skipped because of bad input or a forbidding machine
+        (a benign skip, such as a one-node machine, is not a failure)."""
+        return bool(self.errors) or (not self.plan.bound and self.plan.problem)
+
+    def worth_a_line(self, verbose: bool) -> bool:
+        """Whether an entry point should print this binding: always for a failure or a
+        replaced CPU mask (the rule promises one line saying so), else only when verbose."""
+        return self.failed or (self.existing or "").startswith("replaced") or verbose
+
     def __str__(self) -> str:
         p = self.plan
         if not p.bound:

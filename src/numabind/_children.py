@@ -188,7 +188,7 @@ def child_entry(
         strict=False,
     )
     cfg = config_from_env(os.environ)
-    if cfg.verbose or binding.errors or (not binding.plan.bound and binding.plan.problem):
+    if binding.worth_a_line(cfg.verbose):
         sys.stderr.write(f"numabind: {binding}\n")
     return fn(local_rank, *args)
 

@@ -142,9 +142,9 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     record_state(binding, info, cfg.mode, cfg.memory)
     global last
     last = binding
-    if (not p.bound and p.problem) or binding.errors:
+    if binding.failed:
         _fail(str(binding), strict)
-    elif cfg.verbose or (binding.existing or "").startswith("replaced"):
+    elif binding.worth_a_line(cfg.verbose):
         _say(str(binding))
     if cfg.guard and p.bound and not binding.errors:
         _install_guard(p.cpus if binding.cpus_applied else frozenset(os.sched_getaffinity(0)))

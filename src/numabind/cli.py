@@ -400,7 +400,7 @@ def _run(args: argparse.Namespace) -> int:
     except BindingError as err:
         print(f"numabind run: {err}", file=sys.stderr)
         return OFF_PLAN
-    if cfg.verbose or (not binding.plan.bound and binding.plan.problem) or binding.errors:
+    if binding.worth_a_line(cfg.verbose):
         print(f"numabind: {binding}", file=sys.stderr)
     # The command's own startup hook must see this binding as inherited, not plan anew
     # with other settings: hand it the same mode, memory policy and rank.

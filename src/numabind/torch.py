@@ -93,7 +93,7 @@ def _torch_child_entry(
         local_rank, mode=mode, memory=memory, migrate=method == "forkserver", strict=False
     )
     cfg = config_from_env(os.environ)
-    if cfg.verbose or binding.errors or (not binding.plan.bound and binding.plan.problem):
+    if binding.worth_a_line(cfg.verbose):
         sys.stderr.write(f"numabind: {binding}\n")
     return target(*target_args)
 
