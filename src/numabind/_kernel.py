@@ -222,18 +222,24 @@ def _fmt(nodes: Iterable[int]) -> str:
     return format_cpulist(nodes) or "none"
 
 
+def _policy_nodes(lib: _Libc, code: int, nodes: frozenset[int]) -> tuple[Any, Any]:
+    """The (nodemask, maxnode) pair of a policy call: MPOL_DEFAULT and MPOL_LOCAL take no
+    nodes (NULL, 0); the others a mask of MAX_NODES bits (maxnode is bits + 1)."""
+    ct = lib.ctypes
+    if code in (MPOL_DEFAULT, MPOL_LOCAL):
+        return None, ct.c_ulong(0)
+    return ct.byref(lib.mask(nodes)), ct.c_ulong(MAX_NODES + 1)
+
+
 def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
     """Set the calling thread's memory policy (inherited by threads/processes it starts)."""
     lib = _Libc.get()
-    ct = lib.ctypes
     nodes = frozenset(nodes)
     code = POLICY_CODES[policy]
-    asked = f"{policy}, nodes {_fmt(nodes)}"
-    if code in (MPOL_DEFAULT, MPOL_LOCAL):
-        lib.call("set_mempolicy", asked, ct.c_int(code), None, ct.c_ulong(0))
-        return
-    mask = lib.mask(nodes)
-    lib.call("set_mempolicy", asked, ct.c_int(code), ct.byref(mask), ct.c_ulong(MAX_NODES + 1))
+    mask, maxnode = _policy_nodes(lib, code, nodes)
+    lib.call(
+        "set_mempolicy", f"{policy}, nodes {_fmt(nodes)}", lib.ctypes.c_int(code), mask, maxnode
+    )
 
 
 def get_mempolicy() -> tuple[str, frozenset[int]]:
@@ -261,28 +267,15 @@ def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int 
     ct = lib.ctypes
     nodes = frozenset(nodes)
     code = POLICY_CODES[policy]
-    asked = f"0x{addr:x}+{length}, {policy}, nodes {_fmt(nodes)}, flags {flags}"
-    if code in (MPOL_DEFAULT, MPOL_LOCAL):
-        lib.call(
-            "mbind",
-            asked,
-            ct.c_void_p(addr),
-            ct.c_ulong(length),
-            ct.c_int(code),
-            None,
-            ct.c_ulong(0),
-            ct.c_uint(flags),
-        )
-        return
-    mask = lib.mask(nodes)
+    mask, maxnode = _policy_nodes(lib, code, nodes)
     lib.call(
         "mbind",
-        asked,
+        f"0x{addr:x}+{length}, {policy}, nodes {_fmt(nodes)}, flags {flags}",
         ct.c_void_p(addr),
         ct.c_ulong(length),
         ct.c_int(code),
-        ct.byref(mask),
-        ct.c_ulong(MAX_NODES + 1),
+        mask,
+        maxnode,
         ct.c_uint(flags),
     )
 
