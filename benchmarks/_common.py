@@ -49,13 +49,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line, sep, *body])
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            ("NUMABIND", "LOCAL_", "OMPI_", "MPI_", "SLURM_", "PMI", "CUDA_", "PYTHON")
-        )
-    }
-    env.update(extra)
-    return env
+from support import clean_env  # noqa: E402  (tests/ is on sys.path above)
+
+__all__ = ["ROOT", "SMALL", "clean_env", "interleaved", "median_ms", "table", "time_command"]

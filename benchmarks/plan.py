@@ -54,10 +54,25 @@ def time_plan(root: str, devices: int, mode: str, iterations: int) -> tuple[floa
     m = Machine.from_root(root)
     visible = resolve(m, {})
     for k in range(min(devices, 8)):  # warm the caches this mode reads
-        plan(m, Request(k, devices, "LOCAL_RANK", visible, mode))
+        plan(
+            m,
+            Request(
+                local_rank=k,
+                local_world_size=devices,
+                rank_source="LOCAL_RANK",
+                visible=visible,
+                mode=mode,
+            ),
+        )
     warm = []
     for i in range(iterations):
-        r = Request(i % devices, devices, "LOCAL_RANK", visible, mode)
+        r = Request(
+            local_rank=i % devices,
+            local_world_size=devices,
+            rank_source="LOCAL_RANK",
+            visible=visible,
+            mode=mode,
+        )
         t0 = time.perf_counter()
         plan(m, r)
         warm.append(time.perf_counter() - t0)
@@ -65,7 +80,16 @@ def time_plan(root: str, devices: int, mode: str, iterations: int) -> tuple[floa
     for i in range(max(iterations // 10, 3)):
         t0 = time.perf_counter()
         mc = Machine.from_root(root)
-        plan(mc, Request(i % devices, devices, "LOCAL_RANK", resolve(mc, {}), mode))
+        plan(
+            mc,
+            Request(
+                local_rank=i % devices,
+                local_world_size=devices,
+                rank_source="LOCAL_RANK",
+                visible=resolve(mc, {}),
+                mode=mode,
+            ),
+        )
         cold.append(time.perf_counter() - t0)
     return statistics.median(warm) * 1000, statistics.median(cold) * 1000
 

@@ -27,6 +27,7 @@ class Gpu:
     minor: int | None = None
     memory_node: int | None = None
     driver: bool = True  # listed under /proc/driver/nvidia/gpus
+    unique_id: str | None = None  # amdgpu's sysfs unique_id (hex)
 
 
 @dataclass
@@ -138,6 +139,8 @@ def write(spec: Spec, root: str) -> str:
             local = spec.nodes[g.node] if g.node >= 0 else all_cpus
         _w(root, f"{base}/local_cpulist", format_cpulist(local))
         _w(root, f"{base}/local_cpus", _mask(local))
+        if g.unique_id is not None:
+            _w(root, f"{base}/unique_id", g.unique_id)
         if g.vendor == 0x10DE and g.pci_class >> 16 == 3 and spec.proc_nvidia and g.driver:
             pbase = f"/proc/driver/nvidia/gpus/{g.bdf}"
             _w(

@@ -1,16 +1,21 @@
-"""Every capture in ../shared/topologies/hwloc, read through the library's own readers, with
-the expected answers from its MANIFEST."""
+"""Every capture in tests/data/hwloc, read through the library's own readers (tarballs
+in memory, as ``show --input`` reads them), with the expected answers from its MANIFEST."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from numabind._devices import resolve
+from numabind._capture import open_capture
+from numabind._devices import Visible, resolve
 from numabind._hwloc import load
 from numabind._plan import Request, plan
 from numabind._sysfs import parse_cpulist
 from numabind._topology import Machine
+
+
+def _tar(path: str) -> Machine:
+    return open_capture(path).machine
 
 
 def cl(text: str) -> frozenset[int]:
@@ -19,7 +24,19 @@ def cl(text: str) -> frozenset[int]:
 
 def plans(m: Machine, n: int, mode: str = "node", env: dict[str, str] | None = None) -> list:
     visible = resolve(m, env or {})
-    return [plan(m, Request(r, n, "LOCAL_RANK", visible, mode)) for r in range(n)]
+    return [
+        plan(
+            m,
+            Request(
+                local_rank=r,
+                local_world_size=n,
+                rank_source="LOCAL_RANK",
+                visible=visible,
+                mode=mode,
+            ),
+        )
+        for r in range(n)
+    ]
 
 
 # --- XML captures --------------------------------------------------------------------------
@@ -77,13 +94,13 @@ def test_disallowed_node_is_reported_not_bound_elsewhere(hwloc_dir: Path) -> Non
 
 
 def test_power9_gpu_memory_nodes(capture: Callable[[str], str]) -> None:
-    m = Machine.from_root(capture("nvidiagpunumanodes.tar.bz2"))
+    m = _tar(capture("nvidiagpunumanodes.tar.bz2"))
     assert [n.id for n in m.nodes] == [0, 8, 250, 251, 252, 253, 254, 255]
     assert [n.id for n in m.cpu_nodes] == [0, 8], "GPU memory nodes have no CPUs"
     # cpulist says 0-87 / 88-175 (an hwloc edit); intersected with online it is right
     assert m.node(0).cpus == cl("0-15") and m.node(8).cpus == cl("88-103")
     assert m.allowed.cpus == cl("0-15"), "cgroup v1 cpuset.effective_cpus 0-87 ∩ online"
-    assert "cgroup v1" in m.allowed.source and m.allowed.source.endswith("/jjh")
+    assert m.allowed.kind == "cgroup-v1" and m.allowed.directory.endswith("/jjh")
     gpus = m.accelerators
     assert [g.pci for g in gpus] == [
         "0004:05:00.0",
@@ -103,7 +120,7 @@ def test_power9_gpu_memory_nodes(capture: Callable[[str], str]) -> None:
 
 
 def test_nec_vector_engines_are_not_gpus(capture: Callable[[str], str]) -> None:
-    m = Machine.from_root(capture("32intel64-2p8co2t+8ve.tar.bz2"))
+    m = _tar(capture("32intel64-2p8co2t+8ve.tar.bz2"))
     assert m.online_cpus == cl("0-31")
     assert m.node(0).cpus == cl("0-7,16-23") and m.node(1).cpus == cl("8-15,24-31")
     assert m.accelerators == (), "class 0x0b40 co-processors are not compute GPUs"
@@ -114,7 +131,7 @@ def test_nec_vector_engines_are_not_gpus(capture: Callable[[str], str]) -> None:
 
 
 def test_unknown_locality_everywhere(capture: Callable[[str], str]) -> None:
-    m = Machine.from_root(capture("40intel64-2g2n4c+pcilocality.tar.bz2"))
+    m = _tar(capture("40intel64-2g2n4c+pcilocality.tar.bz2"))
     assert m.node(2).cpus == frozenset(range(2, 40, 4))
     assert m.accelerators == (), "the Matrox VGA is not a compute GPU"
     assert "cgroup v1" in m.allowed.source and "torque" in m.allowed.source
@@ -122,26 +139,25 @@ def test_unknown_locality_everywhere(capture: Callable[[str], str]) -> None:
     from numabind._model import Accelerator
     from numabind._plan import device_node
 
-    vga = Accelerator("0000:01:03.0", "nvidia", numa_node=None, local_cpus=m.online_cpus)
-    assert device_node(m, vga)[0] is None
-    visible = resolve(m, {})
-    fake = type(visible)((vga,), "nvidia", "test")
-    p = plan(m, Request(0, 1, "LOCAL_RANK", fake))
+    vga = Accelerator(pci="0000:01:03.0", vendor="nvidia", local_cpus=m.online_cpus)
+    assert device_node(m, vga).node is None
+    fake = Visible(devices=(vga,), vendor="nvidia", source="test")
+    p = plan(m, Request(local_rank=0, local_world_size=1, rank_source="LOCAL_RANK", visible=fake))
     assert p.status == "skipped" and "unknown" in p.reason
 
 
 def test_cgroup2_restriction(capture: Callable[[str], str]) -> None:
-    m = Machine.from_root(capture("32amd64-4s2n4c-cgroup2.tar.bz2"))
+    m = _tar(capture("32amd64-4s2n4c-cgroup2.tar.bz2"))
     assert len(m.nodes) == 8 and m.online_cpus == cl("0-31")
     assert m.allowed.cpus == cl("0-5") and m.allowed.mems == cl("0-5")
-    assert m.allowed.source.startswith("cgroup v2") and m.allowed.source.endswith("step_0")
+    assert m.allowed.kind == "cgroup-v2" and m.allowed.directory.endswith("step_0")
     ps = plans(m, 8)  # CPU-only job: spread block-wise over the nodes with allowed CPUs
     assert {p.numa_node for p in ps} == {0, 1}
     assert ps[0].cpus == cl("0-3") and ps[7].cpus == cl("4-5")
 
 
 def test_snc2_round_robin(capture: Callable[[str], str]) -> None:
-    m = Machine.from_root(capture("memorysidecaches.tar.bz2"))
+    m = _tar(capture("memorysidecaches.tar.bz2"))
     assert m.node(0).cpus == frozenset(range(0, 80, 4))
     assert m.node(0).distance_to(2) == 11 and m.node(0).distance_to(1) == 21
     ps = plans(m, 4, mode="socket")
@@ -154,6 +170,6 @@ def test_kept_console_agrees_with_power9_reading(
     hwloc_dir: Path, capture: Callable[[str], str]
 ) -> None:
     text = (hwloc_dir / "nvidiagpunumanodes-kept.console").read_text()
-    m = Machine.from_root(capture("nvidiagpunumanodes.tar.bz2"))
+    m = _tar(capture("nvidiagpunumanodes.tar.bz2"))
     for g in m.accelerators:
         assert f"P#{g.memory_node}" in text and g.pci in text

@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from numabind import _registry
 from numabind._apply import Binding
+from numabind._bind import bind, entry_of
 from numabind._check import parse_policy
 from numabind._model import Accelerator
 from numabind._plan import Plan
@@ -34,53 +36,49 @@ def test_numa_maps_policy_field(line: str, expected: tuple[str, frozenset[int]])
 
 
 def _plan() -> Plan:
-    dev = Accelerator("0000:41:00.0", "nvidia", numa_node=1)
+    dev = Accelerator(pci="0000:41:00.0", vendor="nvidia", numa_node=1)
     return Plan(
-        1,
-        "LOCAL_RANK",
-        2,
-        dev,
-        1,
-        1,
-        frozenset({2, 3}),
-        frozenset({1}),
-        "preferred",
-        "node",
-        "bound",
-        "GPU 1 is on node 1",
+        local_rank=1,
+        rank_source="LOCAL_RANK",
+        local_world_size=2,
+        device=dev,
+        device_index=1,
+        numa_node=1,
+        cpus=frozenset({2, 3}),
+        memory_nodes=frozenset({1}),
+        memory_policy="preferred",
+        status="bound",
+        reason="GPU 1 is on node 1",
     )
 
 
 def test_registry_round_trip_and_pruning(tmp_path: Path) -> None:
-    path = _registry.register(Binding(_plan()), str(tmp_path))
-    assert path == f"{tmp_path}/{os.getpid()}"
-    entry = _registry.read(os.getpid(), str(tmp_path))
+    env = {"NUMABIND_REGISTRY": str(tmp_path)}
+    path, why = _registry.register(entry_of(Binding(_plan())), env)
+    me = os.getpid()
+    assert why is None and path == f"{tmp_path}/numabind-{os.geteuid()}/{me}"
+    d = tmp_path / f"numabind-{os.geteuid()}"
+    assert d.stat().st_mode & 0o777 == 0o700, "a private per-user directory"
+    assert oct((d / str(me)).stat().st_mode & 0o777) == "0o600"
+    entry = _registry.read(me, env)
     assert entry is not None and entry["cpus"] == "2-3" and entry["device"] == "0000:41:00.0"
-    assert _registry.registered_pids(str(tmp_path)) == [os.getpid()]
-    # a dead or reused pid is stale: pruned on read
-    (tmp_path / "999999").write_text("pid=999999\nstart=1\n")
-    stale = tmp_path / str(os.getppid())
-    stale.write_text(f"pid={os.getppid()}\nstart=not-its-start-time\n")
-    assert _registry.registered_pids(str(tmp_path)) == [os.getpid()]
-    assert not stale.exists() and not (tmp_path / "999999").exists()
+    assert _registry.registered_pids(env) == [me]
+    # a dead or reused pid is stale: pruned on read, and counted
+    (d / "999999").write_text("pid=999999\nstart=1\n")
+    stale = d / str(os.getppid())
+    stale.write_text(f"pid={os.getppid()}\nstart=12\n")  # not its start time: pid reused
+    scan = _registry.scan(env, all_users=True)
+    assert list(scan.entries) == [me]
+    assert not stale.exists() and not (d / "999999").exists()
+    assert scan.ignored.get("stale", 0) + scan.ignored.get("malformed", 0) == 2
+    _registry.unregister()
+    assert not (d / str(me)).exists(), "removed when the binding goes"
 
 
 def test_unbound_plans_are_not_registered(tmp_path: Path) -> None:
-    skipped = Plan(
-        0,
-        "LOCAL_RANK",
-        1,
-        None,
-        None,
-        None,
-        frozenset(),
-        frozenset(),
-        "none",
-        "node",
-        "skipped",
-        "one node",
-    )
-    assert _registry.register(Binding(skipped), str(tmp_path)) is None
+    skipped = Plan(local_rank=0, rank_source="LOCAL_RANK", reason="one node")
+    b = bind(skipped, None, environ={"NUMABIND_REGISTRY": str(tmp_path)})
+    assert b.registered is None and not (tmp_path / f"numabind-{os.geteuid()}").exists()
 
 
 def run_check(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -91,11 +89,10 @@ def run_check(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_check_without_a_rank_says_so() -> None:
+def test_check_without_a_rank_says_what_to_give() -> None:
     p = run_check("--json")
-    assert p.returncode == 1
-    (proc,) = json.loads(p.stdout)["processes"]
-    assert proc["status"] == "unknown" and "no local rank" in proc["problems"][0]
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "--pid" in p.stderr and "--all" in p.stderr
 
 
 def test_check_one_node_rank_is_on_plan() -> None:
@@ -105,9 +102,30 @@ def test_check_one_node_rank_is_on_plan() -> None:
     assert "one NUMA node" in proc["plan"]["reason"]
 
 
-def test_check_missing_pid_exits_2() -> None:
+def test_check_vanished_pid_exits_3() -> None:
     p = run_check("--pid", "999999")
-    assert p.returncode == 2 and "no process 999999" in p.stdout
+    assert p.returncode == 3 and "no process 999999" in p.stdout
+
+
+def test_check_zombie_is_vanished_not_ok() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while _registry.process_state(child.pid) != "Z" and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        p = run_check("--pid", str(child.pid), "--json")
+        assert p.returncode == 3, p.stdout
+        data = json.loads(p.stdout)
+        assert data["vanished"] == [child.pid] and not data["ok"]
+    finally:
+        child.wait()
+
+
+@pytest.mark.parametrize("argv", [["--pid", "abc"], ["--pid", "-5"], ["--pid", "0"], ["--bogus"]])
+def test_check_bad_arguments_exit_2_with_one_line(argv: list[str]) -> None:
+    p = run_check(*argv)
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_check_all_runs() -> None:

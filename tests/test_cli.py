@@ -112,18 +112,146 @@ def test_gather_round_trip(
     "argv",
     [
         ["show", "--input", "/nonexistent"],
+        ["show", "--input", ""],
         ["show", "--mode", "sideways"],
+        ["show", "--mode", "bogus"],
         ["show", "--nproc", "0"],
+        ["show", "--nproc", "-3"],
+        ["show", "--nproc", "4097"],
+        ["show", "--nproc", "abc"],
+        ["show", "--svg", "/no/such/folder/x.svg"],
         ["bogus"],
         ["run"],
+        ["run", "--local-rank", "-1", "--", "true"],
+        ["run", "--local-rank", "abc", "--", "true"],
+        ["run", "--local-rank", "99999999999", "--", "true"],
+        ["check", "--pid", "abc"],
+        ["check", "--pid", "-5"],
+        ["gather", "/no/such/folder/cap.tar.gz"],
         ["show", "--input", "/etc/hostname"],
     ],
 )
 def test_usage_errors_are_one_line_exit_2(
     capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    rc, _out, err = run_main(capsys, *argv)
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    rc, out, err = run_main(capsys, *argv)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    "xml",
+    [
+        '<topology><object type="Machine" cpuset="0xzz"/></topology>',
+        '<topology><object type="Machine" cpuset="0x1"><object type="NUMANode" os_index="abc"'
+        ' cpuset="0x1"/></object></topology>',
+        '<topology><object type="Machine" cpuset="0x1"><object type="PU" os_index="-3"/>'
+        "</object></topology>",
+        '<topology><object type="Machine" cpuset="' + "f" * 5000 + '"/></topology>',
+        '<topology><object type="Machine" cpuset="0x' + "1" * 5000 + '"/></topology>',
+        '<?xml version="1.0"?><!DOCTYPE t [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;">]>'
+        "<topology>&b;</topology>",
+        "<topology><object",
+        "not xml at all",
+        "<html></html>",
+    ],
+)
+def test_malformed_hwloc_xml_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, xml: str
+) -> None:
+    path = tmp_path / "bad.xml"
+    path.write_text(xml)
+    rc, out, err = run_main(capsys, "show", "--input", str(path))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert str(path) in err
+
+
+def test_help_describes_everything(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(capsys, "--help")
+    assert rc == 0
+    for word in (
+        "show",
+        "gather",
+        "run",
+        "check",
+        "exclusive",
+        "core-complex",
+        "interleave",
+        "exit status",
+    ):
+        assert word in out, word
+    for sub in ("show", "gather", "run", "check"):
+        rc, out, _ = run_main(capsys, sub, "--help")
+        assert rc == 0 and "usage: numabind " + sub in out
+    rc, out, _ = run_main(capsys, "check", "--help")
+    assert "3  check --pid" in out and "--all" in out
+
+
+def test_gather_to_stdout(
+    capsys: pytest.CaptureFixture[str], dgx_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import tarfile
+
+    monkeypatch.setenv("NUMABIND_SYSROOT", dgx_root)
+    p = subprocess.run(
+        [sys.executable, "-m", "numabind", "gather", "-"],
+        capture_output=True,
+        env={**os.environ, "NUMABIND_SYSROOT": dgx_root},
+    )
+    assert p.returncode == 0 and b"wrote" in p.stderr
+    with tarfile.open(fileobj=io.BytesIO(p.stdout)) as tar:
+        names = tar.getnames()
+    assert "numabind-capture/numabind-env.json" in names
+    assert any(n.endswith("/sys/devices/system/node/node1/cpulist") for n in names)
+
+
+def test_gather_replaces_a_planted_link(
+    capsys: pytest.CaptureFixture[str],
+    dgx_root: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NUMABIND_SYSROOT", dgx_root)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "cap.tar.gz"
+    out.symlink_to(victim)
+    rc, _, err = run_main(capsys, "gather", str(out))
+    assert rc == 0, err
+    assert victim.read_text() == "precious" and not out.is_symlink()
+
+
+def test_show_names_the_capture_given(capsys: pytest.CaptureFixture[str], hwloc_dir: Path) -> None:
+    path = str(hwloc_dir / "nvidiagpunumanodes.tar.bz2")
+    rc, out, _ = run_main(capsys, "show", "--input", path)
+    assert rc == 0 and out.splitlines()[0].endswith(path)
+    assert "1 local ranks" not in out and "  \n" not in out
+
+
+def test_show_one_rank_is_singular(capsys: pytest.CaptureFixture[str], dgx_root: str) -> None:
+    rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--nproc", "1")
+    assert rc == 0 and "1 local rank:" in out and "1 local ranks" not in out
+    assert all(line == line.rstrip() for line in out.splitlines()), "no trailing spaces"
+
+
+def test_show_threads_per_rank(capsys: pytest.CaptureFixture[str], dgx_root: str) -> None:
+    rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--json")
+    data = json.loads(out)
+    # node mode: 56 cores per node shared by the 4 ranks whose GPUs are on it
+    assert [r["threads"] for r in data["ranks"]] == [14] * 8
+    rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--json", "--mode", "exclusive")
+    assert [r["threads"] for r in json.loads(out)["ranks"]] == [14] * 8
+    _, out, _ = run_main(
+        capsys, "show", "--input", dgx_root, "--json", "--nproc", "2", "--mode", "socket"
+    )
+    # ranks 0 and 1 both use GPUs of node 0 (= package 0): they share its 56 cores
+    assert [r["threads"] for r in json.loads(out)["ranks"]] == [28, 28]
+
+
+def test_check_without_rank_says_to_give_pid_or_all(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run_main(capsys, "check")
+    assert rc == 2 and out == "" and "--pid" in err and "--all" in err
 
 
 def test_bad_env_value_is_usage_error(

@@ -8,15 +8,21 @@ import pytest
 
 import synth
 from numabind._devices import resolve
-from numabind._nvml import RecordedNvml
-from numabind._topology import Machine, normalize_pci
+from numabind._pci import normalize_pci
+from numabind._topology import Machine
+from nvml_fake import RecordedNvml
 
 MakeMachine = Callable[[synth.Spec], Machine]
 
 
+@pytest.fixture(scope="module")
+def dgx_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return synth.write(synth.dgx_h100(filler_pci=10), str(tmp_path_factory.mktemp("dgx")))
+
+
 @pytest.fixture
-def dgx(synth_machine: MakeMachine) -> Machine:
-    return synth_machine(synth.dgx_h100(filler_pci=10))
+def dgx(dgx_root: str) -> Machine:
+    return Machine.from_root(dgx_root)
 
 
 def pcis(v: object) -> list[str]:
@@ -25,7 +31,7 @@ def pcis(v: object) -> list[str]:
 
 def test_no_variable_means_all_reachable_in_pci_order(dgx: Machine) -> None:
     v = resolve(dgx, {})
-    assert pcis(v) == synth.DGX_BDFS and v.family == "nvidia" and v.problem is None
+    assert pcis(v) == synth.DGX_BDFS and v.vendor == "nvidia" and v.problem is None
 
 
 @pytest.mark.parametrize(
@@ -125,10 +131,8 @@ def test_mixed_models_warn_about_order(synth_machine: MakeMachine) -> None:
     spec.gpus[1].uuid = None
     m = synth_machine(spec)
     # the model comes from the driver's information file, identical here: use the name
-    from numabind._model import Accelerator
-
     devs = list(resolve(m, {}).devices)
-    devs[1] = Accelerator(*[*devs[1]._values()[:9], "NVIDIA A100", devs[1].minor])
+    devs[1] = devs[1].replace(name="NVIDIA A100")
     from numabind._devices import _order_notes
 
     assert any("CUDA_DEVICE_ORDER" in n for n in _order_notes(tuple(devs), {}, []))
@@ -157,3 +161,63 @@ def test_ze_affinity_mask(synth_machine: MakeMachine) -> None:
 )
 def test_normalize_pci(text: str, expected: str | None) -> None:
     assert normalize_pci(text) == expected
+
+
+def test_amd_uuid_tokens_from_unique_id(synth_machine: MakeMachine) -> None:
+    spec = synth.mi300x()
+    for i, g in enumerate(spec.gpus):
+        g.unique_id = f"{0xA3D6E2FA74D1B200 + i:x}"
+    m = synth_machine(spec)
+    assert m.accelerators[3].uuid == f"GPU-{0xA3D6E2FA74D1B203:x}"
+    v = resolve(m, {"ROCR_VISIBLE_DEVICES": f"GPU-{0xA3D6E2FA74D1B206:x},1"})
+    assert pcis(v) == [spec.gpus[6].bdf, spec.gpus[1].bdf]
+    v = resolve(m, {"HIP_VISIBLE_DEVICES": f"GPU-{0xA3D6E2FA74D1B205:X}"})
+    assert pcis(v) == [spec.gpus[5].bdf]
+    # HIP renumbers what ROCR left; a UUID ROCR hid is not there any more
+    v = resolve(m, {"ROCR_VISIBLE_DEVICES": "4,5", "HIP_VISIBLE_DEVICES": "1"})
+    assert pcis(v) == [spec.gpus[5].bdf]
+    v = resolve(
+        m, {"ROCR_VISIBLE_DEVICES": "4,5", "HIP_VISIBLE_DEVICES": f"GPU-{0xA3D6E2FA74D1B200:x}"}
+    )
+    assert v.problem and "no reachable GPU has UUID" in v.problem
+
+
+def test_amd_uuid_without_unique_id_says_why(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.mi300x())
+    v = resolve(m, {"HIP_VISIBLE_DEVICES": "GPU-abcdef"})
+    assert v.problem and "no unique_id in sysfs" in v.problem
+
+
+def test_cuda_visible_devices_on_rocm_selects_amd(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.mi300x())
+    v = resolve(m, {"CUDA_VISIBLE_DEVICES": "7"})  # ROCm reads it as HIP's fallback
+    assert v.vendor == "amd" and pcis(v) == [synth.mi300x().gpus[7].bdf]
+
+
+def test_intel_uuid_tokens_are_explained(synth_machine: MakeMachine) -> None:
+    spec = synth.mi300x()
+    for g in spec.gpus:
+        g.vendor, g.pci_class, g.device = 0x8086, 0x038000, 0x0BD5
+    v = resolve(synth_machine(spec), {"ZE_AFFINITY_MASK": "GPU-1234"})
+    assert v.problem and "not a Level Zero device index" in v.problem
+
+
+@pytest.mark.parametrize(
+    "cvd",
+    [
+        ",".join(["0"] * 200_000),  # repeats: ends at the second entry
+        ",".join(str(i) for i in range(100_000)),
+        "9" * 5000,
+        "²",
+        "1\nnumabind: forged line",
+        "GPU-" + "f" * 100_000,
+    ],
+)
+def test_any_list_costs_what_the_devices_cost(dgx: Machine, cvd: str) -> None:
+    import time
+
+    t0 = time.perf_counter()
+    v = resolve(dgx, {"CUDA_VISIBLE_DEVICES": cvd})
+    assert time.perf_counter() - t0 < 2, "bounded by the 8 devices, not by the value"
+    for text in (v.problem or "", *v.notes, v.source):
+        assert "\n" not in text and len(text) < 2000

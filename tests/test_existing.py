@@ -45,7 +45,7 @@ def test_launcher_defaults(env: dict[str, str], expected: str | None) -> None:
 
 def test_full_mask_is_not_a_binding() -> None:
     e = assess(ALL, ALL, frozenset({0}), {})
-    assert not e.narrower and decide(e, PLAN, NODE1, "auto").cpus == "apply"
+    assert not e.narrower and decide(e, PLAN, NODE1, "auto").action == "apply"
     assert decide(e, PLAN, NODE1, "auto").message is None
 
 
@@ -53,27 +53,27 @@ def test_inherited_mask_is_replaced() -> None:
     e = assess(frozenset({0}), ALL, frozenset({0}), {})  # srun -n1 torchrun: the agent's pin
     assert e.narrower and not e.deliberate and "inherited" in e.origin
     d = decide(e, PLAN, NODE1, "auto")
-    assert d.cpus == "apply" and d.message and "replaced CPU mask 0 (inherited" in d.message
+    assert d.action == "apply" and d.message and "replaced CPU mask 0 (inherited" in d.message
     assert "NUMABIND=respect" in d.message
-    assert decide(e, PLAN, NODE1, "respect").cpus == "keep"
+    assert decide(e, PLAN, NODE1, "respect").action == "keep"
 
 
 def test_launcher_default_is_replaced_even_inside_node() -> None:
     e = assess(frozenset({4}), ALL, ALL, {"OMPI_MCA_orte_bound_at_launch": "1"})
     assert not e.deliberate
-    assert decide(e, PLAN, NODE1, "auto").cpus == "apply"
+    assert decide(e, PLAN, NODE1, "auto").action == "apply"
 
 
 def test_deliberate_inside_node_is_kept_with_memory_only_if_default() -> None:
     e = assess(frozenset({5, 6}), ALL, ALL, {})  # numactl --physcpubind=5,6 python ...
     assert e.deliberate
     d = decide(e, PLAN, NODE1, "auto")
-    assert d.cpus == "keep" and d.memory_only_if_default and d.message is None
-    assert decide(e, PLAN, NODE1, "force").cpus == "apply"
+    assert d.action == "keep" and d.memory_only_if_default and d.message is None
+    assert decide(e, PLAN, NODE1, "force").action == "apply"
 
 
 def test_deliberate_outside_node_is_replaced() -> None:
     e = assess(frozenset({0, 1}), ALL, ALL, {})
     d = decide(e, PLAN, NODE1, "auto")
-    assert d.cpus == "apply" and d.message and "outside the GPU's node" in d.message
-    assert decide(e, PLAN, NODE1, "respect").cpus == "keep"
+    assert d.action == "apply" and d.message and "outside the GPU's node" in d.message
+    assert decide(e, PLAN, NODE1, "respect").action == "keep"

@@ -52,7 +52,7 @@ def test_guard_restores_and_says_once(env: dict[str, str]) -> None:
     assert p.stdout.strip() == "[1] [1]"
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert "import numpy with OMP_PROC_BIND=true" in lines[0] and "put them back" in lines[0]
+    assert "import numpy with OMP_PROC_BIND='true'" in lines[0] and "put them back" in lines[0]
     assert "NUMABIND_GUARD=0" in lines[0]
 
 

@@ -16,9 +16,9 @@ import pytest
 
 import synth
 from numabind._devices import resolve
-from numabind._hwloc import nvml_osdevs
-from numabind._nvml import PynvmlBackend, RecordedNvml, recorded_from_hwloc_osdevs
+from numabind._nvml import PynvmlBackend
 from numabind._topology import Machine
+from nvml_fake import RecordedNvml, nvml_osdevs, recorded_from_hwloc_osdevs
 
 
 @pytest.fixture

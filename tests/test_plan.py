@@ -25,7 +25,20 @@ def plans(
     env: dict[str, str] | None = None,
 ) -> list[Plan]:
     visible = resolve(m, env or {})
-    return [plan(m, Request(r, n, "LOCAL_RANK", visible, mode, memory)) for r in range(n)]
+    return [
+        plan(
+            m,
+            Request(
+                local_rank=r,
+                local_world_size=n,
+                rank_source="LOCAL_RANK",
+                visible=visible,
+                mode=mode,
+                memory=memory,
+            ),
+        )
+        for r in range(n)
+    ]
 
 
 def test_dgx_node_mode(synth_machine: MakeMachine) -> None:
@@ -65,7 +78,16 @@ def test_exclusive_remainder_goes_to_lowest_ranks(synth_machine: MakeMachine) ->
 def test_exclusive_with_one_visible_device_falls_back(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.dgx_h100())
     visible = resolve(m, {"CUDA_VISIBLE_DEVICES": "5"})
-    p = plan(m, Request(1, 8, "LOCAL_RANK", visible, "exclusive"))
+    p = plan(
+        m,
+        Request(
+            local_rank=1,
+            local_world_size=8,
+            rank_source="LOCAL_RANK",
+            visible=visible,
+            mode="exclusive",
+        ),
+    )
     assert p.bound and p.cpus == m.node(1).cpus
     assert any("using node mode" in n for n in p.notes)
 
@@ -82,7 +104,6 @@ def test_nps4_gpus_on_nodes_3_1_7_5(synth_machine: MakeMachine) -> None:
 
 def test_core_complex_picks_l3_domains(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.nps4())
-    env = {"CUDA_VISIBLE_DEVICES": "0,0"}  # a repeated device ends the list: one device
     ps = plans(m, 2, "core-complex", env={})
     assert ps[0].cpus == frozenset(range(48, 56)), "one rank on node 3: its first CCX"
     # two ranks on one GPU node share it: each gets its own CCX
@@ -90,10 +111,28 @@ def test_core_complex_picks_l3_domains(synth_machine: MakeMachine) -> None:
     spec.gpus.append(synth.Gpu("0000:02:00.0", 3, device=0x20B0, uuid=synth._uuid(9), minor=9))
     m2 = synth_machine(spec)
     visible = resolve(m2, {"CUDA_VISIBLE_DEVICES": "0,1"})
-    a = plan(m2, Request(0, 2, "LOCAL_RANK", visible, "core-complex"))
-    b = plan(m2, Request(1, 2, "LOCAL_RANK", visible, "core-complex"))
+    a = plan(
+        m2,
+        Request(
+            local_rank=0,
+            local_world_size=2,
+            rank_source="LOCAL_RANK",
+            visible=visible,
+            mode="core-complex",
+        ),
+    )
+    b = plan(
+        m2,
+        Request(
+            local_rank=1,
+            local_world_size=2,
+            rank_source="LOCAL_RANK",
+            visible=visible,
+            mode="core-complex",
+        ),
+    )
     assert a.cpus == frozenset(range(48, 56)) and b.cpus == frozenset(range(56, 64))
-    assert env  # the repeated-device rule is covered in test_devices
+    assert a.threads == 8 and b.threads == 8, "one CCX each: 8 cores, no SMT"
 
 
 def test_gb200_memory_only_nodes(synth_machine: MakeMachine) -> None:
@@ -178,7 +217,15 @@ def test_cpu_only_job_spreads_blockwise(synth_machine: MakeMachine) -> None:
     m = synth_machine(spec)
     ps = plans(m, 16)
     assert [p.numa_node for p in ps] == [k // 2 for k in range(16)]
-    assert plan(m, Request(0, 1, "LOCAL_RANK", resolve(m, {}))).status == "skipped"
+    assert (
+        plan(
+            m,
+            Request(
+                local_rank=0, local_world_size=1, rank_source="LOCAL_RANK", visible=resolve(m, {})
+            ),
+        ).status
+        == "skipped"
+    )
 
 
 def test_memory_policies(synth_machine: MakeMachine) -> None:
@@ -203,15 +250,37 @@ def test_plan_never_raises_on_broken_machine(tmp_path: Path) -> None:
     (tmp_path / "sys/devices/system/node/node0").mkdir(parents=True)
     (tmp_path / "sys/devices/system/node/node0/cpulist").write_text("garbage\n")
     m = Machine.from_root(str(tmp_path))
-    p = plan(m, Request(0, 2, "LOCAL_RANK", resolve(m, {})))
+    p = plan(
+        m,
+        Request(local_rank=0, local_world_size=2, rank_source="LOCAL_RANK", visible=resolve(m, {})),
+    )
     assert p.status == "skipped"
 
 
 def test_bad_mode_and_memory_are_reasons(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.nps4())
     v = resolve(m, {})
-    assert "unknown mode" in plan(m, Request(0, 1, "x", v, "sideways")).reason
-    assert "unknown memory policy" in plan(m, Request(0, 1, "x", v, "node", "everywhere")).reason
+    assert (
+        "unknown mode"
+        in plan(
+            m,
+            Request(local_rank=0, local_world_size=1, rank_source="x", visible=v, mode="sideways"),
+        ).reason
+    )
+    assert (
+        "unknown memory policy"
+        in plan(
+            m,
+            Request(
+                local_rank=0,
+                local_world_size=1,
+                rank_source="x",
+                visible=v,
+                mode="node",
+                memory="everywhere",
+            ),
+        ).reason
+    )
 
 
 # --- properties -----------------------------------------------------------------------------
@@ -246,7 +315,7 @@ def machines(draw: st.DrawFn) -> synth.Spec:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(spec=machines(), mode=st.sampled_from(MODES), size=st.integers(1, 8))
 def test_bound_cpus_lie_in_allowed_set_and_gpu_node(
@@ -256,9 +325,40 @@ def test_bound_cpus_lie_in_allowed_set_and_gpu_node(
     synth.write(spec, str(root))
     m = Machine.from_root(str(root))
     visible = resolve(m, {})
+    allowed = frozenset(spec.cgroup_cpus or ())
     for r in range(size):
-        p = plan(m, Request(r, size, "LOCAL_RANK", visible, mode))
+        p = plan(
+            m,
+            Request(
+                local_rank=r,
+                local_world_size=size,
+                rank_source="LOCAL_RANK",
+                visible=visible,
+                mode=mode,
+            ),
+        )
+        several = len(spec.nodes) > 1
+        if spec.gpus:
+            gpu = spec.gpus[r % len(spec.gpus)]
+            gpu_node = set(spec.nodes[gpu.node])
+            # the plan must bind exactly when the GPU's node has CPUs this process may use
+            # (or, on one node, when the mode splits it between ranks)
+            must_bind = bool(gpu_node & allowed) and (
+                several or mode in ("exclusive", "core-complex")
+            )
+            assert p.bound == must_bind, (p.reason, gpu.node, sorted(allowed))
+            if p.bound:
+                assert p.numa_node == gpu.node, "bound next to the GPU, not elsewhere"
+                assert p.device is not None and p.device.pci == gpu.bdf
+        else:
+            # a CPU-only job spreads block-wise over the nodes with CPUs it may use
+            must_bind = size > 1 and (several or mode in ("exclusive", "core-complex"))
+            assert p.bound == must_bind, p.reason
+            if p.bound:
+                usable = [i for i, n in enumerate(spec.nodes) if set(n) & allowed]
+                assert p.numa_node == usable[min(r * len(usable) // size, len(usable) - 1)]
         if not p.bound:
+            assert p.reason and not p.cpus
             continue
         assert p.cpus and p.cpus <= m.allowed.cpus
         node = m.node(p.numa_node)
@@ -266,6 +366,7 @@ def test_bound_cpus_lie_in_allowed_set_and_gpu_node(
         if mode != "socket":
             assert p.cpus <= node.cpus
         assert p.memory_nodes <= {n.id for n in m.cpu_nodes}
+        assert p.threads is not None and 1 <= p.threads <= len(p.cpus)
 
 
 @settings(max_examples=60, deadline=None)
@@ -290,7 +391,19 @@ def test_exclusive_partitions_the_node(
     synth.write(spec, str(root))
     m = Machine.from_root(str(root))
     visible = resolve(m, {})
-    ps = [plan(m, Request(r, ranks, "LOCAL_RANK", visible, "exclusive")) for r in range(ranks)]
+    ps = [
+        plan(
+            m,
+            Request(
+                local_rank=r,
+                local_world_size=ranks,
+                rank_source="LOCAL_RANK",
+                visible=visible,
+                mode="exclusive",
+            ),
+        )
+        for r in range(ranks)
+    ]
     assert all(p.bound for p in ps)
     if cores >= ranks:
         for a in range(ranks):

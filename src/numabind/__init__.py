@@ -7,22 +7,33 @@ NVML, psutil or torch is ever imported here.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"  # the one place the version lives (hatch reads it here)
+__version__ = "0.2.0"  # the one place the version lives (hatch reads it here)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._api import State, apply, current, numa_bound, plan_for
-    from ._apply import Binding, BindingError
+    from ._apply import Binding
     from ._children import child_binding, spawn
-    from ._kernel import KernelError
+    from ._errors import (
+        BindingError,
+        CaptureError,
+        ConfigError,
+        IntegrationError,
+        KernelError,
+        NumabindError,
+    )
     from ._plan import Plan, Request, plan
     from ._topology import Machine
 
 __all__ = [
     "Binding",
     "BindingError",
+    "CaptureError",
+    "ConfigError",
+    "IntegrationError",
     "KernelError",
     "Machine",
+    "NumabindError",
     "Plan",
     "Request",
     "State",
@@ -45,8 +56,12 @@ _LAZY = {
     "Binding": "_apply",
     "child_binding": "_children",
     "spawn": "_children",
-    "BindingError": "_apply",
-    "KernelError": "_kernel",
+    "BindingError": "_errors",
+    "CaptureError": "_errors",
+    "ConfigError": "_errors",
+    "IntegrationError": "_errors",
+    "KernelError": "_errors",
+    "NumabindError": "_errors",
     "Plan": "_plan",
     "Request": "_plan",
     "plan": "_plan",

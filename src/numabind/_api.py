@@ -1,10 +1,14 @@
 """The Python API: :func:`apply`, :func:`numa_bound`, :func:`current`, :func:`plan_for`.
 
 These are for processes the startup hook could not bind at their first instruction:
-Callable entrypoints whose rank arrives as an argument, and code that wants to bind late
-or temporarily.  Late binding rebinds every thread's CPU mask and migrates the private
+Callable entrypoints whose rank arrives as an argument, engine workers that learn their
+GPU late (``apply(device=...)`` is the stable call for them), and code that wants to bind
+late or temporarily.  Late binding rebinds every thread's CPU mask and migrates the private
 pages already placed on the wrong node, but the memory policy can only be set for the
 calling thread (see :mod:`numabind._apply`).
+
+Arguments are checked before anything happens: a bad one raises ``TypeError`` or
+:class:`~numabind.ConfigError` (a ``ValueError``) that names it and lists what is accepted.
 """
 
 from __future__ import annotations
@@ -15,20 +19,59 @@ import sys
 
 from . import _kernel
 from ._apply import Binding
+from ._bind import bind
 from ._config import config_from_env
 from ._devices import Visible, resolve
-from ._model import Record, _set
-from ._plan import Plan, plan, request_for
-from ._procmaps import pages_per_node, private_anon_regions
-from ._ranks import RankInfo, detect
-from ._topology import Machine, normalize_pci
+from ._errors import ConfigError
+from ._model import Record
+from ._modes import MODE_NAMES
+from ._pci import normalize_pci
+from ._plan import MEMORY_POLICIES, Plan, plan, request_for
+from ._procmaps import locality, pages_per_node, private_anon_regions
+from ._ranks import MAX_LOCAL, RankInfo, detect
+from ._topology import Machine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, TypeVar
 
-    F = TypeVar("F", bound=Callable[..., Any])
+    F = TypeVar("F", bound="Callable[..., Any]")
+
+
+def _check_count(name: str, value: object, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, not {type(value).__name__} {value!r}")
+    if not minimum <= value < MAX_LOCAL:
+        raise ConfigError(f"{name} must be in {minimum}..{MAX_LOCAL - 1}, not {value}")
+    return value
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, not {type(value).__name__} {value!r}")
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _check_device(device: object) -> int | str | None:
+    if device is None or isinstance(device, str):
+        if isinstance(device, str) and (not device.strip() or len(device) > 128):
+            raise ConfigError(f"device={device!r} is not an index, PCI address or UUID")
+        return device
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(
+            f"device must be an index, a PCI address or a UUID string, not "
+            f"{type(device).__name__} {device!r}"
+        )
+    if not 0 <= device < 4096:
+        raise ConfigError(f"device index must be in 0..4095, not {device}")
+    return device
 
 
 def plan_for(
@@ -43,31 +86,39 @@ def plan_for(
 ) -> Plan:
     """The plan :func:`apply` would apply, without applying it.
 
-    ``device`` overrides the device choice: an index into the visible devices, a PCI
-    address or a ``GPU-`` UUID.  Arguments left None come from the environment.
+    ``local_rank`` picks the device among the visible ones (rank modulo their count);
+    ``device`` names the device instead: an index into the visible devices, a PCI address
+    (``0000:3b:00.0``, NVML's ``00000000:3B:00.0`` too) or a ``GPU-`` UUID (a unique
+    prefix is enough).  ``mode`` and ``memory`` are as NUMABIND_MODE / NUMABIND_MEMORY;
+    ``local_world_size`` tells exclusive/core-complex modes how many ranks share a node.
+    Arguments left None come from the environment (``environ``, default ``os.environ``).
     """
+    local_rank = _check_count("local_rank", local_rank, 0)
+    local_world_size = _check_count("local_world_size", local_world_size, 1)
+    device = _check_device(device)
+    mode = _check_choice("mode", mode, MODE_NAMES)
+    memory = _check_choice("memory", memory, MEMORY_POLICIES)
     env = os.environ if environ is None else environ
     cfg = config_from_env(env)
     m = machine if machine is not None else Machine.from_root(env.get("NUMABIND_SYSROOT", "/"))
     if local_rank is not None:
-        if local_rank < 0:
-            raise ValueError(f"local_rank must be >= 0, not {local_rank}")
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
         info = RankInfo(
-            local_rank, size, "argument", "argument" if local_world_size else found.size_source
+            local_rank=local_rank,
+            local_world_size=size if size is None or local_rank < size else None,
+            rank_source="argument",
+            size_source="argument" if local_world_size else found.size_source,
         )
     else:
         info = detect(env, getattr(sys, "orig_argv", None))
         if local_world_size is not None:
-            info = RankInfo(
-                info.local_rank, local_world_size, info.rank_source, "argument", None, info.problem
-            )
+            info = info.replace(local_world_size=local_world_size, size_source="argument")
     visible = resolve(m, env)
     if device is not None:
         visible = _pick(visible, device, m)
         if visible.problem is None and info.local_rank is None:
-            info = RankInfo(0, 1, "device argument")
+            info = RankInfo(local_rank=0, local_world_size=1, rank_source="device argument")
     request = request_for(info, visible, mode or cfg.mode, memory or cfg.memory)
     return plan(m, request)
 
@@ -76,19 +127,25 @@ def _pick(visible: Visible, device: int | str, machine: Machine) -> Visible:
     devs = visible.devices
     if isinstance(device, int):
         if 0 <= device < len(devs):
-            return Visible((devs[device],), visible.family, f"device={device}")
+            return Visible(
+                devices=(devs[device],), vendor=visible.vendor, source=f"device={device}"
+            )
         return Visible(
-            (),
-            visible.family,
-            f"device={device}",
-            f"device index {device} is not visible ({len(devs)} are)",
+            devices=(),
+            vendor=visible.vendor,
+            source=f"device={device}",
+            problem=f"device index {device} is not visible ({len(devs)} are)",
         )
     pci = normalize_pci(device)
+    want = device.strip().lower()
     for acc in (*devs, *machine.accelerators):
-        if acc.pci == pci or (acc.uuid and acc.uuid.lower().startswith(device.lower())):
-            return Visible((acc,), acc.vendor, f"device={device}")
+        if acc.pci == pci or (acc.uuid and acc.uuid.lower().startswith(want)):
+            return Visible(devices=(acc,), vendor=acc.vendor, source=f"device={device}")
     return Visible(
-        (), visible.family, f"device={device}", f"no accelerator {device!r} on this machine"
+        devices=(),
+        vendor=visible.vendor,
+        source=f"device={device}",
+        problem=f"no accelerator {device!r} on this machine",
     )
 
 
@@ -104,33 +161,56 @@ def apply(
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
+    The stable call for a framework's worker that learns its GPU late::
+
+        def worker(local_rank: int, ...):
+            numabind.apply(device=local_rank)   # or a PCI address / UUID
+            torch.cuda.set_device(local_rank)
+
     Every thread's CPU mask is rebound (threads already inside the plan are kept); the
     memory policy is set for the *calling thread* and what it starts afterwards; with
     ``migrate`` the private anonymous pages already on other nodes are moved.  The result
     prints as one line, says what was skipped and why, and restores the previous state
-    with ``restore()`` or as a context manager.  ``strict`` (default: NUMABIND_STRICT)
-    raises :class:`~numabind.BindingError` instead of recording failures.
+    with ``restore()`` or as a context manager (bindings nest; see :class:`Binding`).
+    ``strict`` (default: NUMABIND_STRICT) raises :class:`~numabind.BindingError` instead
+    of recording failures.  Thread-safe: concurrent calls are serialised.
     """
+    if not isinstance(migrate, bool):
+        raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
+    if strict is not None and not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool or None, not {type(strict).__name__}")
     cfg = config_from_env(os.environ)
     machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
-    p = plan_for(
-        local_rank,
-        device=device,
-        mode=mode,
-        memory=memory,
-        local_world_size=local_world_size,
-        machine=machine,
-    )
-    from ._existing import bind
+    try:
+        p = plan_for(
+            local_rank,
+            device=device,
+            mode=mode,
+            memory=memory,
+            local_world_size=local_world_size,
+            machine=machine,
+        )
+        binding = bind(
+            p,
+            machine,
+            enable=cfg.enable,
+            environ=os.environ,
+            migrate=migrate,
+            strict=cfg.strict if strict is None else strict,
+        )
+    finally:
+        machine.close()
+    _apply_threads_late(binding, cfg)
+    return binding
 
-    return bind(
-        p,
-        machine,
-        cfg.enable,
-        os.environ,
-        migrate=migrate,
-        strict=cfg.strict if strict is None else strict,
-    )
+
+def _apply_threads_late(binding: Binding, cfg: Any) -> None:
+    """``NUMABIND_THREADS`` on late binding: size the pools already loaded."""
+    if cfg.threads == "off" or not binding.plan.bound:
+        return
+    from ._threads import apply_runtime
+
+    binding.notes.extend(apply_runtime(binding.plan, cfg.threads))
 
 
 def _rank_from_call(
@@ -171,6 +251,14 @@ def numa_bound(
     first).  The binding stays after the call: the function is the process's work.
     Usable bare (``@numa_bound``) or with arguments (``@numa_bound(mode="exclusive")``).
     """
+    _check_choice("mode", mode, MODE_NAMES)
+    _check_choice("memory", memory, MEMORY_POLICIES)
+    if rank_arg is not None and (
+        isinstance(rank_arg, bool) or not isinstance(rank_arg, (int, str))
+    ):
+        raise TypeError(
+            f"rank_arg must be a position (int) or a keyword name (str), not {rank_arg!r}"
+        )
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -180,12 +268,16 @@ def numa_bound(
             wrapper.binding = binding  # type: ignore[attr-defined]
             cfg = config_from_env(os.environ)
             if binding.worth_a_line(cfg.verbose):
-                print(f"numabind: {binding}", file=sys.stderr)
+                from ._startup import say
+
+                say(str(binding))
             return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
     if func is not None:
+        if not callable(func):
+            raise TypeError(f"numa_bound decorates a function, not {func!r}")
         return decorate(func)
     return decorate
 
@@ -194,33 +286,18 @@ class State(Record):
     """This process's live binding: every thread's CPUs, the calling thread's memory
     policy, and resident private anonymous memory per node (4 KiB pages)."""
 
-    __slots__ = ("pid", "threads", "memory_policy", "memory_nodes", "pages")
     pid: int
     threads: dict[int, frozenset[int]]
     memory_policy: str | None
     memory_nodes: frozenset[int]
     pages: dict[int, int]
 
-    def __init__(
-        self,
-        pid: int,
-        threads: dict[int, frozenset[int]],
-        memory_policy: str | None,
-        memory_nodes: frozenset[int],
-        pages: dict[int, int],
-    ) -> None:
-        _set(self, "pid", pid)
-        _set(self, "threads", threads)
-        _set(self, "memory_policy", memory_policy)
-        _set(self, "memory_nodes", memory_nodes)
-        _set(self, "pages", pages)
-
     def __hash__(self) -> int:
         return hash(self.pid)
 
     def locality(self, nodes: frozenset[int]) -> float | None:
-        total = sum(self.pages.values())
-        return None if total == 0 else sum(c for n, c in self.pages.items() if n in nodes) / total
+        """Share (0..1) of the private anonymous pages on ``nodes``; None without pages."""
+        return locality(self.pages, nodes)
 
 
 def current() -> State:
@@ -236,4 +313,6 @@ def current() -> State:
         pages = pages_per_node(private_anon_regions())
     except OSError:
         pages = {}
-    return State(os.getpid(), threads, policy, nodes, pages)
+    return State(
+        pid=os.getpid(), threads=threads, memory_policy=policy, memory_nodes=nodes, pages=pages
+    )

@@ -5,6 +5,10 @@ A capture is a directory mirroring ``/`` (what ``hwloc-gather-topology`` writes)
 of one, or an hwloc XML export.  ``numabind gather`` also records the rank and device
 variables of the process that ran it in ``numabind-env.json`` at the capture's root, so the
 plan shown elsewhere is the plan that process would get.
+
+A capture is input someone sent you.  It is read through :mod:`numabind._roots`: never
+extracted, never followed outside itself, every member and size capped; its recorded
+environment is only the variables numabind records, each bounded.
 """
 
 from __future__ import annotations
@@ -13,23 +17,27 @@ import io
 import json
 import os
 import tarfile
-import tempfile
 import time
 
 from . import _sysfs
-from ._devices import VISIBILITY_VARIABLES
-from ._ranks import RANK_VARIABLES
-from ._topology import Machine, SysfsSource
+from ._errors import CaptureError
+from ._ranks import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES
+from ._roots import DirRoot, Root, TarRoot
+from ._sources import READ_PATHS, SysfsSource
+from ._topology import Machine
+from ._vendors import VENDORS, VISIBILITY_VARIABLES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Iterator, Mapping
+    from typing import IO
 
 ENV_FILE = "numabind-env.json"
+ENV_CAP = 1 << 20
 RECORDED_VARIABLES = (
-    *(name for name, _ in RANK_VARIABLES),
-    *(s for _, sizes in RANK_VARIABLES for s in sizes),
-    *(name for name, _ in VISIBILITY_VARIABLES),
+    *RANK_VARIABLE_NAMES,
+    *SIZE_VARIABLE_NAMES,
+    *VISIBILITY_VARIABLES,
     "CUDA_DEVICE_ORDER",
     "SLURM_STEP_ID",
     "SLURM_STEP_GPUS",
@@ -37,169 +45,216 @@ RECORDED_VARIABLES = (
     "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE",
     "SLURM_NODEID",
+    "NUMABIND_MODE",
+    "NUMABIND_MEMORY",
 )
-
-
-class CaptureError(Exception):
-    """The input is not a capture numabind can read."""
+_VALUE_CAP = 4096
 
 
 class Capture:
     """An opened capture: the machine and, if it recorded one, the environment."""
 
-    def __init__(
-        self, machine: Machine, environ: dict[str, str] | None, cleanup: str | None
-    ) -> None:
+    def __init__(self, machine: Machine, environ: dict[str, str] | None, path: str) -> None:
         self.machine = machine
         self.environ = environ
-        self._tmp = cleanup
+        self.path = path
 
     def close(self) -> None:
-        if self._tmp:
-            import shutil
+        self.machine.close()
 
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _find_root(path: str) -> str:
+class _Prefixed(Root):
+    """A root one directory down (hwloc tarballs wrap the tree in one top directory)."""
+
+    def __init__(self, inner: Root, prefix: str, description: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.description = description
+
+    def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
+        return self.inner.read(self.prefix + path, cap)
+
+    def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
+        return self.inner.listdir(self.prefix + path, cap)
+
+    def isdir(self, path: str) -> bool:
+        return self.inner.isdir(self.prefix + path)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _find_root(root: Root, path: str) -> Root:
     """The directory holding sys/ (hwloc tarballs wrap it in one top-level directory)."""
-    if os.path.isdir(os.path.join(path, "sys")):
-        return path
-    entries = [e for e in _sysfs.listdir(path) if os.path.isdir(os.path.join(path, e))]
-    if len(entries) == 1 and os.path.isdir(os.path.join(path, entries[0], "sys")):
-        return os.path.join(path, entries[0])
+    if root.isdir("/sys"):
+        return root
+    entries = [e for e in root.listdir("/", 16) if root.isdir(f"/{e}")]
+    if len(entries) == 1 and root.isdir(f"/{entries[0]}/sys"):
+        return _Prefixed(root, f"/{entries[0]}", path)
+    root.close()
     raise CaptureError(f"{path}: no sys/ directory: not a capture of a machine")
 
 
-def _read_env(root: str) -> dict[str, str] | None:
+def parse_env(text: str, where: str) -> dict[str, str]:
+    """The recorded environment: only the variables numabind records, each a bounded
+    string (a local world size of 10^11 in it is then the designed message, not a hang)."""
     try:
-        with open(os.path.join(root, ENV_FILE)) as f:
-            data = json.load(f)
+        data = json.loads(text)
+    except ValueError as err:
+        raise CaptureError(f"{where}: not JSON ({err})") from err
+    env = data.get("environ") if isinstance(data, dict) else None
+    if not isinstance(env, dict):
+        raise CaptureError(f"{where}: no 'environ' object")
+    out: dict[str, str] = {}
+    for k, v in env.items():
+        if k in RECORDED_VARIABLES and isinstance(v, (str, int)) and not isinstance(v, bool):
+            out[k] = str(v)[:_VALUE_CAP]
+    return out
+
+
+def _read_env(root: Root, path: str) -> dict[str, str] | None:
+    try:
+        text = root.read(f"/{ENV_FILE}", ENV_CAP)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as err:
-        raise CaptureError(f"{root}/{ENV_FILE}: unreadable ({err})") from err
-    return {str(k): str(v) for k, v in dict(data.get("environ", {})).items()}
+    except OSError as err:
+        raise CaptureError(f"{path}: {ENV_FILE} unreadable ({err})") from err
+    return parse_env(text, f"{path}: {ENV_FILE}")
 
 
 def open_capture(path: str) -> Capture:
+    """Open a capture for reading (raises :class:`~numabind.CaptureError`, one line)."""
+    if not path:
+        raise CaptureError("--input needs a path (a capture directory, tarball or .xml file)")
     if not os.path.exists(path):
         raise CaptureError(f"{path}: no such file or directory")
     if os.path.isdir(path):
-        root = _find_root(path)
-        return Capture(Machine(SysfsSource(root)), _read_env(root), None)
-    if path.endswith(".xml"):
-        from ._hwloc import HwlocError, load
+        root = _find_root(DirRoot(path), path)
+    elif path.endswith(".xml"):
+        from ._hwloc import load
 
+        return Capture(load(path), None, path)
+    else:
         try:
-            return Capture(load(path), None, None)
-        except HwlocError as err:
-            raise CaptureError(str(err)) from err
-    if tarfile.is_tarfile(path):
-        tmp = tempfile.mkdtemp(prefix="numabind-capture-")
-        try:
-            with tarfile.open(path) as tar:
-                members = [
-                    m
-                    for m in tar.getmembers()
-                    if not (m.name.startswith("/") or ".." in m.name.split("/"))
-                    and (m.isfile() or m.isdir() or m.issym())
-                ]
-                # the 'tar' filter (Python 3.12, backported to 3.10.12/3.11.4) refuses
-                # members and links that would land outside tmp; older Pythons get the
-                # same checks from the member list above
-                extra: dict[str, Any] = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
-                for m in members:
-                    if m.issym() and (m.linkname.startswith("/")):
-                        continue
-                    tar.extract(m, tmp, set_attrs=False, **extra)
-            root = _find_root(tmp)
-            return Capture(Machine(SysfsSource(root)), _read_env(root), tmp)
-        except (tarfile.TarError, OSError, CaptureError) as err:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CaptureError(f"{path}: {err}") from err
-    raise CaptureError(f"{path}: neither a directory, a tarball nor an hwloc .xml file")
+            tar_root = TarRoot.open(path)
+        except OSError as err:
+            raise CaptureError(
+                f"{path}: neither a capture directory, a tarball nor an hwloc .xml file ({err})"
+            ) from err
+        tar_root.description = path
+        root = _find_root(tar_root, path)
+    try:
+        environ = _read_env(root, path)
+    except CaptureError:
+        root.close()
+        raise
+    return Capture(Machine(SysfsSource(root)), environ, path)
 
 
 # --- gather -----------------------------------------------------------------------------
 
-_NODE_FILES = ("cpulist", "cpumap", "meminfo", "distance")
-_CPU_TOPO = ("physical_package_id", "core_cpus_list", "thread_siblings_list", "core_id")
-_PCI_FILES = ("vendor", "device", "class", "numa_node", "local_cpulist", "local_cpus")
+
+def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
+    """The concrete paths of one READ_PATHS pattern on this machine."""
+    if "{cgroup}" in pattern:
+        if cgroup:
+            yield pattern.replace("{cgroup}", cgroup)
+        return
+    fields: dict[str, tuple[str, str]] = {
+        "{node}": ("/sys/devices/system/node", "node"),
+        "{cpu}": ("/sys/devices/system/cpu", "cpu"),
+        "{bdf}": ("/sys/bus/pci/devices", ""),
+        "{driver}": (VENDORS[0].driver_dir or "", ""),
+    }
+    head, _, rest = pattern.partition("{")
+    if not rest:
+        yield pattern
+        return
+    key = "{" + rest.split("}", 1)[0] + "}"
+    tail = rest.split("}", 1)[1]
+    if key == "{index}":
+        base = head.rstrip("/")
+        for idx in root.listdir(base, 64):
+            if idx.startswith("index"):
+                yield from _expand(root, f"{base}/{idx}{tail}", cgroup)
+        return
+    base, prefix = fields[key]
+    for name in root.listdir(base):
+        if not prefix or (name.startswith(prefix) and name[len(prefix) :].isdigit()):
+            yield from _expand(root, f"{base}/{name}{tail}", cgroup)
 
 
-def _gather_paths(root: str = "/") -> list[str]:
-    paths = [
-        "/sys/devices/system/cpu/online",
-        "/sys/devices/system/cpu/present",
-        "/sys/devices/system/cpu/possible",
-        "/sys/devices/system/node/online",
-        "/sys/devices/system/node/possible",
-        "/sys/devices/system/node/has_cpu",
-        "/proc/self/cgroup",
-        "/proc/self/status",
-        "/proc/self/mounts",
-        "/proc/self/cpuset",
-        "/proc/sys/kernel/osrelease",
-    ]
-    j = _sysfs.join
-    for name in _sysfs.listdir(j(root, "/sys/devices/system/node")):
-        if name.startswith("node") and name[4:].isdigit():
-            paths += [f"/sys/devices/system/node/{name}/{f}" for f in _NODE_FILES]
-    for name in _sysfs.listdir(j(root, "/sys/devices/system/cpu")):
-        if name.startswith("cpu") and name[3:].isdigit():
-            base = f"/sys/devices/system/cpu/{name}"
-            paths += [f"{base}/topology/{f}" for f in _CPU_TOPO]
-            for idx in _sysfs.listdir(j(root, f"{base}/cache")):
-                if idx.startswith("index"):
-                    paths += [
-                        f"{base}/cache/{idx}/{f}" for f in ("level", "type", "shared_cpu_list")
-                    ]
-    for bdf in _sysfs.listdir(j(root, "/sys/bus/pci/devices")):
-        paths += [f"/sys/bus/pci/devices/{bdf}/{f}" for f in _PCI_FILES]
-    for bdf in _sysfs.listdir(j(root, "/proc/driver/nvidia/gpus")):
-        paths += [f"/proc/driver/nvidia/gpus/{bdf}/{f}" for f in ("information", "numa_status")]
-    allowed = SysfsSource(root).allowed(frozenset())
-    if allowed.source.startswith("cgroup"):
-        d = allowed.source.split(" ")[-1]
-        for f in (
-            "cpuset.cpus.effective",
-            "cpuset.mems.effective",
-            "cpuset.effective_cpus",
-            "cpuset.effective_mems",
-            "cpuset.cpus",
-            "cpuset.mems",
-            "cpus",
-            "mems",
-            "effective_cpus",
-            "effective_mems",
-        ):
-            paths.append(f"{d}/{f}")
-    return paths
+def gather_paths(root: Root) -> list[str]:
+    """Every file the reader would open on this machine (READ_PATHS, expanded)."""
+    cgroup = SysfsSource(root).allowed(frozenset()).directory
+    out: list[str] = []
+    for pattern in READ_PATHS:
+        out.extend(_expand(root, pattern, cgroup))
+    return list(dict.fromkeys(out))
 
 
-def gather(out_path: str, environ: dict[str, str], root: str = "/") -> int:
-    """Write a tarball of the files numabind reads, plus the rank/device environment.
-    Returns how many files it holds."""
+def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
     count = 0
     prefix = "numabind-capture"
-    with tarfile.open(out_path, "w:gz") as tar:
-        for path in _gather_paths(root):
-            text = _sysfs.read_opt(_sysfs.join(root, path))
+    now = int(time.time())
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for path in gather_paths(root):
+            text = root.opt(path)
             if text is None:
                 continue
             data = (text + "\n").encode()
             info = tarfile.TarInfo(prefix + path)
             info.size = len(data)
-            info.mtime = int(time.time())
+            info.mtime = now
             tar.addfile(info, io.BytesIO(data))
             count += 1
         env = {k: environ[k] for k in RECORDED_VARIABLES if k in environ}
         data = json.dumps({"environ": env}, indent=1, sort_keys=True).encode()
         info = tarfile.TarInfo(f"{prefix}/{ENV_FILE}")
         info.size = len(data)
+        info.mtime = now
         tar.addfile(info, io.BytesIO(data))
     return count
+
+
+def gather(out_path: str, environ: Mapping[str, str], root_path: str = "/") -> int:
+    """Write a tarball of the files numabind reads, plus the rank/device environment, to
+    ``out_path`` (``-``: standard output).  Returns how many files it holds.
+
+    The file is written under a fresh name in the target's directory (``O_EXCL``, never
+    through a link) and renamed over the target, so a symlink planted at the output path
+    is replaced, not followed."""
+    from ._roots import for_path
+
+    root = for_path(root_path)
+    if out_path == "-":
+        import sys
+
+        buf = io.BytesIO()
+        n = _write_tar(buf, root, environ)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(buf.getvalue())
+        sys.stdout.buffer.flush()
+        return n
+    directory = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(2, "no such directory", directory)
+    tmp = os.path.join(directory, f".{os.path.basename(out_path)}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            n = _write_tar(f, root, environ)
+        os.replace(tmp, out_path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return n

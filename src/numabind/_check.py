@@ -2,30 +2,65 @@
 
 For each process: its rank and device, the plan it should have (from its registry entry,
 else planned from its initial environment), every thread's CPU mask, its memory policy (as
-/proc/PID/numa_maps reports it), and its private anonymous pages per node.  Each mismatch
-comes with its likely cause.  Exit 0: every checked process is on its plan; 1: one is not.
+/proc/PID/numa_maps reports it), its private anonymous pages per node (pages it still
+shares copy-on-write with a fork parent reported apart: they are the parent's placement,
+not this process's), the thread settings it was given, and each mismatch with its likely
+cause.  Everything read about another process is input: bounded, and a process that
+vanishes mid-check is reported as such, never a traceback.
+
+Exit status (also in ``numabind check --help`` and docs/cli.rst):
+
+=====  =======================================================================
+0      every process checked is on its plan
+1      a process is off its plan (its problems say how)
+2      usage error (bad arguments)
+3      ``--pid``: a process named is gone (or a zombie); under ``--all`` a rank that
+       exits mid-check is left out instead
+=====  =======================================================================
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from typing import Any
 
 from . import _registry, _sysfs
-from ._procmaps import locality, pages_per_node, private_anon_regions
-from ._ranks import TRIGGER_VARIABLES
+from ._procmaps import locality, pages_per_node, private_anon_regions, shared_pages
+from ._ranks import TRIGGER_VARIABLES, detect
 from ._topology import Machine
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping
+    from typing import Any
 
 fmt = _sysfs.format_cpulist
 MIN_LOCALITY = 0.9
+ON_PLAN, OFF_PLAN, USAGE, VANISHED = 0, 1, 2, 3
+ENVIRON_CAP = 4 << 20
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
-def _environ(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        raw = f.read()
+class Vanished(Exception):
+    """The process exited (or became a zombie) while it was being checked."""
+
+
+def _alive(pid: int) -> bool:
+    state = _registry.process_state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = _sysfs.read_bytes(f"/proc/{pid}/environ", ENVIRON_CAP)
     out = {}
     for item in raw.split(b"\0"):
         k, sep, v = item.partition(b"=")
@@ -37,7 +72,9 @@ def _environ(pid: int) -> dict[str, str]:
 def _threads(pid: int) -> dict[int, frozenset[int]]:
     out = {}
     for tid in _sysfs.listdir(f"/proc/{pid}/task"):
-        text = _sysfs.read_opt(f"/proc/{pid}/task/{tid}/status") or ""
+        if not tid.isdigit():
+            continue
+        text = _sysfs.read_opt(f"/proc/{pid}/task/{tid}/status", 16384) or ""
         for line in text.splitlines():
             if line.startswith("Cpus_allowed_list:"):
                 try:
@@ -50,14 +87,14 @@ def _threads(pid: int) -> dict[int, frozenset[int]]:
 def parse_policy(fields: list[str]) -> tuple[str, frozenset[int]]:
     """A numa_maps policy field: ``mode[=flags][:nodes]``; the kernel writes
     MPOL_PREFERRED_MANY as ``prefer (many)``, with a space, so it spans two fields."""
-    word = fields[1]
+    word = fields[1] if len(fields) > 1 else "default"
     if len(fields) > 2 and fields[2].startswith("(many)"):
         word = "prefer_many" + fields[2][len("(many)") :]
     head, _, nodes = word.partition(":")
     name = head.split("=", 1)[0]
     name = {"prefer": "preferred", "prefer_many": "preferred-many"}.get(name, name)
     try:
-        parsed = _sysfs.parse_cpulist(nodes) if nodes else frozenset()
+        parsed = _sysfs.parse_nodelist(nodes) if nodes else frozenset()
     except ValueError:
         parsed = frozenset()
     return name, parsed
@@ -66,9 +103,8 @@ def parse_policy(fields: list[str]) -> tuple[str, frozenset[int]]:
 def _policy(pid: int) -> tuple[str, frozenset[int]] | None:
     """The main thread's policy as numa_maps shows it on regions without their own."""
     try:
-        with open(f"/proc/{pid}/numa_maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
+        lines = _sysfs.read_bytes(f"/proc/{pid}/numa_maps", 256 << 20).decode().splitlines()
+    except (OSError, UnicodeDecodeError):
         return None
     pick = next((ln for ln in lines if " heap" in ln), None) or next(
         (ln for ln in lines if " anon=" in ln), None
@@ -78,76 +114,122 @@ def _policy(pid: int) -> tuple[str, frozenset[int]] | None:
     return parse_policy(pick.split())
 
 
-def expected_plan(pid: int, machine: Machine) -> tuple[dict[str, Any] | None, str]:
+def _entry_plan(entry: Mapping[str, str]) -> dict[str, Any]:
+    def num(key: str) -> int | None:
+        v = entry.get(key, "")
+        return int(v) if v.isdigit() else None
+
+    return {
+        "local_rank": num("local_rank"),
+        "rank_source": entry.get("rank_source") or None,
+        "device_pci": entry.get("device") or None,
+        "numa_node": num("numa_node"),
+        "cpus": sorted(_sysfs.parse_cpulist(entry.get("cpus", ""))),
+        "memory_policy": entry.get("memory_policy", "none"),
+        "memory_nodes": sorted(_sysfs.parse_nodelist(entry.get("memory_nodes", ""))),
+        "status": "bound",
+        "skip": None,
+        "reason": _sysfs.clean_line(entry.get("reason", ""), 500),
+        "problem": None,
+        "threads": num("threads"),
+    }
+
+
+def expected_plan(
+    pid: int, machine: Machine, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any] | None, str]:
     """The plan a process should have: its registry entry, else planned from its initial
-    environment.  Returns (plan as dict, where it came from)."""
+    environment (``environ`` given: that one).  Returns (plan as dict, where it came from)."""
     entry = _registry.read(pid)
     if entry is not None:
-        return {
-            "local_rank": int(entry["local_rank"]) if entry.get("local_rank") else None,
-            "rank_source": entry.get("rank_source") or None,
-            "device_pci": entry.get("device") or None,
-            "numa_node": int(entry["numa_node"]) if entry.get("numa_node") else None,
-            "cpus": sorted(_sysfs.parse_cpulist(entry.get("cpus", ""))),
-            "memory_policy": entry.get("memory_policy", "none"),
-            "memory_nodes": sorted(_sysfs.parse_cpulist(entry.get("memory_nodes", ""))),
-            "status": "bound",
-            "reason": entry.get("reason", ""),
-            "problem": False,
-        }, "registry"
-    try:
-        env = _environ(pid)
-    except OSError as err:
-        return None, f"cannot read /proc/{pid}/environ ({err.strerror})"
+        return _entry_plan(entry), "registry"
+    if environ is None:
+        try:
+            environ = environ_of(pid)
+        except FileNotFoundError as err:
+            raise Vanished(pid) from err
+        except OSError as err:
+            return None, f"cannot read /proc/{pid}/environ ({err.strerror or err})"
+        source = "its initial environment"
+    else:
+        source = "its environment"
     from ._config import config_from_env
     from ._devices import resolve
+    from ._errors import ConfigError
     from ._plan import plan, request_for
-    from ._ranks import detect
 
-    info = detect(env)
+    info = detect(environ)
     if info.local_rank is None and info.problem is None:
         return None, "no local rank in its initial environment and not registered by numabind"
     try:
-        cfg = config_from_env(env)
-    except ValueError as err:
+        cfg = config_from_env(environ)
+    except ConfigError as err:
         return None, str(err)
-    visible = resolve(machine, env)
-    p = plan(
-        machine,
-        request_for(info, visible, cfg.mode, cfg.memory),
-    )
-    return p.to_dict(), "its initial environment"
+    visible = resolve(machine, environ)
+    p = plan(machine, request_for(info, visible, cfg.mode, cfg.memory))
+    return p.to_dict(), source
 
 
-def check_pid(pid: int, machine: Machine, min_locality: float = MIN_LOCALITY) -> dict[str, Any]:
-    result: dict[str, Any] = {"pid": pid, "ok": True, "problems": []}
-    if not os.path.exists(f"/proc/{pid}"):
-        result.update(ok=False, problems=[f"no process {pid}"])
-        return result
-    expected, source = expected_plan(pid, machine)
+def _thread_settings(pid: int, entry_env: Mapping[str, str] | None) -> dict[str, str]:
+    try:
+        env = environ_of(pid) if entry_env is None else dict(entry_env)
+    except OSError:
+        return {}
+    return {k: env[k] for k in THREAD_VARIABLES if k in env}
+
+
+def check_pid(
+    pid: int,
+    machine: Machine,
+    min_locality: float = MIN_LOCALITY,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
+    if not _alive(pid):
+        raise Vanished(pid)
+    result: dict[str, Any] = {"pid": pid, "ok": True, "problems": [], "notes": []}
+    expected, source = expected_plan(pid, machine, environ)
     result["plan"], result["plan_source"] = expected, source
     threads = _threads(pid)
+    if not threads and not _alive(pid):
+        raise Vanished(pid)
     result["threads"] = {str(t): sorted(c) for t, c in threads.items()}
     policy = _policy(pid)
     result["memory_policy"] = (
         None if policy is None else {"policy": policy[0], "nodes": sorted(policy[1])}
     )
     try:
-        pages = pages_per_node(private_anon_regions(pid))
+        regions = private_anon_regions(pid)
     except OSError:
-        pages = {}
+        if not _alive(pid):
+            raise Vanished(pid) from None
+        regions = []
+    pages = pages_per_node(regions)
+    shared = _shared(pid, regions)
+    own = {n: c - shared["nodes"].get(n, 0) for n, c in pages.items()}
+    own = {n: c for n, c in own.items() if c > 0}
     result["pages"] = {str(n): c for n, c in pages.items()}
+    result["shared_pages"] = {
+        "pages": sum(shared["nodes"].values()),
+        "nodes": {str(n): c for n, c in shared["nodes"].items()},
+        "how": shared["how"],
+    }
     problems: list[str] = result["problems"]
+    notes: list[str] = result["notes"]
+    if machine.numa_balancing:
+        notes.append(_balancing_note(expected))
     if expected is None:
         result["status"] = "unknown"
         problems.append(f"no plan to check against: {source}")
         result["ok"] = False
         return result
+    settings = _thread_settings(pid, environ)
+    result["thread_settings"] = settings
     if expected["status"] != "bound":
         result["status"] = "skipped"
         result["locality"] = None
         if expected.get("problem"):
-            cause = "cgroup too narrow" if "may use" in expected["reason"] else "bad input"
+            cause = "cgroup too narrow" if expected.get("skip") == "cgroup" else "bad input"
             problems.append(f"{cause}: {expected['reason']}")
             result["ok"] = False
         return result
@@ -166,56 +248,125 @@ def check_pid(pid: int, machine: Machine, min_locality: float = MIN_LOCALITY) ->
             + (" ..." if len(escaped) > 5 else "")
         )
     want = expected["memory_policy"]
-    if policy is not None and want not in ("none",):
+    if want == "not-permitted":
+        notes.append(
+            "memory policy: not permitted (a seccomp filter refused set_mempolicy); locality "
+            "below is from /proc/PID/numa_maps"
+        )
+    elif policy is not None and want != "none":
         got_name, got_nodes = policy
-        same = got_name == want or (want == "local" and got_name == "local")
-        if not same or (want not in ("local",) and got_nodes != mem_nodes):
+        if got_name != want or (want != "local" and got_nodes != mem_nodes):
             problems.append(
                 f"memory policy is {got_name} {fmt(got_nodes)}, plan {want} {fmt(mem_nodes)}"
             )
-    share = locality(pages, mem_nodes) if mem_nodes else None
+    check_nodes = mem_nodes or (
+        frozenset({expected["numa_node"]}) if expected.get("numa_node") is not None else frozenset()
+    )
+    share = locality(own, check_nodes) if check_nodes else None
     result["locality"] = share
     if share is not None and share < min_locality:
-        remote = {n: c for n, c in pages.items() if n not in mem_nodes}
+        remote = {n: c for n, c in own.items() if n not in check_nodes}
         worst = max(remote, key=lambda n: remote[n])
         problems.append(
-            f"pages left remote: {share:.1%} on node(s) {fmt(mem_nodes)}, "
+            f"pages left remote: {share:.1%} on node(s) {fmt(check_nodes)}, "
             f"{remote[worst] * 4 // 1024} MiB on node {worst}"
         )
+    if result["shared_pages"]["pages"]:
+        sp = result["shared_pages"]
+        notes.append(
+            f"{sp['pages'] * 4 // 1024} MiB of its pages are still shared copy-on-write with "
+            f"another process (a fork parent), on node(s) {', '.join(sp['nodes'])}: not counted "
+            "against its plan; start children with spawn or forkserver where it matters"
+        )
+    _thread_notes(settings, expected, notes)
     result["status"] = "bound"
     result["ok"] = not problems
     return result
 
 
-def rank_pids() -> list[int]:
+def _shared(pid: int, regions: list[Any]) -> dict[str, Any]:
+    """Pages shared copy-on-write, per node: pagemap's exclusive bit finds them, move_pages
+    (querying, moving nothing) says where they are; where either is refused, numa_maps'
+    per-region ``mapmax`` gives an upper bound instead."""
+    if not any(getattr(r, "mapmax", 1) > 1 for r in regions):
+        return {"nodes": {}, "how": "none"}
+    addrs, _ = shared_pages(regions, pid)
+    if addrs:
+        try:
+            from . import _kernel
+
+            nodes: dict[int, int] = {}
+            for i in range(0, len(addrs), 16384):
+                for w in _kernel.move_pages(addrs[i : i + 16384], None, pid):
+                    if w >= 0:
+                        nodes[w] = nodes.get(w, 0) + 1
+            return {"nodes": dict(sorted(nodes.items())), "how": "pagemap"}
+        except OSError:
+            pass
+    nodes = {}
+    for r in regions:
+        if getattr(r, "mapmax", 1) > 1:
+            for n, c in r.pages.items():
+                nodes[n] = nodes.get(n, 0) + c
+    return {"nodes": dict(sorted(nodes.items())), "how": "numa_maps mapmax (upper bound)"}
+
+
+def _balancing_note(expected: dict[str, Any] | None) -> str:
+    policy = (expected or {}).get("memory_policy")
+    if policy in ("preferred", "preferred-many", "bind", "interleave"):
+        return (
+            "automatic NUMA balancing is on: this rank's private memory is under a task "
+            "memory policy, which the kernel does not scan; its shared and file pages still are"
+        )
+    return (
+        "automatic NUMA balancing is on: the kernel scans this process's memory and may move "
+        "pages and stall it (DeepEP measured 16-31 ms); a memory policy (NUMABIND_MEMORY="
+        "preferred) spares private memory"
+    )
+
+
+def _thread_notes(settings: dict[str, str], expected: dict[str, Any], notes: list[str]) -> None:
+    cpus = len(expected["cpus"])
+    budget = expected.get("threads")
+    omp = settings.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and len(omp) < 7:
+        n = int(omp)
+        if n > cpus:
+            notes.append(
+                f"OMP_NUM_THREADS={n} oversubscribes its {cpus} CPUs"
+                + (f" (budget {budget})" if budget else "")
+            )
+        elif budget and n < budget:
+            notes.append(
+                f"OMP_NUM_THREADS={n} uses fewer threads than its budget of {budget} "
+                "(NUMABIND_THREADS=auto sizes it)"
+            )
+    elif settings:
+        notes.append("thread settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+
+
+def rank_pids() -> tuple[list[int], _registry.Scan]:
     """Processes on this machine that are ranks: a rank variable in their initial
     environment, or an entry in numabind's registry."""
-    found = set(_registry.registered_pids())
-    try:
-        import psutil
-
-        pids = psutil.pids()
-    except ImportError:
-        pids = [int(p) for p in _sysfs.listdir("/proc") if p.isdigit()]
+    scan = _registry.scan(all_users=True)
+    found = set(scan.entries)
     me = os.getpid()
-    for pid in pids:
-        if pid == me:
+    for name in _sysfs.listdir("/proc", 1 << 22):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me or pid in found:
             continue
         try:
-            env = _environ(pid)
+            env = environ_of(pid)
         except OSError:
             continue
-        if any(v in env for v in TRIGGER_VARIABLES):
-            from ._ranks import detect
-
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-            except OSError:
-                argv = []
+        if any(v in env for v in TRIGGER_VARIABLES[:6]):
+            cmd = _sysfs.read_opt(f"/proc/{pid}/cmdline", 1 << 16) or ""
+            argv = [a for a in cmd.split("\0") if a]
             if detect(env, argv).is_rank:
                 found.add(pid)
-    return sorted(found)
+    return sorted(found), scan
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -227,9 +378,11 @@ def _line(r: dict[str, Any]) -> str:
         who += f" {p['device_pci']}"
     if r.get("status") == "bound":
         loc = r.get("locality")
+        policy = p.get("memory_policy")
+        policy_text = "not permitted" if policy == "not-permitted" else policy
         where = (
             f"node {p.get('numa_node')}, CPUs {fmt(p.get('cpus', []))}, "
-            f"memory {p.get('memory_policy')} {fmt(p.get('memory_nodes', []))}"
+            f"memory {policy_text} {fmt(p.get('memory_nodes', []))}".rstrip()
         )
         where += (
             f", {loc:.1%} of private pages local" if loc is not None else ", no private pages yet"
@@ -240,26 +393,78 @@ def _line(r: dict[str, Any]) -> str:
     text = f"{verdict:8} {who}: {where}"
     for problem in r["problems"]:
         text += f"\n         - {problem}"
+    for note in r.get("notes", []):
+        text += f"\n         note: {note}"
     return text
 
 
 def main(args: argparse.Namespace) -> int:
     machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
+    results: list[dict[str, Any]] = []
+    vanished: list[int] = []
+    notes: list[str] = []
+    ignored: dict[str, int] = {}
+    own_env: Mapping[str, str] | None = None
     if args.pid:
-        pids = list(args.pid)
+        pids = list(dict.fromkeys(args.pid))
     elif args.all:
-        pids = rank_pids()
+        pids, scan = rank_pids()
+        notes.extend(scan.notes)
+        ignored = scan.ignored
     else:
-        pids = [os.getpid()]
-    results = [check_pid(pid, machine) for pid in pids]
+        info = detect(os.environ)
+        if info.local_rank is None and info.problem is None:
+            print(
+                "numabind check: this process has no local rank; give --pid PID or --all "
+                "(numabind check --help)",
+                file=sys.stderr,
+            )
+            return USAGE
+        pids, own_env = [os.getpid()], os.environ
+    for pid in pids:
+        try:
+            results.append(check_pid(pid, machine, environ=own_env))
+        except Vanished:
+            vanished.append(pid)
+    if vanished and args.pid:
+        notes.extend(f"no process {pid} (it exited, or is a zombie)" for pid in vanished)
+    elif vanished:
+        notes.append(f"{len(vanished)} rank(s) exited while being checked: left out")
+    if getattr(args, "verbose", False) and ignored:
+        notes.append(
+            "registry entries ignored: " + ", ".join(f"{n} {k}" for k, n in sorted(ignored.items()))
+        )
+    problems = [f"pid {r['pid']}: {p}" for r in results for p in r["problems"]]
+    shared_total = sum(r.get("shared_pages", {}).get("pages", 0) for r in results)
+    ok = all(r["ok"] for r in results)
     if args.json:
-        json.dump({"processes": results, "ok": all(r["ok"] for r in results)}, sys.stdout, indent=2)
+        shared_nodes: dict[str, int] = {}
+        for r in results:
+            for n, c in r.get("shared_pages", {}).get("nodes", {}).items():
+                shared_nodes[n] = shared_nodes.get(n, 0) + c
+        json.dump(
+            {
+                "processes": results,
+                "ok": ok and not (vanished and args.pid),
+                "problems": problems,
+                "shared_pages": {"pages": shared_total, "nodes": shared_nodes},
+                "vanished": vanished,
+                "registry_ignored": ignored,
+                "numa_balancing": machine.numa_balancing,
+                "notes": notes,
+            },
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
     else:
-        if not results:
+        if not results and not vanished:
             print("numabind check: no rank processes found")
         for r in results:
             print(_line(r))
-    if any(r["problems"] == [f"no process {r['pid']}"] for r in results):
-        return 2
-    return 0 if all(r["ok"] for r in results) else 1
+        for note in notes:
+            print(f"note: {note}")
+    machine.close()
+    if vanished and args.pid:
+        return VANISHED
+    return ON_PLAN if ok else OFF_PLAN

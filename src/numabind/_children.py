@@ -20,12 +20,13 @@ Two traps, both from PyTorch's history (pytorch#166026):
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
-import sys
 import threading
 
 from . import _kernel
+from ._apply import set_thread_policy
 from ._config import config_from_env
 from ._plan import Plan
 
@@ -108,9 +109,11 @@ def say_forkserver_once() -> None:
     global _said_forkserver
     if not _said_forkserver:
         _said_forkserver = True
-        sys.stderr.write(
-            "numabind: the forkserver start method forks children from its server, so they "
-            "cannot inherit a binding: each child binds itself on entry and migrates its pages\n"
+        from ._startup import say
+
+        say(
+            "the forkserver start method forks children from its server, so they cannot "
+            "inherit a binding: each child binds itself on entry and migrates its pages"
         )
 
 
@@ -149,9 +152,15 @@ def child_binding(
     try:
         os.sched_setaffinity(0, p.cpus)
         if p.memory_policy != "none":
-            previous_policy = _kernel.get_mempolicy()
-            nodes = frozenset() if p.memory_policy == "local" else p.memory_nodes
-            _kernel.set_mempolicy(p.memory_policy, nodes)
+            try:
+                previous_policy = _kernel.get_mempolicy()
+                set_thread_policy(p)
+            except OSError as err:
+                if err.errno != errno.EPERM:
+                    raise
+                # a seccomp filter: the child still starts on its CPUs, and binds its
+                # memory itself on entry (where the refusal is said once)
+                previous_policy = None
         yield p
     finally:
         os.sched_setaffinity(0, previous_cpus)
@@ -189,7 +198,9 @@ def child_entry(
     )
     cfg = config_from_env(os.environ)
     if binding.worth_a_line(cfg.verbose):
-        sys.stderr.write(f"numabind: {binding}\n")
+        from ._startup import say
+
+        say(str(binding))
     return fn(local_rank, *args)
 
 
@@ -210,8 +221,10 @@ def spawn(
     With ``join`` waits for all and raises ``ChildProcessError`` naming those that failed;
     otherwise returns the started processes.
     """
-    if nprocs < 1:
-        raise ValueError(f"nprocs must be >= 1, not {nprocs}")
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int):
+        raise TypeError(f"nprocs must be an int, not {type(nprocs).__name__}")
+    if not 1 <= nprocs <= 4096:
+        raise ValueError(f"nprocs must be in 1..4096, not {nprocs}")
     ctx: Any = multiprocessing.get_context(start_method)
     method = ctx.get_start_method()
     procs = []

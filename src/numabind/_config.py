@@ -1,21 +1,29 @@
 """Configuration from the environment; the same names as the keyword arguments.
 
-| variable          | values                                          | default     |
-|-------------------|-------------------------------------------------|-------------|
-| NUMABIND          | auto, force, respect, 0/off                     | auto        |
-| NUMABIND_MODE     | node, socket, exclusive, core-complex           | node        |
-| NUMABIND_MEMORY   | preferred, bind, interleave, local, none        | preferred   |
-| NUMABIND_STRICT   | 0/1 (also true/false, yes/no, on/off)           | 0           |
-| NUMABIND_VERBOSE  | 0/1                                             | 0           |
-| NUMABIND_GUARD    | 0/1                                             | 1           |
+| variable          | values                                          | default     | kind      |
+|-------------------|-------------------------------------------------|-------------|-----------|
+| NUMABIND          | auto, force, respect, 0/off                     | auto        | binding   |
+| NUMABIND_MODE     | node, socket, exclusive, core-complex           | node        | binding   |
+| NUMABIND_MEMORY   | preferred, bind, interleave, local, none        | preferred   | binding   |
+| NUMABIND_STRICT   | 0/1 (also true/false, yes/no, on/off)           | 0           | binding   |
+| NUMABIND_THREADS  | off, auto, a positive integer                   | off         | binding   |
+| NUMABIND_VERBOSE  | 0/1                                             | 0           | cosmetic  |
+| NUMABIND_GUARD    | 0/1                                             | 1           | cosmetic  |
 
-A bad value raises ``ValueError`` naming the variable, the value and what is accepted.
+A bad value of a *binding* knob raises :class:`~numabind.ConfigError` naming the
+variable, the value and what is accepted (the hook then leaves the process unbound: a typo
+in ``NUMABIND_MODE`` must not bind in a way nobody asked for).  A bad value of a
+*cosmetic* knob only changes what is said, so it becomes a warning in ``Config.warnings``
+and the default is used.
 """
 
 from __future__ import annotations
 
-from ._model import Record, _set
-from ._plan import MEMORY_POLICIES, MODES
+from ._errors import ConfigError
+from ._model import Record
+from ._modes import MODE_NAMES
+from ._plan import MEMORY_POLICIES
+from ._sysfs import short
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,32 +32,19 @@ if TYPE_CHECKING:
 ENABLE_VALUES = ("auto", "force", "respect", "0", "off")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+COSMETIC = ("NUMABIND_VERBOSE", "NUMABIND_GUARD")
+MAX_THREADS = 1 << 16
 
 
 class Config(Record):
-    __slots__ = ("enable", "mode", "memory", "strict", "verbose", "guard")
-    enable: str
-    mode: str
-    memory: str
-    strict: bool
-    verbose: bool
-    guard: bool
-
-    def __init__(
-        self,
-        enable: str = "auto",
-        mode: str = "node",
-        memory: str = "preferred",
-        strict: bool = False,
-        verbose: bool = False,
-        guard: bool = True,
-    ) -> None:
-        _set(self, "enable", enable)
-        _set(self, "mode", mode)
-        _set(self, "memory", memory)
-        _set(self, "strict", strict)
-        _set(self, "verbose", verbose)
-        _set(self, "guard", guard)
+    enable: str = "auto"
+    mode: str = "node"
+    memory: str = "preferred"
+    strict: bool = False
+    verbose: bool = False
+    guard: bool = True
+    threads: str = "off"  # "off", "auto" or a decimal count
+    warnings: tuple[str, ...] = ()
 
     @property
     def disabled(self) -> bool:
@@ -62,7 +57,7 @@ def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...], def
         return default
     value = raw.strip().lower()
     if value not in allowed:
-        raise ValueError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
+        raise ConfigError(f"{name}={short(raw)} is not one of {', '.join(allowed)}")
     return value
 
 
@@ -75,15 +70,38 @@ def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+    raise ConfigError(f"{name}={short(raw)} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
+    """``off`` (default), ``auto`` or a positive integer, as a string."""
+    if raw is None or raw.strip() == "":
+        return "off"
+    value = raw.strip().lower()
+    if value in ("off", "0", "no", "false", "auto"):
+        return "off" if value != "auto" else "auto"
+    if value.isascii() and value.isdigit() and len(value) < 6 and 0 < int(value) < MAX_THREADS:
+        return str(int(value))
+    raise ConfigError(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
 
 
 def config_from_env(environ: Mapping[str, str]) -> Config:
+    warnings: list[str] = []
+
+    def cosmetic(name: str, default: bool) -> bool:
+        try:
+            return _flag(environ, name, default)
+        except ConfigError as err:
+            warnings.append(f"{err}; using {'1' if default else '0'}")
+            return default
+
     return Config(
-        _choice(environ, "NUMABIND", ENABLE_VALUES, "auto"),
-        _choice(environ, "NUMABIND_MODE", MODES, "node"),
-        _choice(environ, "NUMABIND_MEMORY", MEMORY_POLICIES, "preferred"),
-        _flag(environ, "NUMABIND_STRICT", False),
-        _flag(environ, "NUMABIND_VERBOSE", False),
-        _flag(environ, "NUMABIND_GUARD", True),
+        enable=_choice(environ, "NUMABIND", ENABLE_VALUES, "auto"),
+        mode=_choice(environ, "NUMABIND_MODE", MODE_NAMES, "node"),
+        memory=_choice(environ, "NUMABIND_MEMORY", MEMORY_POLICIES, "preferred"),
+        strict=_flag(environ, "NUMABIND_STRICT", False),
+        verbose=cosmetic("NUMABIND_VERBOSE", False),
+        guard=cosmetic("NUMABIND_GUARD", True),
+        threads=parse_threads(environ.get("NUMABIND_THREADS")),
+        warnings=tuple(warnings),
     )

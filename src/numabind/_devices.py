@@ -1,18 +1,25 @@
 """Which accelerators this process can reach, and which of them its runtime calls device 0, 1...
 
 sysfs is not namespaced: a container sees every GPU of the host there.  The GPUs that are
-really this process's are the ones the NVIDIA driver shows under /proc/driver/nvidia/gpus
-(a container runtime mounts only the granted ones) or, under Slurm's device cgroup, those
-named by SLURM_STEP_GPUS.  CUDA numbers only those, in PCI order with CUDA_DEVICE_ORDER=
-PCI_BUS_ID (and in the default FASTEST_FIRST order too when every GPU is the same model),
-and CUDA_VISIBLE_DEVICES then selects and reorders them.  Mapping is by PCI address or
+really this process's are the ones the vendor's driver lists (NVIDIA's
+/proc/driver/nvidia/gpus: a container runtime mounts only the granted ones) or, under
+Slurm's device cgroup, those named by SLURM_STEP_GPUS.  The runtime numbers only those,
+in PCI order (CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID, and in the default FASTEST_FIRST
+order too when every GPU is the same model), and the vendor's visibility variables
+(:mod:`numabind._vendors`) then select and reorder them.  Mapping is by PCI address or
 UUID, never by NVML index, which ignores all of this (TRT-LLM #12985, dask-cuda #671).
+
+The environment is input: a list of any length costs at most one step per reachable
+device (the runtimes stop at the first entry they cannot use, and so does this), and
+every message quotes values with ``repr``.
 """
 
 from __future__ import annotations
 
-from ._model import Accelerator, Record, _set
-from ._topology import pci_sort_key
+from ._model import Accelerator, Record
+from ._pci import pci_sort_key
+from ._sysfs import short
+from ._vendors import BY_KEY, NVIDIA, VENDORS, Vendor, Visibility, selecting
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,35 +28,7 @@ if TYPE_CHECKING:
     from ._nvml import NvmlBackend
     from ._topology import Machine
 
-# visibility variable -> accelerator family it selects
-VISIBILITY_VARIABLES = (
-    ("CUDA_VISIBLE_DEVICES", "nvidia"),
-    ("ROCR_VISIBLE_DEVICES", "amd"),
-    ("HIP_VISIBLE_DEVICES", "amd"),
-    ("ZE_AFFINITY_MASK", "intel"),
-)
-FAMILY_ORDER = ("nvidia", "amd", "intel")
-
-
-class LazyNvml:
-    """NVML for the visibility lists, imported and initialised only if a UUID or MIG id
-    cannot be resolved from files (``import pynvml`` alone costs ~30 ms)."""
-
-    def __init__(self) -> None:
-        self._backend: NvmlBackend | None = None
-
-    def _get(self) -> NvmlBackend:
-        if self._backend is None:
-            from ._nvml import PynvmlBackend
-
-            self._backend = PynvmlBackend()
-        return self._backend
-
-    def pci_of_uuid(self, uuid: str) -> str | None:
-        return self._get().pci_of_uuid(uuid)
-
-    def mig_parent_pci(self, mig_uuid: str) -> str | None:
-        return self._get().mig_parent_pci(mig_uuid)
+_TOKEN_CAP = 128  # longest list entry looked at (a MIG UUID is 40 characters)
 
 
 class Visible(Record):
@@ -59,64 +38,51 @@ class Visible(Record):
     then skips with that message rather than bind next to some other GPU.
     """
 
-    __slots__ = ("devices", "family", "source", "problem", "notes")
     devices: tuple[Accelerator, ...]
-    family: str | None
+    vendor: str | None
     source: str
-    problem: str | None
-    notes: tuple[str, ...]
-
-    def __init__(
-        self,
-        devices: tuple[Accelerator, ...],
-        family: str | None,
-        source: str,
-        problem: str | None = None,
-        notes: tuple[str, ...] = (),
-    ) -> None:
-        _set(self, "devices", devices)
-        _set(self, "family", family)
-        _set(self, "source", source)
-        _set(self, "problem", problem)
-        _set(self, "notes", notes)
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 def _slurm_gpu_minors(environ: Mapping[str, str]) -> tuple[str, frozenset[int]] | None:
     for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         text = environ.get(var)
         if text:
-            try:
-                return var, frozenset(int(x) for x in text.split(",") if x.strip())
-            except ValueError:
-                return None
+            minors = set()
+            for x in text.split(",", 1024)[:1024]:
+                x = x.strip()
+                if not (x.isascii() and x.isdigit() and len(x) < 6):
+                    return None
+                minors.add(int(x))
+            return var, frozenset(minors)
     return None
 
 
 def reachable(
-    machine: Machine, family: str, environ: Mapping[str, str]
+    machine: Machine, vendor: Vendor, environ: Mapping[str, str]
 ) -> tuple[tuple[Accelerator, ...], list[str]]:
-    """The accelerators of ``family`` this process can open, in PCI order, with notes."""
+    """The accelerators of ``vendor`` this process can open, in PCI order, with notes."""
     notes: list[str] = []
-    if family == "nvidia":
-        driver = machine.nvidia_driver_gpus
-        if driver is not None:
-            devs = [a for a in (machine.accelerator(b) for b in driver) if a is not None]
-        else:
-            devs = [a for a in machine.accelerators if a.vendor == "nvidia"]
-        slurm = _slurm_gpu_minors(environ)
-        if slurm is not None and devs and all(d.minor is not None for d in devs):
-            var, minors = slurm
-            cvd = environ.get("CUDA_VISIBLE_DEVICES", "")
-            cvd_set = {int(x) for x in cvd.split(",") if x.strip().isdigit()}
-            # Without a device cgroup Slurm sets CUDA_VISIBLE_DEVICES to the gres indices
-            # themselves; with ConstrainDevices CUDA renumbers the granted GPUs from 0.
-            if cvd_set != set(minors):
-                narrowed = [d for d in devs if d.minor in minors]
-                if narrowed:
-                    devs = narrowed
-                    notes.append(f"{var} limits this process to GPU minors {sorted(minors)}")
+    driver = machine.driver_gpus(vendor.key) if vendor.driver_dir else None
+    if driver is not None:
+        devs = [a for a in (machine.accelerator(b) for b in driver) if a is not None]
     else:
-        devs = [a for a in machine.accelerators if a.vendor == family]
+        devs = [a for a in machine.accelerators if a.vendor == vendor.key]
+    slurm = _slurm_gpu_minors(environ) if vendor is NVIDIA else None
+    if slurm is not None and devs and all(d.minor is not None for d in devs):
+        var, minors = slurm
+        cvd = environ.get("CUDA_VISIBLE_DEVICES", "")
+        cvd_set = {
+            int(x) for x in cvd.split(",", 1024)[:1024] if x.strip().isdigit() and len(x) < 6
+        }
+        # Without a device cgroup Slurm sets CUDA_VISIBLE_DEVICES to the gres indices
+        # themselves; with ConstrainDevices CUDA renumbers the granted GPUs from 0.
+        if cvd_set != set(minors):
+            narrowed = [d for d in devs if d.minor in minors]
+            if narrowed:
+                devs = narrowed
+                notes.append(f"{var} limits this process to GPU minors {sorted(minors)}")
     devs.sort(key=lambda a: pci_sort_key(a.pci))
     return tuple(devs), notes
 
@@ -126,19 +92,46 @@ def _match_uuid(token: str, devs: tuple[Accelerator, ...]) -> list[Accelerator]:
     return [d for d in devs if d.uuid and d.uuid.lower().startswith(want)]
 
 
+def _index(token: str, devs: tuple[Accelerator, ...]) -> tuple[Accelerator | None, str | None]:
+    if len(token) > 6:
+        return None, f"index {short(token)} is out of range ({len(devs)} reachable)"
+    i = int(token)
+    if i < len(devs):
+        return devs[i], None
+    return None, f"index {i} is out of range ({len(devs)} reachable)"
+
+
+def _by_uuid(
+    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | None, vendor: Vendor
+) -> tuple[Accelerator | None, str | None]:
+    found = _match_uuid(token, devs)
+    if not found and nvml is not None and vendor is NVIDIA:
+        bdf = nvml.pci_of_uuid(token)
+        found = [d for d in devs if d.pci == bdf]
+    if len(found) == 1:
+        return found[0], None
+    if len(found) > 1:
+        return None, f"{short(token)} matches {len(found)} GPUs (a UUID prefix must be unique)"
+    if not any(d.uuid for d in devs):
+        how = "without NVML" if vendor is NVIDIA else "(no unique_id in sysfs)"
+        if vendor is not NVIDIA or nvml is None:
+            return None, f"{short(token)} cannot be checked: no GPU UUIDs are readable {how}"
+    return None, f"no reachable GPU has UUID {short(token)}"
+
+
 def _resolve_token(
-    token: str,
-    devs: tuple[Accelerator, ...],
-    nvml: NvmlBackend | LazyNvml | None,
+    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | None, vis: Visibility
 ) -> tuple[Accelerator | None, str | None]:
     """One entry of a visibility list -> (device, why it could not be resolved)."""
-    if token.isdigit():
-        i = int(token)
-        if i < len(devs):
-            return devs[i], None
-        return None, f"index {i} is out of range ({len(devs)} reachable)"
+    vendor = (
+        NVIDIA if vis.grammar == "cuda" else BY_KEY["amd" if vis.grammar == "rocm" else "intel"]
+    )
+    if len(token) > _TOKEN_CAP:
+        return None, f"{short(token)} is not a device"
+    if token.isascii() and token.isdigit():
+        return _index(token, devs)
     upper = token.upper()
-    if upper.startswith("MIG-"):
+    if vis.grammar == "cuda" and upper.startswith("MIG-"):
         rest = token[4:]
         if rest.upper().startswith("GPU-"):
             parent = rest.split("/", 1)[0]  # legacy MIG-GPU-<uuid>/<gi>/<ci>
@@ -153,45 +146,43 @@ def _resolve_token(
                         return d, None
         if len(devs) == 1:
             return devs[0], None
-        return None, f"MIG device {token!r} cannot be mapped to its GPU without NVML"
-    if upper.startswith("GPU-"):
-        found = _match_uuid(token, devs)
-        if not found and nvml is not None:
-            bdf = nvml.pci_of_uuid(token)
-            found = [d for d in devs if d.pci == bdf]
-        if len(found) == 1:
-            return found[0], None
-        if len(found) > 1:
-            return None, f"{token!r} matches {len(found)} GPUs (a UUID prefix must be unique)"
-        if not any(d.uuid for d in devs) and nvml is None:
-            return None, f"{token!r} cannot be checked: no GPU UUIDs are readable without NVML"
-        return None, f"no reachable GPU has UUID {token!r}"
-    return None, f"{token!r} is neither an index nor a GPU-/MIG- UUID"
+        return None, f"MIG device {short(token)} cannot be mapped to its GPU without NVML"
+    if vis.grammar in ("cuda", "rocm") and upper.startswith("GPU-"):
+        return _by_uuid(token, devs, nvml, vendor)
+    if vis.grammar == "level-zero":
+        return None, f"{short(token)} is not a Level Zero device index (N or N.M)"
+    return None, f"{short(token)} is neither an index nor a GPU-/MIG- UUID"
 
 
 def _parse_list(
-    var: str,
+    vis: Visibility,
     text: str,
     devs: tuple[Accelerator, ...],
-    nvml: NvmlBackend | LazyNvml | None,
-    keep_subdevice: bool = False,
+    nvml: NvmlBackend | None,
 ) -> tuple[tuple[Accelerator, ...], str | None, list[str]]:
     """Resolve a visibility list the way the runtimes do: entries in order, and the
-    first entry that is invalid ends the list (CUDA ignores it and everything after it)."""
+    first entry that is invalid ends the list (CUDA ignores it and everything after it).
+    At most one entry more than there are devices is ever looked at."""
+    var = vis.variable
     notes: list[str] = []
     out: list[Accelerator] = []
-    tokens = [t.strip() for t in text.split(",")]
-    for pos, token in enumerate(tokens):
-        if keep_subdevice and "." in token:
-            token = token.split(".", 1)[0]
-        dev, why = _resolve_token(token, devs, nvml)
-        if dev is not None and dev in out and not keep_subdevice:
-            dev, why = None, f"{token!r} repeats a device already listed"
+    subdevice = vis.grammar == "level-zero"
+    limit = len(devs) + 1
+    tokens = text.split(",", limit)
+    for pos, raw in enumerate(tokens[:limit]):
+        token = raw.strip()
+        if subdevice and "." in token:
+            head, _, sub = token.partition(".")
+            if sub.isascii() and sub.isdigit() and len(sub) < 4:
+                token = head
+        dev, why = _resolve_token(token, devs, nvml, vis)
+        if dev is not None and dev in out and not subdevice:
+            dev, why = None, f"{short(token)} repeats a device already listed"
         if dev is None:
             ignored = ",".join(tokens[pos:])
             if not out:
-                return (), f"{var}={text!r}: {why}; no device is visible, not bound", notes
-            notes.append(f"{var}: {why}; the runtime ignores {ignored!r}")
+                return (), f"{var}={short(text)}: {why}; no device is visible, not bound", notes
+            notes.append(f"{var}: {why}; the runtime ignores {short(ignored)}")
             break
         if dev not in out:
             out.append(dev)
@@ -201,80 +192,83 @@ def _parse_list(
 def resolve(
     machine: Machine,
     environ: Mapping[str, str],
-    nvml: NvmlBackend | LazyNvml | None = None,
+    nvml: NvmlBackend | None = None,
 ) -> Visible:
     """Turn the environment's visibility variables into the ordered visible devices."""
-    family: str | None = None
-    for var, fam in VISIBILITY_VARIABLES:
-        if var in environ:
-            family = fam
-            break
+    vendor = selecting(environ)
     notes: list[str] = []
-    if family is None:
-        for fam in FAMILY_ORDER:
-            devs, n = reachable(machine, fam, environ)
+    if vendor is NVIDIA and "CUDA_VISIBLE_DEVICES" in environ:
+        devs, n = reachable(machine, vendor, environ)
+        if not devs:
+            # ROCm reads CUDA_VISIBLE_DEVICES too (as HIP's fallback): on an AMD machine
+            # it selects AMD devices
+            amd_devs, _ = reachable(machine, BY_KEY["amd"], environ)
+            if amd_devs:
+                vendor = BY_KEY["amd"]
+    if vendor is None:
+        for v in VENDORS:
+            devs, n = reachable(machine, v, environ)
             if devs:
-                family = fam
                 notes.extend(n)
-                break
-        else:
-            return Visible((), None, "no accelerator found")
-        return Visible(
-            devs,
-            family,
-            f"all {len(devs)} reachable {family} GPUs",
-            None,
-            _order_notes(devs, environ, notes),
-        )
-    devs, n = reachable(machine, family, environ)
+                return Visible(
+                    devices=devs,
+                    vendor=v.key,
+                    source=f"all {len(devs)} reachable {v.key} GPU{'s' if len(devs) != 1 else ''}",
+                    notes=_order_notes(devs, environ, notes),
+                )
+        return Visible(devices=(), vendor=None, source="no accelerator found")
+    devs, n = reachable(machine, vendor, environ)
     notes.extend(n)
-    if family == "nvidia":
-        text = environ["CUDA_VISIBLE_DEVICES"].strip()
-        if text == "":
-            return Visible((), family, "CUDA_VISIBLE_DEVICES is empty", None, tuple(notes))
-        out, problem, n = _parse_list("CUDA_VISIBLE_DEVICES", text, devs, nvml)
-        notes.extend(n)
-        if problem and text.startswith("-"):
+    sources: list[str] = []
+    for vis in vendor.visibility:
+        if vis.fallback_for is not None and vis.fallback_for in environ:
+            continue
+        text = environ.get(vis.variable)
+        if text is None:
+            continue
+        shown = f"{vis.variable}={short(text.strip(), 120)}"
+        if text.strip() == "":
+            if vis.grammar == "level-zero":
+                sources.append(f"{vis.variable} is empty (all devices)")
+                continue
             return Visible(
-                (), family, f"CUDA_VISIBLE_DEVICES={text} hides every GPU", None, tuple(notes)
+                devices=(), vendor=vendor.key, source=f"{vis.variable} is empty", notes=tuple(notes)
             )
-        return Visible(
-            out, family, f"CUDA_VISIBLE_DEVICES={text}", problem, _order_notes(out, environ, notes)
-        )
-    if family == "amd":
-        source = []
-        rocr = environ.get("ROCR_VISIBLE_DEVICES")
-        if rocr is not None:
-            if rocr.strip() == "":
-                return Visible((), family, "ROCR_VISIBLE_DEVICES is empty", None, tuple(notes))
-            devs, problem, n = _parse_list("ROCR_VISIBLE_DEVICES", rocr, devs, nvml)
-            notes.extend(n)
-            source.append(f"ROCR_VISIBLE_DEVICES={rocr}")
-            if problem:
-                return Visible((), family, source[0], problem, tuple(notes))
-        hip = environ.get("HIP_VISIBLE_DEVICES", environ.get("CUDA_VISIBLE_DEVICES"))
-        if hip is not None:
-            if hip.strip() == "":
-                return Visible((), family, "HIP_VISIBLE_DEVICES is empty", None, tuple(notes))
-            devs, problem, n = _parse_list("HIP_VISIBLE_DEVICES", hip, devs, nvml)
-            notes.extend(n)
-            source.append(f"HIP_VISIBLE_DEVICES={hip}")
-            if problem:
-                return Visible((), family, " + ".join(source), problem, tuple(notes))
-        return Visible(devs, family, " + ".join(source), None, tuple(notes))
-    text = environ["ZE_AFFINITY_MASK"]
-    if text.strip() == "":
-        return Visible(devs, family, "ZE_AFFINITY_MASK is empty (all devices)", None, tuple(notes))
-    out, problem, n = _parse_list("ZE_AFFINITY_MASK", text, devs, nvml, keep_subdevice=True)
-    notes.extend(n)
-    return Visible(out, family, f"ZE_AFFINITY_MASK={text}", problem, tuple(notes))
+        if vis.grammar == "cuda" and text.strip().startswith("-"):
+            return Visible(
+                devices=(),
+                vendor=vendor.key,
+                source=f"{shown} hides every GPU",
+                notes=tuple(notes),
+            )
+        devs, problem, n = _parse_list(vis, text.strip(), devs, nvml)
+        notes.extend(n)
+        sources.append(shown)
+        if problem:
+            return Visible(
+                devices=(),
+                vendor=vendor.key,
+                source=" + ".join(sources),
+                problem=problem,
+                notes=tuple(notes),
+            )
+    return Visible(
+        devices=devs,
+        vendor=vendor.key,
+        source=" + ".join(sources) or f"all {len(devs)} reachable {vendor.key} GPUs",
+        notes=_order_notes(devs, environ, notes) if vendor is NVIDIA else tuple(notes),
+    )
 
 
 def _order_notes(
     devs: tuple[Accelerator, ...], environ: Mapping[str, str], notes: list[str]
 ) -> tuple[str, ...]:
     models = {d.model for d in devs}
-    if len(models) > 1 and environ.get("CUDA_DEVICE_ORDER", "") != "PCI_BUS_ID":
+    if (
+        all(d.vendor == "nvidia" for d in devs)
+        and len(models) > 1
+        and environ.get("CUDA_DEVICE_ORDER", "") != "PCI_BUS_ID"
+    ):
         notes.append(
             "GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers "
             "the fastest first, so indices may not follow PCI order; set "

@@ -1,4 +1,4 @@
-"""Whose CPU binding is already on this process, and whether to keep it.
+"""Whose CPU binding is already on this process, and whether to keep it (a pure rule).
 
 Launchers bind by default and know nothing of GPUs: Open MPI pins each rank to a core
 (round-robin by socket beyond two ranks, so alternate ranks sit on the wrong socket),
@@ -7,7 +7,7 @@ passes its pin to every worker.  Keeping such a binding is the bug numabind exis
 A user's ``numactl``/``taskset`` wrapper, ``mpirun --bind-to``, Slurm's explicit
 ``--cpu-bind`` or DeepSpeed's ``--bind_cores_to_rank`` are deliberate choices.
 
-The rule (documented as a table in docs/how-it-works.md):
+The rule (docs/how-it-works.rst has it as a table):
 
 ==========================================  =====================  ==================
 current CPU mask                            NUMABIND=auto          respect / force
@@ -19,21 +19,22 @@ narrower, deliberate, inside GPU's node     keep CPUs; memory      keep / apply
                                             policy only if none
 narrower, deliberate, outside GPU's node    apply, say so          keep / apply
 ==========================================  =====================  ==================
+
+``force`` applies the plan exactly, even to a mask that already lies inside it.
 """
 
 from __future__ import annotations
 
 from . import _sysfs
-from ._model import Record, _set
+from ._model import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
+    from typing import Literal
 
-    from ._apply import Binding
-    from ._plan import Plan
-    from ._topology import Machine
+    Origin = Literal["none", "launcher", "inherited", "deliberate"]
+    Action = Literal["apply", "keep"]
 
 fmt = _sysfs.format_cpulist
 
@@ -41,41 +42,37 @@ fmt = _sysfs.format_cpulist
 class Existing(Record):
     """The CPU mask found on the process and what it is judged to be."""
 
-    __slots__ = ("current", "parent", "narrower", "origin", "deliberate")
     current: frozenset[int]
     parent: frozenset[int] | None
     narrower: bool
-    origin: str
-    deliberate: bool
+    kind: Origin
+    launcher: str | None = None  # the launcher whose default binding it is
 
-    def __init__(
-        self,
-        current: frozenset[int],
-        parent: frozenset[int] | None,
-        narrower: bool,
-        origin: str,
-        deliberate: bool,
-    ) -> None:
-        _set(self, "current", current)
-        _set(self, "parent", parent)
-        _set(self, "narrower", narrower)
-        _set(self, "origin", origin)
-        _set(self, "deliberate", deliberate)
+    @property
+    def deliberate(self) -> bool:
+        return self.kind == "deliberate"
+
+    @property
+    def origin(self) -> str:
+        """One phrase: who set the mask."""
+        if self.kind == "launcher":
+            return self.launcher or "a launcher's default binding"
+        if self.kind == "inherited":
+            return "inherited from the parent process"
+        if self.kind == "deliberate":
+            return "set for this process (numactl, taskset or a launcher option)"
+        return "no narrower binding"
 
 
 class Decision(Record):
-    """What to do: ``apply`` the plan's CPUs or ``keep`` the current ones; whether the
-    memory policy may replace one already set; and the line to print, if any."""
+    """What to do with the CPU mask in place: ``apply`` the plan or ``keep`` it; whether
+    the memory policy may replace one already set; whether threads whose masks lie inside
+    the plan are rebound anyway; and the line to print, if any."""
 
-    __slots__ = ("cpus", "memory_only_if_default", "message")
-    cpus: str
-    memory_only_if_default: bool
-    message: str | None
-
-    def __init__(self, cpus: str, memory_only_if_default: bool, message: str | None) -> None:
-        _set(self, "cpus", cpus)
-        _set(self, "memory_only_if_default", memory_only_if_default)
-        _set(self, "message", message)
+    action: Action
+    memory_only_if_default: bool = False
+    rebind_inside: bool = False
+    message: str | None = None
 
 
 def parent_mask(ppid: int) -> frozenset[int] | None:
@@ -109,7 +106,8 @@ def launcher_default(environ: Mapping[str, str]) -> str | None:
     ):
         return "Open MPI's default core binding"
     if "SLURM_STEP_ID" in environ and environ.get("SLURM_CPU_BIND_TYPE", "") == "mask_cpu:":
-        masks = [m for m in environ.get("SLURM_CPU_BIND_LIST", "").split(",") if m]
+        text = environ.get("SLURM_CPU_BIND_LIST", "")
+        masks = [m for m in text.split(",", 8192)[:8192] if m] if len(text) < 1 << 17 else []
         if masks and all(m.lower().startswith("0x") for m in masks):
             return "Slurm's automatic task/affinity binding"
     return None
@@ -123,15 +121,15 @@ def assess(
 ) -> Existing:
     narrower = bool(current) and not (allowed <= current)
     if not narrower:
-        return Existing(current, parent, False, "no narrower binding", False)
+        return Existing(current=current, parent=parent, narrower=False, kind="none")
     launcher = launcher_default(environ)
     if launcher is not None:
-        return Existing(current, parent, True, launcher, False)
+        return Existing(
+            current=current, parent=parent, narrower=True, kind="launcher", launcher=launcher
+        )
     if parent is not None and parent == current:
-        return Existing(current, parent, True, "inherited from the parent process", False)
-    return Existing(
-        current, parent, True, "set for this process (numactl, taskset or a launcher option)", True
-    )
+        return Existing(current=current, parent=parent, narrower=True, kind="inherited")
+    return Existing(current=current, parent=parent, narrower=True, kind="deliberate")
 
 
 def decide(
@@ -141,21 +139,22 @@ def decide(
     enable: str,
 ) -> Decision:
     """Apply the rule above.  ``node_cpus`` are the GPU's node's CPUs (None: unknown)."""
-    if not existing.narrower:
-        return Decision("apply", False, None)
-    if enable == "force" or existing.current == plan_cpus:
-        return Decision("apply", False, None)  # asked for, or already the plan: nothing to say
-    cur = fmt(existing.current)
+    if enable == "force":
+        return Decision(action="apply", rebind_inside=True)  # the plan, exactly
+    if not existing.narrower or existing.current == plan_cpus:
+        return Decision(action="apply")  # nothing in place, or already the plan
     if enable == "respect":
-        return Decision("keep", True, None)
+        return Decision(action="keep", memory_only_if_default=True)
     inside = node_cpus is not None and existing.current <= node_cpus
     if existing.deliberate and inside:
-        return Decision("keep", True, None)
+        return Decision(action="keep", memory_only_if_default=True)
     where = "outside the GPU's node" if existing.deliberate else existing.origin
+    # a mask judged not to be this process's choice is replaced even where it lies inside
+    # the plan (Open MPI's core pin inside the right node still wastes the node's other cores)
     return Decision(
-        "apply",
-        False,
-        f"replaced CPU mask {cur} ({where}) with {fmt(plan_cpus)}; "
+        action="apply",
+        rebind_inside=True,
+        message=f"replaced CPU mask {fmt(existing.current)} ({where}) with {fmt(plan_cpus)}; "
         "NUMABIND=respect keeps such masks",
     )
 
@@ -173,42 +172,3 @@ def for_this_process(
     current = frozenset(os.sched_getaffinity(0))
     existing = assess(current, allowed, parent_mask(os.getppid()), environ)
     return existing, decide(existing, plan_cpus, node_cpus, enable)
-
-
-def bind(
-    plan: Plan,
-    machine: Machine,
-    enable: str,
-    environ: Mapping[str, str],
-    **apply_kwargs: Any,
-) -> Binding:
-    """Apply ``plan`` to this process under the rule above: keep or replace the CPU mask
-    found in place, and record which and why on the returned binding."""
-    from ._apply import apply_plan
-
-    keep: str | None = None
-    keep_policy = False
-    message: str | None = None
-    if plan.bound:
-        node = machine.node(plan.numa_node) if plan.numa_node is not None else None
-        existing, decision = for_this_process(
-            plan.cpus,
-            node.cpus if node is not None else None,
-            machine.allowed.cpus,
-            enable,
-            environ,
-        )
-        if decision.cpus == "keep":
-            why = "NUMABIND=respect" if enable == "respect" else existing.origin
-            keep = f"kept CPU mask {fmt(existing.current)} ({why})"
-            keep_policy = decision.memory_only_if_default
-        message = decision.message
-    # a mask judged not to be this process's choice is replaced even where it lies inside
-    # the plan (Open MPI's core pin inside the right node still wastes the node's other cores)
-    replace = plan.bound and keep is None and message is not None
-    binding = apply_plan(
-        plan, keep_cpus=keep, keep_policy=keep_policy, rebind_inside=replace, **apply_kwargs
-    )
-    if message and binding.existing is None:
-        binding.existing = message
-    return binding

@@ -13,7 +13,11 @@ afterwards (kept across ``execve``); it cannot be set for another thread of the 
 
 from __future__ import annotations
 
+import errno
 import os
+
+from ._errors import KernelError
+from ._sysfs import MAX_NODES, format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,32 +54,10 @@ _SYSCALLS = {
         "move_pages": 239,
     },
 }
-# Node masks are passed as arrays of unsigned longs; 1024 nodes covers every kernel
+# Node masks are passed as arrays of unsigned longs; MAX_NODES (1024) covers every kernel
 # configuration shipped (CONFIG_NODES_SHIFT <= 10).
-MAX_NODES = 1024
 _WORD_BITS = 64
 _WORDS = MAX_NODES // _WORD_BITS
-
-_MEANINGS = {
-    1: "not permitted: a seccomp filter or container policy forbids memory-policy calls",
-    22: "invalid: a node is offline, memory-less, or outside this process's cpuset.mems",
-    38: "not implemented: this kernel was built without NUMA support",
-    12: "out of memory in the kernel",
-    14: "bad address",
-}
-
-
-class KernelError(OSError):
-    """A failed kernel call, with what was asked.  ``errno`` is the kernel's answer."""
-
-    def __init__(self, call: str, err: int, asked: str) -> None:
-        meaning = _MEANINGS.get(err, os.strerror(err))
-        super().__init__(err, f"{call}({asked}) failed: {meaning}")
-        self.call = call
-        self.asked = asked
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.call, self.errno, self.asked))
 
 
 class _CTypes:
@@ -154,7 +136,9 @@ class _Libc:
     def __init__(self) -> None:
         machine = os.uname().machine
         if machine not in _SYSCALLS:
-            raise KernelError("syscall", 38, f"memory-policy calls on {machine} are not supported")
+            raise KernelError(
+                "syscall", errno.ENOSYS, f"memory-policy calls on {machine} are not supported"
+            )
         self.numbers = _SYSCALLS[machine]
         ct: Any
         try:
@@ -198,7 +182,7 @@ class _Libc:
         arr = self.ctypes.array(self.ctypes.c_ulong, _WORDS)()
         for n in nodes:
             if not 0 <= n < MAX_NODES:
-                raise KernelError("nodemask", 22, f"node {n}")
+                raise KernelError("nodemask", errno.EINVAL, f"node {n}")
             arr[n // _WORD_BITS] |= 1 << (n % _WORD_BITS)
         return arr
 
@@ -217,8 +201,6 @@ def _nodes_of(arr: Any) -> frozenset[int]:
 
 
 def _fmt(nodes: Iterable[int]) -> str:
-    from ._sysfs import format_cpulist
-
     return format_cpulist(nodes) or "none"
 
 
@@ -347,13 +329,11 @@ def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:
     try:
         os.sched_setaffinity(tid, cpus)
     except OSError as err:
-        if err.errno == 22:
-            from ._sysfs import format_cpulist
-
+        if err.errno == errno.EINVAL:
             eligible = affinity_of(0) or frozenset()
             raise KernelError(
                 "sched_setaffinity",
-                22,
+                errno.EINVAL,
                 f"thread {tid}, CPUs {format_cpulist(cpus)}; this process may use "
                 f"{format_cpulist(eligible)}",
             ) from err

@@ -5,7 +5,7 @@ the fallback for two questions they cannot: which GPU a ``MIG-<uuid>`` belongs t
 GPU UUID when /proc/driver/nvidia is not mounted.  ``nvmlInit`` can take seconds with
 persistence mode off, and ``import pynvml`` alone costs ~30 ms, so nothing here runs unless
 one of those questions is asked.  The interface is small so that tests can run the NVIDIA
-path against :class:`RecordedNvml`, built from answers a real NVML gave.
+path against a recorded fake (tests/nvml_fake.py), built from answers a real NVML gave.
 
 NVML writes bus ids as ``00000000:3B:00.0``; everything leaving this module is in sysfs
 form (``0000:3b:00.0``).
@@ -13,11 +13,10 @@ form (``0000:3b:00.0``).
 
 from __future__ import annotations
 
-from ._topology import normalize_pci
+from ._pci import normalize_pci
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
     from typing import Any
 
 
@@ -37,21 +36,6 @@ class NvmlBackend:
 
     def mig_parent_pci(self, mig_uuid: str) -> str | None:
         raise NotImplementedError
-
-
-class RecordedNvml(NvmlBackend):
-    """An NVML that replays recorded answers (see tests/data/nvml-*.json)."""
-
-    def __init__(self, data: Mapping[str, Any]) -> None:
-        self._gpus = [dict(g, pci=normalize_pci(str(g["pci"])) or g["pci"]) for g in data["gpus"]]
-        self._mig = {k.lower(): v for k, v in dict(data.get("mig", {})).items()}
-
-    def gpus(self) -> list[dict[str, Any]]:
-        return [dict(g) for g in self._gpus]
-
-    def mig_parent_pci(self, mig_uuid: str) -> str | None:
-        parent = self._mig.get(mig_uuid.lower())
-        return normalize_pci(parent) if parent else None
 
 
 class PynvmlBackend(NvmlBackend):
@@ -148,10 +132,23 @@ class PynvmlBackend(NvmlBackend):
         return None
 
 
-def recorded_from_hwloc_osdevs(osdevs: Sequence[tuple[str, str, str | None]]) -> RecordedNvml:
-    """Build a replaying NVML from hwloc's NVML OS devices: (name 'nvmlN', pci, uuid)."""
-    gpus = [
-        {"index": int(name[4:]), "pci": pci, "uuid": uuid, "name": None, "numa_node": None}
-        for name, pci, uuid in sorted(osdevs, key=lambda t: int(t[0][4:]))
-    ]
-    return RecordedNvml({"gpus": gpus})
+class LazyNvml(NvmlBackend):
+    """NVML for the visibility lists, imported and initialised only if a UUID or MIG id
+    cannot be resolved from files (``import pynvml`` alone costs ~30 ms)."""
+
+    def __init__(self) -> None:
+        self._backend: NvmlBackend | None = None
+
+    def _get(self) -> NvmlBackend:
+        if self._backend is None:
+            self._backend = PynvmlBackend()
+        return self._backend
+
+    def gpus(self) -> list[dict[str, Any]]:
+        return self._get().gpus()
+
+    def pci_of_uuid(self, uuid: str) -> str | None:
+        return self._get().pci_of_uuid(uuid)
+
+    def mig_parent_pci(self, mig_uuid: str) -> str | None:
+        return self._get().mig_parent_pci(mig_uuid)

@@ -3,248 +3,241 @@
 :func:`plan` is a pure function of a :class:`~numabind._topology.Machine` (read lazily,
 but a value once read) and a :class:`Request` (rank and visible devices, already resolved
 from the environment).  It reads no environment and makes no system call, it never raises,
-and every decision lands in ``Plan.reason`` as one line a person can act on.
+and every decision is a structured field (``Plan.skip``, ``NodeChoice.how``) from which
+the one line in ``Plan.reason`` is derived; code decides on the fields, never on the text.
 """
 
 from __future__ import annotations
 
 from . import _sysfs
-from ._model import Accelerator, Record, _set
+from ._model import Accelerator, Record
+from ._modes import MODE_NAMES, ModeInput, block_count, package_nodes, peers_on_node, spread_block
+from ._modes import MODES as MODE_TABLE
+from ._vendors import BY_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from typing import Any, Literal
 
     from ._devices import Visible
     from ._ranks import RankInfo
     from ._topology import Machine
 
-MODES = ("node", "socket", "exclusive", "core-complex")
+    SkipKind = Literal[
+        "one-node",  # nothing to bind: one NUMA node with CPUs
+        "no-accelerator",  # no device and no local world size to spread a CPU-only job
+        "bad-input",  # a garbled variable, an unknown device, a bad mode
+        "cgroup",  # the cpuset forbids every CPU of the device's node
+        "unknown-node",  # the device's node cannot be told
+        "machine",  # the machine data is unusable
+    ]
+    NodeHow = Literal[
+        "numa_node",
+        "local_cpus_inside",
+        "local_cpus_match",
+        "local_cpus_span",
+        "one-node",
+        "unknown",
+    ]
+
+MODES = MODE_NAMES
 MEMORY_POLICIES = ("preferred", "bind", "interleave", "local", "none")
+MEMORY_HELP = {
+    "preferred": "allocate on the GPU's node, spill to others when it is full (default)",
+    "bind": "only the GPU's node (MPOL_BIND: an allocation that does not fit fails)",
+    "interleave": "spread pages round-robin over the plan's nodes",
+    "local": "allocate on the node of the CPU that touches the page first",
+    "none": "leave the memory policy alone (CPUs only)",
+}
+fmt = _sysfs.format_cpulist
 
 
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    __slots__ = (
-        "local_rank",
-        "local_world_size",
-        "rank_source",
-        "visible",
-        "mode",
-        "memory",
-        "problem",
-        "size_source",
-    )
+    _positional = True
     local_rank: int | None
-    local_world_size: int | None
-    rank_source: str | None
-    visible: Visible | None
-    mode: str
-    memory: str
-    problem: str | None
-    size_source: str | None
-
-    def __init__(
-        self,
-        local_rank: int | None,
-        local_world_size: int | None = None,
-        rank_source: str | None = None,
-        visible: Visible | None = None,
-        mode: str = "node",
-        memory: str = "preferred",
-        problem: str | None = None,
-        size_source: str | None = None,
-    ) -> None:
-        _set(self, "local_rank", local_rank)
-        _set(self, "local_world_size", local_world_size)
-        _set(self, "rank_source", rank_source)
-        _set(self, "visible", visible)
-        _set(self, "mode", mode)
-        _set(self, "memory", memory)
-        _set(self, "problem", problem)
-        _set(self, "size_source", size_source)
+    local_world_size: int | None = None
+    rank_source: str | None = None
+    visible: Visible | None = None
+    mode: str = "node"
+    memory: str = "preferred"
+    problem: str | None = None
+    size_source: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 def request_for(info: RankInfo, visible: Visible | None, mode: str, memory: str) -> Request:
     """The request for a rank found in an environment (:func:`numabind._ranks.detect`)."""
     return Request(
-        info.local_rank,
-        info.local_world_size,
-        info.rank_source,
-        visible,
-        mode,
-        memory,
-        info.problem,
-        info.size_source,
+        local_rank=info.local_rank,
+        local_world_size=info.local_world_size,
+        rank_source=info.rank_source,
+        visible=visible,
+        mode=mode,
+        memory=memory,
+        problem=info.problem,
+        size_source=info.size_source,
+        notes=info.notes,
     )
 
 
-class Plan(Record):
-    """One rank's binding.  ``status`` is ``bound`` (apply it) or ``skipped`` (leave the
-    process as it is); ``reason`` says why in one line; ``notes`` carry the smaller things
-    a user should know (a rank wrapped modulo the device count, a fallback mode)."""
+class NodeChoice(Record):
+    """The CPU-bearing NUMA node next to a device, and how it was told.
 
-    __slots__ = (
-        "local_rank",
-        "rank_source",
-        "local_world_size",
-        "device",
-        "device_index",
-        "numa_node",
-        "cpus",
-        "memory_nodes",
-        "memory_policy",
-        "mode",
-        "status",
-        "reason",
-        "notes",
-        "problem",
-        "size_source",
-    )
-    local_rank: int | None
-    rank_source: str | None
-    local_world_size: int | None
-    device: Accelerator | None
-    device_index: int | None
-    numa_node: int | None
-    cpus: frozenset[int]
-    memory_nodes: frozenset[int]
-    memory_policy: str
-    mode: str
-    status: str
-    reason: str
-    notes: tuple[str, ...]
-    problem: bool
-    size_source: str | None
+    ``node`` None with ``locality`` set: the device's CPUs span several nodes and bind it
+    to those CPUs.  ``inferred`` marks an answer read from the device's CPU locality
+    rather than its ``numa_node`` (shown as such by ``numabind show``)."""
 
-    def __init__(
-        self,
-        local_rank: int | None,
-        rank_source: str | None,
-        local_world_size: int | None,
-        device: Accelerator | None,
-        device_index: int | None,
-        numa_node: int | None,
-        cpus: frozenset[int],
-        memory_nodes: frozenset[int],
-        memory_policy: str,
-        mode: str,
-        status: str,
-        reason: str,
-        notes: tuple[str, ...] = (),
-        problem: bool = False,
-        size_source: str | None = None,
-    ) -> None:
-        _set(self, "local_rank", local_rank)
-        _set(self, "rank_source", rank_source)
-        _set(self, "local_world_size", local_world_size)
-        _set(self, "device", device)
-        _set(self, "device_index", device_index)
-        _set(self, "numa_node", numa_node)
-        _set(self, "cpus", cpus)
-        _set(self, "memory_nodes", memory_nodes)
-        _set(self, "memory_policy", memory_policy)
-        _set(self, "mode", mode)
-        _set(self, "status", status)
-        _set(self, "reason", reason)
-        _set(self, "notes", notes)
-        _set(self, "problem", problem)
-        _set(self, "size_source", size_source)
+    node: int | None
+    locality: frozenset[int] | None
+    how: NodeHow
 
     @property
-    def bound(self) -> bool:
-        return self.status == "bound"
+    def inferred(self) -> bool:
+        return self.how.startswith("local_cpus")
 
-    def to_dict(self) -> dict[str, object]:
-        d = self.device
-        return {
-            "local_rank": self.local_rank,
-            "rank_source": self.rank_source,
-            "local_world_size": self.local_world_size,
-            "device_index": self.device_index,
-            "device_pci": d.pci if d else None,
-            "numa_node": self.numa_node,
-            "cpus": sorted(self.cpus),
-            "memory_nodes": sorted(self.memory_nodes),
-            "memory_policy": self.memory_policy,
-            "mode": self.mode,
-            "status": self.status,
-            "reason": self.reason,
-            "notes": list(self.notes),
-            "problem": self.problem,
-            "size_source": self.size_source,
-        }
-
-    def summary(self) -> str:
-        """One line: what this rank gets, or why it gets nothing."""
-        who = "no local rank" if self.local_rank is None else f"local rank {self.local_rank}"
-        if self.rank_source:
-            who += f" ({self.rank_source}"
-            if self.local_world_size is not None:
-                who += f"; {self.local_world_size} local ranks"
-                if self.size_source:
-                    who += f" from {self.size_source}"
-            who += ")"
-        if not self.bound:
-            return f"{who}: not bound: {self.reason}"
-        mem = self.memory_policy
-        if self.memory_nodes and mem not in ("none", "local"):
-            mem += f" on node{'s' if len(self.memory_nodes) > 1 else ''} " + _sysfs.format_cpulist(
-                self.memory_nodes
-            )
-        return f"{who}: CPUs {_sysfs.format_cpulist(self.cpus)}, memory {mem}: {self.reason}"
+    def describe(self) -> str:
+        if self.how == "numa_node":
+            return f"sysfs numa_node {self.node}"
+        if self.how == "local_cpus_inside":
+            return f"its local CPUs lie in node {self.node}"
+        if self.how == "local_cpus_match":
+            return f"its local CPUs match node {self.node}"
+        if self.how == "local_cpus_span":
+            return f"its local CPUs {fmt(self.locality or ())} span several nodes"
+        if self.how == "one-node":
+            return "the machine has one node with CPUs"
+        return "unknown"
 
 
-fmt = _sysfs.format_cpulist
-
-
-class _Skip(Exception):
-    """A skip.  ``problem`` marks one caused by bad input or a machine that forbids the
-    plan (worth a warning), as opposed to a benign one (one NUMA node, no accelerator)."""
-
-    def __init__(self, reason: str, problem: bool = True) -> None:
-        super().__init__(reason)
-        self.problem = problem
-
-
-def _describe(dev: Accelerator, index: int | None) -> str:
-    label = f"{dev.vendor.upper() if dev.vendor != 'nvidia' else 'GPU'}"
-    where = f"{dev.pci}" if index is None else f"{index} ({dev.pci})"
-    return f"{label} {where}"
-
-
-def device_node(
-    machine: Machine, dev: Accelerator
-) -> tuple[int | None, frozenset[int] | None, str]:
-    """The CPU-bearing NUMA node next to a device: (node, narrower CPU locality, how known).
+def device_node(machine: Machine, dev: Accelerator) -> NodeChoice:
+    """Where a device is: the one rule, used by the planner, ``show`` and the SVG.
 
     ``numa_node`` from sysfs is the answer when it names a node with CPUs.  When it is
-    unknown (-1) or names a memory-only node, the device's CPU locality decides: equal to,
-    or inside, one node's CPUs identifies that node.  A locality narrower than the machine
-    but spanning several nodes is returned as CPUs alone.  Distances are never used: on
-    POWER9 every GPU memory node is at the same distance from every CPU node.
+    unknown (-1) or names a memory-only node (GH200/GB200 report the GPU's memory node),
+    the device's CPU locality decides: equal to, or inside, one node's CPUs identifies that
+    node.  A locality narrower than the machine but spanning several nodes is returned as
+    CPUs alone.  Distances are never used: on POWER9 every GPU memory node is at the same
+    distance from every CPU node.
     """
     cpu_nodes = machine.cpu_nodes
     if dev.numa_node is not None:
         n = machine.node(dev.numa_node)
         if n is not None and n.cpus:
-            return n.id, None, f"sysfs numa_node {n.id}"
+            return NodeChoice(node=n.id, locality=None, how="numa_node")
     local = dev.local_cpus
     if local is not None:
         local = local & machine.online_cpus
     if local:
         inside = [n for n in cpu_nodes if local <= n.cpus]
         if len(inside) == 1:
-            return inside[0].id, None, f"its local CPUs {fmt(local)} lie in node {inside[0].id}"
+            return NodeChoice(node=inside[0].id, locality=None, how="local_cpus_inside")
         if local != machine.online_cpus:
             covering = [n for n in cpu_nodes if n.cpus and n.cpus <= local]
             if len(covering) == 1:
-                return covering[0].id, None, f"its local CPUs match node {covering[0].id}"
-            return None, local, f"its local CPUs {fmt(local)} span several nodes"
+                return NodeChoice(node=covering[0].id, locality=None, how="local_cpus_match")
+            return NodeChoice(node=None, locality=local, how="local_cpus_span")
     if len(cpu_nodes) == 1:
-        return cpu_nodes[0].id, None, "the machine has one node with CPUs"
-    return None, None, "unknown"
+        return NodeChoice(node=cpu_nodes[0].id, locality=None, how="one-node")
+    return NodeChoice(node=None, locality=None, how="unknown")
+
+
+def describe_device(dev: Accelerator, index: int | None) -> str:
+    label = BY_KEY[dev.vendor].label if dev.vendor in BY_KEY else dev.vendor
+    where = f"{dev.pci}" if index is None else f"{index} ({dev.pci})"
+    return f"{label} {where}"
+
+
+def nothing_to_bind(machine: Machine, mode: str) -> bool:
+    """The one-node shortcut: with one node that has CPUs, node and socket modes have
+    nothing to choose, so the startup hook need not even look at devices."""
+    return len(machine.cpu_nodes) <= 1 and mode in ("node", "socket")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+class Plan(Record):
+    """One rank's binding.  ``status`` is ``bound`` (apply it) or ``skipped`` (leave the
+    process as it is); ``skip`` says which kind of skip, ``reason`` says why in one line,
+    ``problem`` is that line when the skip is worth a warning (bad input, a machine that
+    forbids the plan) and None for a benign one (one NUMA node, no accelerator).  ``notes``
+    carry the smaller things a user should know.  ``threads`` is the thread budget of a
+    bound rank: its physical cores divided by the local ranks planned onto the same CPUs.
+    """
+
+    _positional = True
+    local_rank: int | None
+    rank_source: str | None = None
+    local_world_size: int | None = None
+    device: Accelerator | None = None
+    device_index: int | None = None
+    numa_node: int | None = None
+    cpus: frozenset[int] = frozenset()
+    memory_nodes: frozenset[int] = frozenset()
+    memory_policy: str = "none"
+    mode: str = "node"
+    status: str = "skipped"
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+    problem: str | None = None
+    size_source: str | None = None
+    skip: SkipKind | None = None
+    node_how: NodeHow | None = None
+    threads: int | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self.status == "bound"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.device
+        return {
+            "local_rank": self.local_rank,
+            "rank_source": self.rank_source,
+            "local_world_size": self.local_world_size,
+            "size_source": self.size_source,
+            "device_index": self.device_index,
+            "device_pci": d.pci if d else None,
+            "numa_node": self.numa_node,
+            "node_how": self.node_how,
+            "cpus": sorted(self.cpus),
+            "memory_nodes": sorted(self.memory_nodes),
+            "memory_policy": self.memory_policy,
+            "mode": self.mode,
+            "status": self.status,
+            "skip": self.skip,
+            "reason": self.reason,
+            "notes": list(self.notes),
+            "problem": self.problem,
+            "threads": self.threads,
+        }
+
+    def who(self) -> str:
+        """``local rank 3 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)``."""
+        who = "no local rank" if self.local_rank is None else f"local rank {self.local_rank}"
+        if self.rank_source:
+            who += f" ({self.rank_source}"
+            if self.local_world_size is not None:
+                who += f"; {_plural(self.local_world_size, 'local rank')}"
+                if self.size_source:
+                    who += f" from {self.size_source}"
+            who += ")"
+        return who
+
+    def memory_text(self) -> str:
+        mem = self.memory_policy
+        if self.memory_nodes and mem not in ("none", "local"):
+            mem += f" on node{'s' if len(self.memory_nodes) > 1 else ''} " + fmt(self.memory_nodes)
+        return mem
+
+    def summary(self) -> str:
+        """One line: what this rank gets, or why it gets nothing."""
+        if not self.bound:
+            return f"{self.who()}: not bound: {self.reason}"
+        return f"{self.who()}: CPUs {fmt(self.cpus)}, memory {self.memory_text()}: {self.reason}"
 
 
 def plan(machine: Machine, request: Request) -> Plan:
@@ -252,103 +245,124 @@ def plan(machine: Machine, request: Request) -> Plan:
     try:
         return _Planner(machine, request).run()
     except Exception as err:  # a capture we did not foresee must not break a process
-        return _skipped(
-            request, f"numabind could not plan on this machine ({type(err).__name__}: {err})"
+        return _Planner(machine, request).skipped(
+            "machine",
+            f"numabind could not plan on this machine ({type(err).__name__}: "
+            f"{_sysfs.clean_line(str(err), 200)})",
         )
 
 
-def _skipped(
-    request: Request,
-    reason: str,
-    device: Accelerator | None = None,
-    index: int | None = None,
-    node: int | None = None,
-    notes: tuple[str, ...] = (),
-    problem: bool = True,
-) -> Plan:
-    return Plan(
-        request.local_rank,
-        request.rank_source,
-        request.local_world_size,
-        device,
-        index,
-        node,
-        frozenset(),
-        frozenset(),
-        "none",
-        request.mode,
-        "skipped",
-        reason,
-        notes,
-        problem,
-        request.size_source,
-    )
+class _Skip(Exception):
+    def __init__(self, kind: SkipKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+_BENIGN = ("one-node", "no-accelerator")
 
 
 class _Planner:
     def __init__(self, machine: Machine, request: Request) -> None:
         self.m = machine
         self.r = request
-        self.notes: list[str] = list(request.visible.notes) if request.visible else []
+        self.notes: list[str] = list(request.notes)
+        if request.visible:
+            self.notes.extend(request.visible.notes)
         self.device: Accelerator | None = None
         self.index: int | None = None
         self.node: int | None = None
+        self.how: NodeHow | None = None
+
+    def skipped(self, kind: SkipKind, reason: str) -> Plan:
+        r = self.r
+        return Plan(
+            local_rank=r.local_rank,
+            rank_source=r.rank_source,
+            local_world_size=r.local_world_size,
+            size_source=r.size_source,
+            device=self.device,
+            device_index=self.index,
+            numa_node=self.node,
+            node_how=self.how,
+            mode=r.mode,
+            status="skipped",
+            reason=reason,
+            notes=tuple(self.notes),
+            problem=None if kind in _BENIGN else reason,
+            skip=kind,
+        )
 
     def run(self) -> Plan:
         try:
             return self._run()
         except _Skip as s:
-            return _skipped(
-                self.r, str(s), self.device, self.index, self.node, tuple(self.notes), s.problem
-            )
+            return self.skipped(s.kind, str(s))
+
+    def _machine_notes(self) -> None:
+        allowed = self.m.allowed
+        if allowed.problem:
+            self.notes.append(f"{allowed.problem}: planned on every online CPU")
+        self.notes.extend(self.m.warnings)
 
     # --- which device, which node
     def _run(self) -> Plan:
         r = self.r
-        if r.mode not in MODES:
-            raise _Skip(f"unknown mode {r.mode!r} (use one of {', '.join(MODES)})")
+        if r.mode not in MODE_TABLE:
+            raise _Skip("bad-input", f"unknown mode {r.mode!r} (use one of {', '.join(MODES)})")
         if r.memory not in MEMORY_POLICIES:
             raise _Skip(
-                f"unknown memory policy {r.memory!r} (use one of {', '.join(MEMORY_POLICIES)})"
+                "bad-input",
+                f"unknown memory policy {r.memory!r} (use one of {', '.join(MEMORY_POLICIES)})",
             )
         if r.problem:
-            raise _Skip(r.problem)
+            raise _Skip("bad-input", r.problem)
         visible = r.visible
         if visible is not None and visible.problem:
-            raise _Skip(visible.problem)
+            raise _Skip("bad-input", visible.problem)
         devs = visible.devices if visible is not None else ()
-        allowed = self.m.allowed.cpus
-        what: str
-        node_id: int | None
-        locality: frozenset[int] | None = None
-        one_node = len(self.m.cpu_nodes) <= 1 and r.mode in ("node", "socket")
-        if one_node:
+        if nothing_to_bind(self.m, r.mode):
             if devs and (r.local_rank is not None or len(devs) == 1):
                 self.device, self.index = self._pick_device(devs)
-            raise _Skip("this machine has one NUMA node with CPUs: nothing to bind", problem=False)
+            raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
+        self._machine_notes()
+        allowed = self.m.allowed.cpus
+        locality: frozenset[int] | None = None
+        package: int | None = None
+        node_id: int | None
         if not devs:
-            node_id, what = self._cpu_only_node(visible)
+            node_id, what, peers, package = self._cpu_only_node(visible)
         else:
             dev, index = self._pick_device(devs)
             self.device, self.index = dev, index
-            node_id, locality, how = device_node(self.m, dev)
+            choice = device_node(self.m, dev)
+            node_id, locality, self.how = choice.node, choice.locality, choice.how
             if node_id is None and locality is None:
                 raise _Skip(
-                    f"the NUMA node of {_describe(dev, index)} is unknown (sysfs numa_node is -1 "
-                    "and its CPU locality is the whole machine); left unbound rather than guess"
+                    "unknown-node",
+                    f"the NUMA node of {describe_device(dev, index)} is unknown (sysfs numa_node "
+                    "is -1 and its CPU locality is the whole machine); left unbound rather "
+                    "than guess",
                 )
             what = (
-                f"{_describe(dev, index)} is on node {node_id}"
+                f"{describe_device(dev, index)} is on node {node_id}"
                 if node_id is not None
-                else (f"{_describe(dev, index)}: {how}")
+                else f"{describe_device(dev, index)}: {choice.describe()}"
             )
+            peers = None
+            if node_id is not None:
+                peers = self._device_peers(frozenset({node_id}), devs)
+                if r.mode == "socket":
+                    pkg_nodes = package_nodes(self.m, node_id)
+                    if pkg_nodes is not None:
+                        found = self._device_peers(pkg_nodes, devs)
+                        package = found[1] if found else None
         self.node = node_id
+        sharers: int | None = None
         if node_id is None:
             assert locality is not None
-            base = locality & allowed
-            if not base:
-                raise _Skip(f"{what}, but this process may use only CPUs {fmt(allowed)}")
-            cpus = base
+            cpus = locality & allowed
+            if not cpus:
+                raise _Skip("cgroup", f"{what}, but this process may use only CPUs {fmt(allowed)}")
             self.notes.append("node unknown: bound to the device's CPU locality instead")
         else:
             node = self.m.node(node_id)
@@ -356,28 +370,41 @@ class _Planner:
             base = node.cpus & allowed
             if not base:
                 raise _Skip(
+                    "cgroup",
                     f"{what}, whose CPUs {fmt(node.cpus)} are all outside the CPUs this process "
                     f"may use ({fmt(allowed) or 'none'}, from {self.m.allowed.source}); "
-                    "not bound elsewhere"
+                    "not bound elsewhere",
                 )
-            cpus = self._mode_cpus(node_id, base, devs)
+            cpus, sharers = MODE_TABLE[r.mode](
+                ModeInput(
+                    machine=self.m,
+                    node_id=node_id,
+                    base=base,
+                    allowed=allowed,
+                    position=peers[0] if peers else None,
+                    count=peers[1] if peers else None,
+                    package_count=package,
+                ),
+                self.notes,
+            )
         mem_nodes, policy = self._memory(cpus, node_id)
         return Plan(
-            r.local_rank,
-            r.rank_source,
-            r.local_world_size,
-            self.device,
-            self.index,
-            node_id,
-            frozenset(cpus),
-            mem_nodes,
-            policy,
-            r.mode,
-            "bound",
-            what,
-            tuple(self.notes),
-            False,
-            r.size_source,
+            local_rank=r.local_rank,
+            rank_source=r.rank_source,
+            local_world_size=r.local_world_size,
+            size_source=r.size_source,
+            device=self.device,
+            device_index=self.index,
+            numa_node=node_id,
+            node_how=self.how,
+            cpus=frozenset(cpus),
+            memory_nodes=mem_nodes,
+            memory_policy=policy,
+            mode=r.mode,
+            status="bound",
+            reason=what,
+            notes=tuple(self.notes),
+            threads=max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1)),
         )
 
     def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int]:
@@ -385,13 +412,14 @@ class _Planner:
         if len(devs) == 1:
             return devs[0], 0
         if r.local_rank is None:
-            nodes = {device_node(self.m, d)[0] for d in devs}
+            nodes = {device_node(self.m, d).node for d in devs}
             if len(nodes) == 1 and None not in nodes:
                 return devs[0], 0
             raise _Skip(
+                "bad-input",
                 f"{len(devs)} GPUs are visible, on nodes "
                 f"{sorted(n for n in nodes if n is not None)}"
-                " (or unknown), and no local rank picks one"
+                " (or unknown), and no local rank picks one",
             )
         index = r.local_rank % len(devs)
         if r.local_rank >= len(devs):
@@ -401,77 +429,51 @@ class _Planner:
             )
         return devs[index], index
 
-    def _cpu_only_node(self, visible: Visible | None) -> tuple[int, str]:
+    def _cpu_nodes_allowed(self) -> list[int]:
+        allowed = self.m.allowed.cpus
+        return [n.id for n in self.m.cpu_nodes if n.cpus & allowed]
+
+    def _cpu_only_node(
+        self, visible: Visible | None
+    ) -> tuple[int, str, tuple[int, int], int | None]:
         r = self.r
         why = visible.source if visible is not None else "no accelerator visible"
         size = r.local_world_size
         if r.local_rank is None or size is None or size <= 1:
             raise _Skip(
+                "no-accelerator",
                 f"no accelerator is visible ({why}) and no local world size > 1 to spread a "
                 "CPU-only job",
-                problem=False,
             )
-        allowed = self.m.allowed.cpus
-        nodes = [n for n in self.m.cpu_nodes if n.cpus & allowed]
+        nodes = self._cpu_nodes_allowed()
         if not nodes:
-            raise _Skip("no node has CPUs this process may use")
-        k = min(r.local_rank * len(nodes) // size, len(nodes) - 1)
-        node = nodes[k]
-        return node.id, (
-            f"no accelerator visible ({why}): CPU-only job, {size} local ranks spread "
-            f"block-wise over nodes {fmt(n.id for n in nodes)}: node {node.id}"
+            raise _Skip("cgroup", "no node has CPUs this process may use")
+        index, position, count = spread_block(r.local_rank, size, len(nodes))
+        node = nodes[index]
+        package = None
+        if r.mode == "socket":
+            pkg_nodes = package_nodes(self.m, node)
+            if pkg_nodes is not None:
+                package = sum(
+                    block_count(i, size, len(nodes)) for i, n in enumerate(nodes) if n in pkg_nodes
+                )
+        return (
+            node,
+            f"no accelerator visible ({why}): CPU-only job, {_plural(size, 'local rank')} "
+            f"spread block-wise over nodes {fmt(nodes)}: node {node}",
+            (position, count),
+            package,
         )
 
-    # --- modes
-    def _mode_cpus(
-        self, node_id: int, base: frozenset[int], devs: tuple[Accelerator, ...]
-    ) -> frozenset[int]:
-        mode = self.r.mode
-        if mode == "node":
-            return base
-        if mode == "socket":
-            return self._socket(node_id, base)
-        peers = self._node_peers(node_id, devs)
-        if peers is None:
-            self.notes.append(
-                f"{mode} mode needs to know which local ranks share node {node_id} (the local "
-                "world size and each rank's device); using node mode"
-            )
-            return base
-        position, count = peers
-        if mode == "exclusive":
-            return self._exclusive(node_id, base, position, count)
-        return self._core_complex(node_id, base, position)
-
-    def _socket(self, node_id: int, base: frozenset[int]) -> frozenset[int]:
-        node = self.m.node(node_id)
-        assert node is not None
-        pkg = self.m.package_of(min(node.cpus))
-        if pkg is None:
-            self.notes.append("package of the node's CPUs unknown: socket mode used the node")
-            return base
-        out = set(base)
-        for n in self.m.cpu_nodes:
-            if n.id != node_id and self.m.package_of(min(n.cpus)) == pkg:
-                out |= n.cpus & self.m.allowed.cpus
-        return frozenset(out)
-
-    def _node_peers(self, node_id: int, devs: tuple[Accelerator, ...]) -> tuple[int, int] | None:
-        """(this rank's position among the local ranks on its node, how many there are)."""
+    def _device_peers(
+        self, nodes: frozenset[int], devs: tuple[Accelerator, ...]
+    ) -> tuple[int, int] | None:
+        """(this rank's position among the local ranks whose devices are on ``nodes``, how
+        many there are), or None when that cannot be known here."""
         r = self.r
         size = r.local_world_size
         if r.local_rank is None:
             return None
-        if not devs:
-            if size is None:
-                return None
-            nodes = [n for n in self.m.cpu_nodes if n.cpus & self.m.allowed.cpus]
-            same = [
-                k
-                for k in range(size)
-                if nodes[min(k * len(nodes) // size, len(nodes) - 1)].id == node_id
-            ]
-            return same.index(r.local_rank), len(same)
         if size is None:
             if len(self.m.cpu_nodes) == 1 and len(devs) > 1:
                 size = len(devs)  # one node: every visible device's rank shares it
@@ -479,61 +481,17 @@ class _Planner:
                 return None
         if len(devs) == 1 and size > 1:
             return None  # one device per rank: the others' devices are not visible here
-        same = [k for k in range(size) if device_node(self.m, devs[k % len(devs)])[0] == node_id]
-        if r.local_rank not in same:
+        on_node = frozenset(j for j, d in enumerate(devs) if device_node(self.m, d).node in nodes)
+        if r.local_rank % len(devs) not in on_node or r.local_rank >= size:
             return None
-        return same.index(r.local_rank), len(same)
-
-    def _exclusive(
-        self, node_id: int, base: frozenset[int], position: int, count: int
-    ) -> frozenset[int]:
-        groups = self._groups(base, self.m.siblings_of)
-        if len(groups) < count:
-            self.notes.append(
-                f"node {node_id} has {len(groups)} physical cores for {count} ranks: they share "
-                "the node's CPUs"
-            )
-            return base
-        each, extra = divmod(len(groups), count)
-        start = position * each + min(position, extra)
-        take = each + (1 if position < extra else 0)
-        out: set[int] = set()
-        for g in groups[start : start + take]:
-            out |= g
-        return frozenset(out)
-
-    def _core_complex(self, node_id: int, base: frozenset[int], position: int) -> frozenset[int]:
-        if self.m.cache_of(min(base)) is None:
-            self.notes.append("cache domains unknown: core-complex mode used the node")
-            return base
-        domains = self._groups(base, lambda c: self.m.cache_of(c) or frozenset({c}))
-        ordered = sorted(domains, key=lambda s: (-len(s), min(s)))
-        return ordered[position % len(ordered)]
-
-    @staticmethod
-    def _groups(
-        base: frozenset[int], shared_with: Callable[[int], frozenset[int]]
-    ) -> list[frozenset[int]]:
-        """Partition ``base`` by a per-CPU sharing relation (SMT siblings, cache domain),
-        asking once per group rather than once per CPU: the startup hook reads these from
-        sysfs, one file per question."""
-        groups: list[frozenset[int]] = []
-        seen: set[int] = set()
-        for c in sorted(base):
-            if c in seen:
-                continue
-            group = (shared_with(c) & base) | {c}
-            seen |= group
-            groups.append(frozenset(group))
-        return sorted(groups, key=min)
+        return peers_on_node(r.local_rank, size, len(devs), on_node)
 
     # --- memory
     def _memory(self, cpus: frozenset[int], node_id: int | None) -> tuple[frozenset[int], str]:
         policy = self.r.memory
         if policy == "none":
             return frozenset(), "none"
-        nodes = {self.m.node_of_cpu(c) for c in cpus}
-        mem = {n for n in nodes if n is not None}
+        mem = {n.id for n in self.m.cpu_nodes if n.cpus & cpus}
         allowed_mems = self.m.allowed.mems
         if allowed_mems is not None and mem - allowed_mems:
             dropped = mem - allowed_mems

@@ -9,7 +9,8 @@ inherited: binding the agent would pin all of its workers.
 
 from __future__ import annotations
 
-from ._model import Record, _set
+from ._model import Record
+from ._sysfs import short
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,9 +26,17 @@ RANK_VARIABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("PALS_LOCAL_RANKID", ("PALS_LOCAL_SIZE",)),
     ("SLURM_LOCALID", ()),
 )
-# Every variable whose presence makes the startup hook look further (the .pth line
-# repeats this list: it must not import anything to decide).
-TRIGGER_VARIABLES = tuple(name for name, _ in RANK_VARIABLES)
+RANK_VARIABLE_NAMES = tuple(name for name, _ in RANK_VARIABLES)
+SIZE_VARIABLE_NAMES = tuple(s for _, sizes in RANK_VARIABLES for s in sizes)
+# Variables that make the startup hook look further: a rank variable, or a request to
+# hook a framework's own process starts.  The .pth line spells this list out (it must not
+# import anything to decide); a test keeps the two in step.
+TRIGGER_VARIABLES = (*RANK_VARIABLE_NAMES, "NUMABIND_TORCH", "NUMABIND_RAY")
+
+# No machine has a million local ranks: a value beyond this is a typo or an attack, and
+# no work numabind does may grow with it.
+MAX_LOCAL = 1 << 20
+_TEXT_CAP = 4096  # longest environment value parsed (a Slurm task list of 1000 nodes)
 
 _LAUNCHER_MODULES = {
     "torch.distributed.run": "torchrun",
@@ -40,50 +49,34 @@ _LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "ds": "de
 
 
 class RankInfo(Record):
-    """The local rank as found in the environment.  ``problem`` is set when a variable was
-    present but unusable; the plan then skips with that message instead of guessing."""
+    """The local rank as found in the environment.  ``problem`` is set when the rank
+    variable was present but unusable: the plan then skips with that message instead of
+    guessing.  ``notes`` are smaller findings (a garbled size, treated as unknown)."""
 
-    __slots__ = (
-        "local_rank",
-        "local_world_size",
-        "rank_source",
-        "size_source",
-        "launcher",
-        "problem",
-    )
-    local_rank: int | None
-    local_world_size: int | None
-    rank_source: str | None
-    size_source: str | None
-    launcher: str | None
-    problem: str | None
-
-    def __init__(
-        self,
-        local_rank: int | None = None,
-        local_world_size: int | None = None,
-        rank_source: str | None = None,
-        size_source: str | None = None,
-        launcher: str | None = None,
-        problem: str | None = None,
-    ) -> None:
-        _set(self, "local_rank", local_rank)
-        _set(self, "local_world_size", local_world_size)
-        _set(self, "rank_source", rank_source)
-        _set(self, "size_source", size_source)
-        _set(self, "launcher", launcher)
-        _set(self, "problem", problem)
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    rank_source: str | None = None
+    size_source: str | None = None
+    launcher: str | None = None
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def is_rank(self) -> bool:
         return self.local_rank is not None and self.launcher is None and self.problem is None
 
 
-def _parse_index(value: str) -> int | None:
-    value = value.strip()
-    if not value.isdigit():  # isdigit: no sign, no spaces, no "0x"
-        return None
-    return int(value)
+def parse_count(name: str, raw: str) -> tuple[int | None, str | None]:
+    """A local rank or size: ASCII digits below :data:`MAX_LOCAL`, else (None, why).
+
+    ``isdigit`` alone would accept '²' and '٣' (int() then fails), and int() of a
+    5000-digit value raises; both get this message instead."""
+    value = raw.strip()
+    if not (value and value.isascii() and value.isdigit()):
+        return None, f"{name}={short(raw)} is not a non-negative integer"
+    if len(value) > 7 or int(value) >= MAX_LOCAL:
+        return None, f"{name}={short(raw)} is beyond numabind's ceiling of {MAX_LOCAL} local ranks"
+    return int(value), None
 
 
 def launcher_of(argv: Sequence[str] | None) -> str | None:
@@ -120,29 +113,29 @@ def launcher_of(argv: Sequence[str] | None) -> str | None:
 
 def _slurm_tasks_on_node(environ: Mapping[str, str]) -> tuple[int | None, str | None]:
     """Tasks of this step on this node from SLURM_STEP_TASKS_PER_NODE ("2(x3),1") and
-    SLURM_NODEID."""
+    SLURM_NODEID, without expanding the repetitions: '1(x1000000000)' costs one step."""
+    node, _ = parse_count("SLURM_NODEID", environ.get("SLURM_NODEID", "0"))
+    node = node or 0
     for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         text = environ.get(var)
-        if not text:
+        if not text or len(text) > _TEXT_CAP:
             continue
-        counts: list[int] = []
-        try:
-            for part in text.split(","):
-                if "(x" in part:
-                    n, _, rep = part.partition("(x")
-                    counts.extend([int(n)] * int(rep.rstrip(")")))
-                else:
-                    counts.append(int(part))
-        except ValueError:
-            continue
-        node = _parse_index(environ.get("SLURM_NODEID", "0")) or 0
-        if node < len(counts):
-            return counts[node], var
+        seen = 0
+        for part in text.split(","):
+            count_text, _, rep = part.partition("(x")
+            count, bad = parse_count(var, count_text)
+            repeat, bad_rep = parse_count(var, rep.rstrip(")")) if rep else (1, None)
+            if bad or bad_rep or count is None or repeat is None:
+                break
+            seen += repeat
+            if node < seen:
+                return count, var
     return None, None
 
 
 def detect(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> RankInfo:
-    """Find this process's local rank.  Never raises: a garbled value becomes ``problem``."""
+    """Find this process's local rank.  Never raises: a garbled value becomes ``problem``
+    (the rank variable) or a note (a size variable, then treated as unknown)."""
     launcher = launcher_of(argv)
     for name, size_names in RANK_VARIABLES:
         raw = environ.get(name)
@@ -150,27 +143,39 @@ def detect(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Ran
             continue
         if name == "SLURM_LOCALID" and "SLURM_STEP_ID" not in environ:
             continue  # an sbatch/salloc shell, not a task of a job step
-        rank = _parse_index(raw)
+        rank, why = parse_count(name, raw)
         if rank is None:
             return RankInfo(
                 rank_source=name,
                 launcher=launcher,
-                problem=f"{name}={raw!r} is not a non-negative integer, so this process's "
-                "local rank is unknown; numabind left it unbound",
+                problem=f"{why}, so this process's local rank is unknown; numabind left it unbound",
             )
+        notes: list[str] = []
         size: int | None = None
         size_source: str | None = None
         if name == "SLURM_LOCALID":
             size, size_source = _slurm_tasks_on_node(environ)
         for size_name in size_names:
             value = environ.get(size_name)
-            if value is not None:
-                parsed = _parse_index(value)
-                if parsed is not None and parsed > 0:
-                    size, size_source = parsed, size_name
-                    break
+            if value is None:
+                continue
+            parsed, why = parse_count(size_name, value)
+            if parsed is not None and parsed > 0:
+                size, size_source = parsed, size_name
+                break
+            notes.append(f"{why or f'{size_name}=0 is not a size'}: local world size unknown")
         if size is not None and rank >= size:
             # Keep the rank (it still picks a device) but do not trust the size.
+            notes.append(
+                f"{name}={rank} is not below {size_source}={size}: local world size unknown"
+            )
             size, size_source = None, None
-        return RankInfo(rank, size, name, size_source, launcher)
+        return RankInfo(
+            local_rank=rank,
+            local_world_size=size,
+            rank_source=name,
+            size_source=size_source,
+            launcher=launcher,
+            notes=tuple(notes),
+        )
     return RankInfo(launcher=launcher)

@@ -1,21 +1,27 @@
 """The startup hook: bind a rank process before any user import.
 
-``_numabind_hook.pth`` decides with ``os.environ`` alone whether a local-rank variable is
-present; only then is this module imported and :func:`run` called.  Rules for this path:
+``_numabind_hook.pth`` decides with one dictionary test whether a trigger variable is
+present; only then is ``_numabind_start`` imported, which imports this module and calls
+:func:`run`.  Rules for this path:
 
-* cheap: no ``dataclasses``, ``json``, ``typing``, ``re``, ``logging`` or ``warnings``
-  (``-X importtime`` guards it in the tests); ctypes only once a plan says to bind;
+* cheap: no ``dataclasses``, ``json``, ``typing``, ``re``, ``logging``, ``warnings`` or
+  ``threading`` (``-X importtime`` guards it in the tests); ctypes only once a plan says
+  to bind;
 * idempotent: a venv processes each .pth twice (CPython #75723), so a module global
   stops a second run, and an environment record lets children that inherited the same
   binding skip the work;
 * never break the interpreter: every failure becomes at most one ``numabind: ...`` line on
-  stderr; ``NUMABIND_STRICT=1`` turns that line into exit status 1 before user code.
+  stderr, written with one ``write(2)`` that ignores errors (a full or closed stderr must
+  not turn the user's exit status into 120); ``NUMABIND_STRICT=1`` turns that line into
+  exit status 1 before user code.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from ._sysfs import clean_line
 
 STATE_VARIABLE = "NUMABIND_STATE"
 _done = False
@@ -26,21 +32,32 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ._apply import Binding
+    from ._config import Config
     from ._ranks import RankInfo
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """One line on stderr, whatever the message holds and whatever stderr is."""
+    data = f"numabind: {clean_line(message, 8000)}\n".encode("utf-8", "replace")
     try:
-        sys.stderr.write(f"numabind: {message}\n")
         sys.stderr.flush()
     except Exception:
+        pass
+    try:
+        fd = sys.stderr.fileno() if sys.stderr is not None else 2
+    except Exception:
+        fd = 2
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
         pass
 
 
 def _fail(message: str, strict: bool) -> None:
-    _say(message)
+    say(message)
     if strict:
-        _say("NUMABIND_STRICT is set: exiting before user code")
+        say("NUMABIND_STRICT is set: exiting before user code")
         try:
             sys.stdout.flush()
         except Exception:
@@ -51,9 +68,11 @@ def _fail(message: str, strict: bool) -> None:
 def state_key(info: RankInfo, environ: Mapping[str, str], mode: str, memory: str) -> str:
     """What a binding depends on.  A child whose key matches the recorded one inherited
     exactly this binding and need not redo it; any other key plans afresh."""
-    from ._devices import VISIBILITY_VARIABLES
+    from ._vendors import VISIBILITY_VARIABLES
 
-    visible = ",".join(f"{v}={environ[v]}" for v, _ in VISIBILITY_VARIABLES if v in environ)
+    visible = ",".join(
+        f"{v}={environ[v][:200]}" for v in VISIBILITY_VARIABLES if v in environ
+    ).replace("#", "")
     return f"{info.rank_source}={info.local_rank}|{visible}|{mode}|{memory}"
 
 
@@ -81,28 +100,39 @@ def run(environ: Mapping[str, str] | None = None) -> Binding | None:
         return None
 
 
+def _truthy(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     from ._config import config_from_env
+    from ._errors import ConfigError
 
     try:
         cfg = config_from_env(env)
-    except ValueError as err:
+    except ConfigError as err:
         _fail(f"{err}; numabind left this process unbound", strict)
         return None
     if cfg.disabled:
         return None
-    if env.get("NUMABIND_TORCH", "").strip().lower() in ("1", "true", "yes", "on"):
+    for warning in cfg.warnings:
+        say(warning)
+    if _truthy(env, "NUMABIND_TORCH"):
         from .torch import install_when_imported
 
         install_when_imported()
+    if _truthy(env, "NUMABIND_RAY"):
+        from .ray import install_when_imported as ray_when_imported
+
+        ray_when_imported()
     from ._ranks import detect
 
     info = detect(env, getattr(sys, "orig_argv", None))
     if info.launcher is not None:
         if cfg.verbose:
-            _say(
-                f"{info.launcher} is a launcher, not a rank: not bound "
-                "(its workers bind themselves)"
+            say(
+                f"{info.launcher} is a launcher, not a rank: not bound (its workers bind "
+                "themselves)"
             )
         return None
     if info.local_rank is None and info.problem is None:
@@ -111,58 +141,56 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     recorded = env.get(STATE_VARIABLE, "")
     if recorded.rsplit("#", 1)[0] == key:
         if cfg.verbose:
-            _say(f"local rank {info.local_rank}: binding inherited from the parent process")
+            say(f"local rank {info.local_rank}: binding inherited from the parent process")
         return None
-    from ._plan import plan, request_for
+    return bind_rank(info, env, cfg, strict)
+
+
+def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config, strict: bool) -> Binding:
+    """Plan and bind a rank found in the environment (the hook's work after its checks)."""
+    from ._bind import bind
+    from ._plan import nothing_to_bind, plan, request_for
     from ._topology import Machine
 
     machine = Machine.from_root(env.get("NUMABIND_SYSROOT", "/"))
-    visible = None
-    if info.problem is None and not (
-        cfg.mode in ("node", "socket") and len(machine.cpu_nodes) <= 1
-    ):
-        from ._devices import LazyNvml, resolve
+    try:
+        visible = None
+        if info.problem is None and not nothing_to_bind(machine, cfg.mode):
+            from ._devices import resolve
+            from ._nvml import LazyNvml
 
-        visible = resolve(machine, env, LazyNvml())
-    request = request_for(info, visible, cfg.mode, cfg.memory)
-    p = plan(machine, request)
-    if (
-        p.bound
-        and cfg.enable != "force"
-        and not machine.allowed.cpus <= frozenset(os.sched_getaffinity(0))
-    ):
-        # a mask narrower than the cgroup allows: whose is it? (_existing has the rule)
-        from ._existing import bind
+            visible = resolve(machine, env, LazyNvml())
+        p = plan(machine, request_for(info, visible, cfg.mode, cfg.memory))
+        threads = None
+        if p.bound and cfg.threads != "off":
+            from ._threads import apply_env
 
-        binding = bind(p, machine, cfg.enable, env, migrate=True, strict=False)
-    else:
-        from ._apply import apply_plan
-
-        binding = apply_plan(p, migrate=True, strict=False)
+            threads = apply_env(p, cfg.threads, env)
+        binding = bind(
+            p,
+            machine,
+            enable=cfg.enable,
+            environ=env,
+            migrate=True,
+            strict=False,
+            extra=threads.registry_fields() if threads is not None else None,
+        )
+    finally:
+        machine.close()
     record_state(binding, info, cfg.mode, cfg.memory)
     global last
     last = binding
-    if binding.failed:
+    if threads is not None:
+        binding.notes.extend(threads.notes(cfg.verbose))
+    if binding.failed or (strict and binding.refused):
         _fail(str(binding), strict)
     elif binding.worth_a_line(cfg.verbose):
-        _say(str(binding))
+        say(str(binding))
     if cfg.guard and p.bound and not binding.errors:
-        _install_guard(p.cpus if binding.cpus_applied else frozenset(os.sched_getaffinity(0)))
+        from ._guard import arm
+
+        arm()
     return binding
-
-
-def _install_guard(expected: frozenset[int]) -> None:
-    """Arm the guard (numabind._guard) for the first import of torch or numpy; the guard's
-    own module is imported only if one of them is."""
-    from ._importhook import after_import
-
-    def check(module: object) -> None:
-        from ._guard import check
-
-        check(f"import {getattr(module, '__name__', '?')}", expected)
-
-    for name in ("torch", "numpy"):
-        after_import(name, check)
 
 
 def sitecustomize_dir() -> str:

@@ -1,150 +1,246 @@
-"""``numabind show --svg FILE``: the machine drawn as SVG, each rank's CPUs in its colour.
+"""``numabind show --svg FILE``: the machine and its ranks as a picture for a ticket.
 
-Written directly as SVG text (no plotting dependency).  One band per package; inside it
-one box per NUMA node with a grid of its CPUs and, below, the accelerators attached to it.
-A CPU is coloured by the lowest local rank planned onto it (a hatched outline marks CPUs
-several ranks share); memory-only nodes are drawn without CPUs.
+Written directly as SVG text (no plotting dependency).  Top to bottom: a title (machine,
+mode, memory policy), then one box per NUMA node, grouped by package, each with a grid of
+its CPUs (coloured by the rank planned onto them, greyed where this process may not run),
+the accelerators the plan places there (the planner's own node rule,
+:func:`numabind._plan.device_node`, or the node a plan binds the device to), and a line per
+rank on that node; then the ranks that were not bound, with their reason.
+
+Every text is measured with :func:`text_width` (a conservative width for sans-serif) and
+shortened or wrapped to fit its box, and lines are stacked, never overlaid: the tests parse
+the SVG back and check that no two texts overlap and every text fits the canvas.
 """
 
 from __future__ import annotations
 
 from html import escape
 
+from ._plan import describe_device, device_node
 from ._sysfs import format_cpulist
-from ._topology import Machine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._model import Accelerator
     from ._plan import Plan
+    from ._topology import Machine
 
-PALETTE = [
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-    "#393b79",
-    "#637939",
-    "#8c6d31",
-    "#843c39",
-]
-CELL, GAP, COLS = 14, 2, 16
+# Kelly's 22 colours of maximum contrast, without white and black: 20 distinct colours
+PALETTE = (
+    "#f3c300", "#875692", "#f38400", "#a1caf1", "#be0032", "#c2b280", "#848482",
+    "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
+    "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26",
+)  # fmt: skip
+DISALLOWED = "#d9d9d9"
+FREE = "#ffffff"
+CELL, GAP, COLS = 12, 2, 32
+PAD = 12
+FONT = 12
+TITLE_FONT = 15
+CHAR_EM = 0.62  # width of one character in em, generous for DejaVu Sans / Helvetica
+LINE = 17
 
 
-def _node_package(machine: Machine, node_id: int) -> int | None:
-    node = machine.node(node_id)
-    if node is None or not node.cpus:
-        return None
-    return machine.package_of(min(node.cpus))
+def text_width(text: str, size: float = FONT) -> float:
+    """A conservative rendered width of ``text`` (the tests measure with this too)."""
+    return len(text) * size * CHAR_EM
 
 
-def render(machine: Machine, plans: list[Plan]) -> str:
+def fit(text: str, width: float, size: float = FONT) -> str:
+    """``text`` shortened with an ellipsis to fit ``width``."""
+    if text_width(text, size) <= width:
+        return text
+    keep = max(int(width / (size * CHAR_EM)) - 1, 1)
+    return text[:keep] + "…"
+
+
+def wrap(text: str, width: float, size: float = FONT, max_lines: int = 4) -> list[str]:
+    """``text`` in lines that fit ``width`` (the last one shortened if there are more)."""
+    per = max(int(width / (size * CHAR_EM)), 8)
+    lines: list[str] = []
+    current = ""
+    for word in text.split():
+        cand = f"{current} {word}" if current else word
+        if len(cand) <= per:
+            current = cand
+            continue
+        if current:
+            lines.append(current)
+        current = word if len(word) <= per else word[: per - 1] + "…"
+    if current:
+        lines.append(current)
+    if len(lines) > max_lines:
+        lines = [*lines[: max_lines - 1], fit(" ".join(lines[max_lines - 1 :]), width, size)]
+    return lines or [""]
+
+
+def colour(rank: int) -> str:
+    return PALETTE[rank % len(PALETTE)]
+
+
+class _Canvas:
+    def __init__(self, width: float) -> None:
+        self.width = width
+        self.parts: list[str] = []
+        self.y = PAD
+
+    def text(self, x: float, y: float, text: str, size: float = FONT, bold: bool = False) -> None:
+        weight = ' font-weight="bold"' if bold else ""
+        self.parts.append(
+            f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{weight}>{escape(text)}</text>'
+        )
+
+    def rect(self, x: float, y: float, w: float, h: float, fill: str, **attrs: str) -> None:
+        extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items() if k != "title")
+        title = attrs.get("title")
+        body = f"<title>{escape(title)}</title></rect>" if title else "</rect>"
+        self.parts.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{fill}"{extra}>'
+            + body
+        )
+
+
+def _device_nodes(machine: Machine, plans: list[Plan]) -> dict[str, int | None]:
+    """Where each accelerator is drawn: the node a plan binds it to, else the planner's
+    rule for the device (so the picture never disagrees with the plan JSON)."""
+    where: dict[str, int | None] = {}
+    for p in plans:
+        if p.device is not None and p.bound and p.numa_node is not None:
+            where.setdefault(p.device.pci, p.numa_node)
+    for a in machine.accelerators:
+        if a.pci not in where:
+            where[a.pci] = device_node(machine, a).node
+    return where
+
+
+def render(
+    machine: Machine, plans: list[Plan], mode: str = "node", memory: str = "preferred"
+) -> str:
+    """The SVG document for ``machine`` and ``plans``."""
+    grid_w = COLS * (CELL + GAP) - GAP
+    inner = max(grid_w, 560)
+    width = inner + 4 * PAD
+    c = _Canvas(width)
+    title = f"numabind: {machine.description}"
+    for line in wrap(title, inner + 2 * PAD, TITLE_FONT, 2):
+        c.y += TITLE_FONT + 4
+        c.text(PAD, c.y, line, TITLE_FONT, bold=True)
+    c.y += LINE
+    c.text(
+        PAD,
+        c.y,
+        fit(
+            f"mode {mode}, memory {memory}; {len(plans)} local rank"
+            f"{'' if len(plans) == 1 else 's'}",
+            inner + 2 * PAD,
+        ),
+    )
+    c.y += 10
+
+    allowed = machine.allowed.cpus
     owner: dict[int, list[int]] = {}
     for p in plans:
         if p.bound and p.local_rank is not None:
-            for c in p.cpus:
-                owner.setdefault(c, []).append(p.local_rank)
-    accs_by_node: dict[int | None, list[str]] = {}
+            for cpu in p.cpus:
+                owner.setdefault(cpu, []).append(p.local_rank)
+    dev_node = _device_nodes(machine, plans)
     ranks_by_pci: dict[str, list[int]] = {}
     for p in plans:
         if p.device is not None and p.local_rank is not None:
             ranks_by_pci.setdefault(p.device.pci, []).append(p.local_rank)
-    for a in machine.accelerators:
-        node = a.numa_node
-        if node is None and a.local_cpus:
-            node = next((n.id for n in machine.cpu_nodes if a.local_cpus <= n.cpus), None)
-        label = a.pci + (
-            f"  rank {','.join(map(str, ranks_by_pci[a.pci]))}" if a.pci in ranks_by_pci else ""
-        )
-        accs_by_node.setdefault(node, []).append(label)
+    index_of = {p.device.pci: p.device_index for p in plans if p.device is not None}
+
+    def device_label(a: Accelerator) -> str:
+        ranks = ranks_by_pci.get(a.pci)
+        text = describe_device(a, index_of.get(a.pci))
+        if a.name:
+            text += f" {a.name}"
+        if ranks:
+            text += f": rank{'s' if len(ranks) > 1 else ''} {format_cpulist(ranks)}"
+        return text
+
     packages: dict[int | None, list[int]] = {}
     for n in machine.nodes:
-        packages.setdefault(_node_package(machine, n.id), []).append(n.id)
-
-    parts: list[str] = []
-    y = 40
-    width = 60
-    for pkg, node_ids in packages.items():
-        x = 20
-        band_top = y
-        band_h = 0
+        pkg = machine.package_of(min(n.cpus)) if n.cpus else None
+        packages.setdefault(pkg, []).append(n.id)
+    for pkg, node_ids in sorted(packages.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        c.y += LINE + 4
+        label = f"package {pkg}" if pkg is not None else "memory-only nodes (no CPUs)"
+        c.text(PAD, c.y, label, 13, bold=True)
+        c.y += 6
         for nid in node_ids:
-            this = machine.node(nid)
-            assert this is not None
-            cpus = sorted(this.cpus)
-            rows = max((len(cpus) + COLS - 1) // COLS, 1) if cpus else 1
-            accs = accs_by_node.get(nid, [])
-            w = COLS * (CELL + GAP) + 20
-            h = 34 + rows * (CELL + GAP) + 16 * len(accs) + 10
-            parts.append(
-                f'<rect x="{x}" y="{y + 22}" width="{w}" height="{h}" rx="6" '
-                'fill="#f7f7f7" stroke="#555"/>'
-            )
-            owner_gpu = next((a.pci for a in machine.accelerators if a.memory_node == nid), None)
+            node = machine.node(nid)
+            assert node is not None
+            cpus = sorted(node.cpus)
+            rows = (len(cpus) + COLS - 1) // COLS
+            accs = [a for a in machine.accelerators if dev_node.get(a.pci) == nid]
+            mem_of = [a for a in machine.accelerators if a.memory_node == nid]
+            on_node = [p for p in plans if p.bound and p.numa_node == nid]
+            top = c.y + 4
+            y = top + LINE
             kind = f"CPUs {format_cpulist(cpus)}" if cpus else "memory only"
-            if owner_gpu:
-                kind += f" (GPU {owner_gpu})"
-            parts.append(
-                f'<text x="{x + 8}" y="{y + 40}" font-size="12">node {nid}: {escape(kind)}</text>'
-            )
-            for i, c in enumerate(cpus):
-                cx = x + 10 + (i % COLS) * (CELL + GAP)
-                cy = y + 48 + (i // COLS) * (CELL + GAP)
-                ranks = owner.get(c, [])
-                fill = PALETTE[min(ranks) % len(PALETTE)] if ranks else "#ffffff"
-                stroke = "#000" if len(ranks) > 1 else "#999"
-                dash = ' stroke-dasharray="2,1"' if len(ranks) > 1 else ""
-                title = f"CPU {c}" + (f": rank {', '.join(map(str, ranks))}" if ranks else "")
-                parts.append(
-                    f'<rect x="{cx}" y="{cy}" width="{CELL}" height="{CELL}" fill="{fill}" '
-                    f'stroke="{stroke}"{dash}><title>{escape(title)}</title></rect>'
+            if mem_of:
+                kind += " (memory of " + ", ".join(a.pci for a in mem_of) + ")"
+            texts: list[tuple[float, str, bool]] = [(y, fit(f"node {nid}: {kind}", inner), True)]
+            cells_top = y + 6
+            y = cells_top + rows * (CELL + GAP) + (4 if rows else 0)
+            for a in accs:
+                y += LINE
+                texts.append((y, fit(device_label(a), inner), False))
+            rank_lines: list[tuple[float, Plan]] = []
+            for p in on_node:
+                y += LINE
+                rank_lines.append((y, p))
+            height = y - top + 8
+            c.rect(2 * PAD - 8, top, inner + 16, height, "#f7f7f7", stroke="#555", rx="6")
+            for ty, text, bold in texts:
+                c.text(2 * PAD, ty, text, FONT, bold=bold)
+            for i, cpu in enumerate(cpus):
+                cx = 2 * PAD + (i % COLS) * (CELL + GAP)
+                cy = cells_top + (i // COLS) * (CELL + GAP)
+                ranks = owner.get(cpu, [])
+                fill = colour(min(ranks)) if ranks else FREE
+                stroke = "#999"
+                if cpu not in allowed:
+                    fill, stroke = DISALLOWED, "#bbb"
+                tip = f"CPU {cpu}" + (f": rank {', '.join(map(str, ranks))}" if ranks else "")
+                if cpu not in allowed:
+                    tip += " (outside the CPUs this process may use)"
+                c.rect(cx, cy, CELL, CELL, fill, stroke=stroke, title=tip)
+            for ry, p in rank_lines:
+                c.rect(2 * PAD, ry - 10, 11, 11, colour(p.local_rank or 0), stroke="#333")
+                text = (
+                    f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}, memory {p.memory_text()}"
                 )
-            ay = y + 48 + rows * (CELL + GAP) + 12
-            for label in accs:
-                parts.append(
-                    f'<text x="{x + 10}" y="{ay}" font-size="11">GPU {escape(label)}</text>'
-                )
-                ay += 16
-            x += w + 12
-            band_h = max(band_h, h + 30)
-        width = max(width, x + 10)
-        label = f"package {pkg}" if pkg is not None else "no package (memory-only nodes)"
-        parts.insert(
-            0,
-            f'<text x="20" y="{band_top + 14}" font-size="13" font-weight="bold">'
-            f"{escape(label)}</text>",
-        )
-        y += band_h + 10
-    unplaced = accs_by_node.get(None, [])
-    for label in unplaced:
-        parts.append(
-            f'<text x="20" y="{y + 14}" font-size="11">GPU {escape(label)} (node unknown)</text>'
-        )
-        y += 16
-    legend_y = y + 20
-    for i, p in enumerate(pl for pl in plans if pl.local_rank is not None):
-        color = (
-            PALETTE[p.local_rank % len(PALETTE)]
-            if p.bound and p.local_rank is not None
-            else "#ffffff"
-        )
-        lx = 20 + (i % 8) * 140
-        ly = legend_y + (i // 8) * 20
-        parts.append(
-            f'<rect x="{lx}" y="{ly - 11}" width="12" height="12" fill="{color}" stroke="#555"/>'
-        )
-        text = f"rank {p.local_rank}" + ("" if p.bound else " (not bound)")
-        parts.append(f'<text x="{lx + 16}" y="{ly}" font-size="11">{escape(text)}</text>')
-    height = legend_y + 20 * ((len(plans) + 7) // 8) + 10
-    width = max(width, 20 + min(len(plans), 8) * 140)
+                c.text(2 * PAD + 16, ry, fit(text, inner - 16), FONT)
+            c.y = top + height
+    unplaced = [a for a in machine.accelerators if dev_node.get(a.pci) is None]
+    if unplaced:
+        c.y += LINE + 4
+        c.text(PAD, c.y, "accelerators whose node is unknown", 13, bold=True)
+        for a in unplaced:
+            c.y += LINE
+            c.text(2 * PAD, c.y, fit(device_label(a), inner), FONT)
+    skipped = [p for p in plans if not p.bound]
+    if skipped:
+        c.y += LINE + 4
+        c.text(PAD, c.y, "not bound", 13, bold=True)
+        for p in skipped:
+            lines = wrap(f"rank {p.local_rank}: {p.reason}", inner - 16)
+            c.y += LINE
+            c.rect(2 * PAD, c.y - 10, 11, 11, FREE, stroke="#333")
+            c.text(2 * PAD + 16, c.y, lines[0], FONT)
+            for more in lines[1:]:
+                c.y += LINE
+                c.text(2 * PAD + 16, c.y, more, FONT)
+    c.y += LINE
+    c.rect(PAD, c.y - 10, 11, 11, DISALLOWED, stroke="#bbb")
+    c.text(PAD + 16, c.y, "CPU outside this process's allowed set", FONT)
+    height = c.y + PAD
     head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="sans-serif">\n<title>numabind: {escape(machine.description)}</title>\n'
-        f'<rect width="100%" height="100%" fill="white"/>\n'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, '
+        f'sans-serif">\n<title>{escape(title)}</title>\n'
+        '<rect width="100%" height="100%" fill="white"/>\n'
     )
-    return head + "\n".join(parts) + "\n</svg>\n"
+    return head + "\n".join(c.parts) + "\n</svg>\n"

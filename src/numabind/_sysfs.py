@@ -1,20 +1,50 @@
-"""Leaf helpers for reading sysfs/procfs text and parsing the kernel's CPU-set formats.
+"""Leaf helpers: bounded, non-blocking reads of kernel text files, and the kernel's formats.
 
 This module is on the startup path of every rank process: it imports nothing but ``os``
-(already loaded by the interpreter) so that the ``.pth`` hook stays within its time budget.
-Parsers are pure and raise ``ValueError`` on malformed input; readers swallow ``OSError``
-only when the caller gives a fallback, so a missing file is a decision, not an accident.
+and ``stat`` (both loaded by the interpreter before any ``.pth`` runs).
+
+Everything read here is input, and input can be hostile: a capture someone sent, a tree
+named by ``NUMABIND_SYSROOT``, a file another user planted.  So every read
+
+* opens with ``O_NONBLOCK`` (a FIFO planted at a read path cannot hang the process),
+* accepts only a regular file (``fstat`` after the open; a device or FIFO is refused),
+* reads at most a cap of bytes, never trusting ``st_size`` (procfs says 0, sysfs 4096),
+
+and every parser bounds each number it accepts by a documented ceiling
+(:data:`MAX_CPUS`, :data:`MAX_NODES`), so no value can make the work grow beyond what a
+real machine needs.  Parsers are pure and raise ``ValueError`` with a message that quotes
+the value (``repr``: a newline in input can never split numabind's one line).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_MISSING: object = object()
+# Hard ceilings on what numabind accepts from any input.  Linux is built with at most
+# 8192 CPUs (x86_64/powerpc MAXSMP; arm64 4096) and 1024 NUMA nodes (CONFIG_NODES_SHIFT
+# <= 10); twice the CPU limit leaves room without letting a value like 0-99999999 turn
+# into 10^8 integers.
+MAX_CPUS = 16384
+MAX_NODES = 1024
+# Bytes read from one file.  sysfs attributes are < 4 KiB; /proc/self/status ~1.5 KiB;
+# /proc/self/mounts can be long on container hosts.  Callers that read bigger files
+# (numa_maps, environ, tarballs) pass their own cap.
+READ_CAP = 1 << 20
+# Entries listed from one directory (a PCI bus of a big host has ~1000 functions).
+LIST_CAP = 1 << 16
+
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+class ReadError(OSError):
+    """A file that exists but must not be read as numabind input (not a regular file, or
+    larger than the cap).  An ``OSError`` so that callers' fallbacks treat it like an
+    unreadable file; ``str()`` says what was wrong."""
 
 
 def join(root: str, path: str) -> str:
@@ -24,16 +54,44 @@ def join(root: str, path: str) -> str:
     return root.rstrip("/") + path
 
 
-def read_text(path: str, fallback: str | object | None = _MISSING) -> str:
-    """Read a small sysfs/procfs file and strip it.
+def read_fd(fd: int, path: str, cap: int = READ_CAP) -> bytes:
+    """Read an already-open descriptor under the module's rules (regular file, cap)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ReadError(f"{path}: not a regular file; not read")
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        data = os.read(fd, min(cap + 1 - total, 1 << 20))
+        if not data:
+            break
+        chunks.append(data)
+        total += len(data)
+        if total > cap:
+            raise ReadError(f"{path}: larger than {cap} bytes; not read")
+    return b"".join(chunks)
+
+
+def read_bytes(path: str, cap: int = READ_CAP, *, nofollow: bool = False) -> bytes:
+    """Read a whole small file, safely (see the module docstring).  Raises ``OSError``."""
+    fd = os.open(path, _O_READ | (os.O_NOFOLLOW if nofollow else 0))
+    try:
+        return read_fd(fd, path, cap)
+    finally:
+        os.close(fd)
+
+
+_MISSING: object = object()
+
+
+def read_text(path: str, fallback: str | object | None = _MISSING, cap: int = READ_CAP) -> str:
+    """Read a kernel text file and strip it.
 
     Without a fallback an ``OSError`` propagates (the caller wanted the file); with one, a
-    missing or unreadable file returns the fallback.  sysfs attributes are single short lines,
-    so one ``read`` of a binary file is both the fastest and the safest way to get them.
+    missing, unreadable or refused file returns the fallback.
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bytes(path, cap)
     except OSError:
         if fallback is _MISSING:
             raise
@@ -41,33 +99,62 @@ def read_text(path: str, fallback: str | object | None = _MISSING) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
-def read_opt(path: str) -> str | None:
-    """``read_text`` that returns None for an absent or unreadable file."""
+def read_opt(path: str, cap: int = READ_CAP) -> str | None:
+    """``read_text`` that returns None for an absent, unreadable or refused file."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bytes(path, cap)
     except OSError:
         return None
     return data.decode("utf-8", "replace").strip()
 
 
-def listdir(path: str) -> list[str]:
-    """Sorted directory entries, or an empty list when the directory cannot be read."""
+def listdir(path: str, cap: int = LIST_CAP) -> list[str]:
+    """Sorted directory entries (at most ``cap``), or [] when it cannot be read."""
+    out: list[str] = []
     try:
-        return sorted(os.listdir(path))
+        with os.scandir(path) as it:
+            for entry in it:
+                out.append(entry.name)
+                if len(out) >= cap:
+                    break
     except OSError:
         return []
+    return sorted(out)
 
 
-def parse_cpulist(text: str) -> frozenset[int]:
+# --- parsers -----------------------------------------------------------------------------
+
+
+def short(text: str, limit: int = 60) -> str:
+    """``repr`` of a value for a message, shortened: input can be megabytes long."""
+    if len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text)} characters)"
+    return repr(text)
+
+
+def _number(token: str, text: str, limit: int, what: str) -> int:
+    # isascii + isdigit: int() would accept '²' (no: it raises), '٣' and '1_0'
+    if not (token.isascii() and token.isdigit()) or len(token) > 6:
+        raise ValueError(f"bad {what} {short(token)} in {short(text)}")
+    value = int(token)
+    if value >= limit:
+        raise ValueError(f"{what} {value} in {short(text)} is beyond the ceiling of {limit}")
+    return value
+
+
+def parse_cpulist(text: str, limit: int = MAX_CPUS, what: str = "CPU") -> frozenset[int]:
     """Parse the kernel's list format (``0-3,8,10-11``; ``0-31:2`` strides too).
 
-    An empty string is the empty set (a CPU-less node has an empty ``cpulist``).
+    Every number must be below ``limit`` (default :data:`MAX_CPUS`), so the set never
+    grows beyond what a machine can have.  An empty string is the empty set (a CPU-less
+    node has an empty ``cpulist``).
     """
     out: set[int] = set()
     text = text.strip()
     if not text:
         return frozenset()
+    if len(text) > 16 * limit:
+        raise ValueError(f"{what} list {short(text)} is too long")
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -75,21 +162,24 @@ def parse_cpulist(text: str) -> frozenset[int]:
         stride = 1
         if ":" in part:
             part, _, s = part.partition(":")
-            stride = int(s)
+            stride = _number(s.strip(), text, limit + 1, "stride")
             if stride <= 0:
-                raise ValueError(f"bad stride in cpulist {text!r}")
+                raise ValueError(f"bad stride in {what} list {short(text)}")
         if "-" in part:
             a, _, b = part.partition("-")
-            lo, hi = int(a), int(b)
-            if lo < 0 or hi < lo:
-                raise ValueError(f"bad range {part!r} in cpulist {text!r}")
+            lo = _number(a.strip(), text, limit, what)
+            hi = _number(b.strip(), text, limit, what)
+            if hi < lo:
+                raise ValueError(f"bad range {short(part)} in {what} list {short(text)}")
             out.update(range(lo, hi + 1, stride))
         else:
-            v = int(part)
-            if v < 0:
-                raise ValueError(f"negative CPU in cpulist {text!r}")
-            out.add(v)
+            out.add(_number(part, text, limit, what))
     return frozenset(out)
+
+
+def parse_nodelist(text: str) -> frozenset[int]:
+    """A NUMA node list (``cpuset.mems``, ``Mems_allowed_list``), below :data:`MAX_NODES`."""
+    return parse_cpulist(text, MAX_NODES, "node")
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:
@@ -106,34 +196,48 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def parse_cpumask(text: str) -> frozenset[int]:
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def parse_cpumask(text: str, limit: int = MAX_CPUS, what: str = "CPU") -> frozenset[int]:
     """Parse a kernel bitmap (``local_cpus``, ``cpumap``): comma-separated 32-bit hex words,
-    most significant first.  hwloc XML uses the same format, where an empty word means 0."""
+    most significant first.  hwloc XML uses the same format with ``0x`` prefixes, where an
+    empty word means 0.  Set bits at or above ``limit`` are an error."""
     text = text.strip()
     if not text:
         return frozenset()
     words = text.split(",")
+    if len(words) > limit // 32 + 64:  # leading zero words are allowed, within reason
+        raise ValueError(f"{what} mask {short(text)} is too long")
     out: set[int] = set()
     bit = 0
     for word in reversed(words):
         word = word.strip()
+        if word[:2] in ("0x", "0X"):
+            word = word[2:]
+        if len(word) > 8 or not _HEX.issuperset(word):
+            raise ValueError(f"bad word {short(word)} in {what} mask {short(text)}")
         value = int(word, 16) if word else 0
-        if value < 0:
-            raise ValueError(f"bad cpumask {text!r}")
         while value:
             low = value & -value
-            out.add(bit + low.bit_length() - 1)
+            cpu = bit + low.bit_length() - 1
+            if cpu >= limit:
+                raise ValueError(
+                    f"{what} {cpu} in mask {short(text)} is beyond the ceiling of {limit}"
+                )
+            out.add(cpu)
             value ^= low
         bit += 32
     return frozenset(out)
 
 
 def parse_int(text: str | None) -> int | None:
-    """Parse a decimal or 0x-prefixed integer; None for None, empty or garbage."""
+    """Parse a short decimal or 0x-prefixed integer (sysfs ids, ``numa_node``); None for
+    None, empty, garbage or a number longer than 18 digits (no sysfs value is)."""
     if text is None:
         return None
     text = text.strip()
-    if not text:
+    if not text or len(text) > 20 or not text.isascii():
         return None
     try:
         if text[:2].lower() == "0x":
@@ -141,3 +245,12 @@ def parse_int(text: str | None) -> int | None:
         return int(text, 10)
     except ValueError:
         return None
+
+
+def clean_line(text: str, limit: int = 2000) -> str:
+    """One printable line: control characters (a newline in an environment value, an
+    escape sequence in a capture) become spaces, and the length is capped."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    out = "".join(c if c.isprintable() else " " for c in text[:limit])
+    return out + (" ..." if len(text) > limit else "")

@@ -1,8 +1,9 @@
 """The ``numabind`` command: ``show``, ``gather``, ``run``, ``check``.
 
-``main(argv) -> int`` returns the exit status: 0 success, 1 a checked process is off its
-plan, 2 bad arguments or an unreadable input.  A domain error prints one line on stderr,
-never a traceback; JSON goes to stdout, diagnostics to stderr.
+``main(argv) -> int`` returns the exit status (the table is in :data:`EPILOG`).  A domain
+error prints one line on stderr, never a traceback; JSON goes to stdout, diagnostics to
+stderr.  Rendering ``show`` is :mod:`numabind._show`'s job, ``check`` is
+:mod:`numabind._check`'s; this module parses and dispatches.
 """
 
 from __future__ import annotations
@@ -12,22 +13,37 @@ import json
 import os
 import sys
 
-from . import __version__, _sysfs
+from . import __version__
+from ._errors import CaptureError, ConfigError, UsageError
+from ._modes import MODE_HELP, MODE_NAMES
+from ._plan import MEMORY_HELP, MEMORY_POLICIES
+from ._ranks import MAX_LOCAL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, NoReturn
 
-    from ._devices import Visible
-    from ._plan import Plan
-    from ._topology import Machine
+OK, OFF_PLAN, USAGE, VANISHED = 0, 1, 2, 3
+MAX_NPROC = 4096  # --nproc ceiling: more local ranks than any machine has GPUs or nodes
 
-OK, OFF_PLAN, USAGE = 0, 1, 2
+EPILOG = f"""\
+modes (--mode, NUMABIND_MODE):
+{chr(10).join(f"  {k:13} {v}" for k, v in MODE_HELP.items())}
 
+memory policies (--memory, NUMABIND_MEMORY):
+{chr(10).join(f"  {k:13} {v}" for k, v in MEMORY_HELP.items())}
 
-class UsageError(Exception):
-    """Bad arguments or an unreadable input: one line, exit 2."""
+exit status:
+  0  success; for check: every process checked is on its plan
+  1  check: a process is off its plan; run: strict mode could not bind
+  2  usage error: bad arguments, an unreadable or malformed input
+  3  check --pid: a process named is gone (or a zombie)
+  127 run: the command could not be executed
+
+Environment variables: docs/environment.rst.  numabind is not published on PyPI yet:
+install it from a checkout (pip install .).
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,46 +51,128 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    from ._plan import MEMORY_POLICIES, MODES
+def _int_in(name: str, lo: int, hi: int) -> Any:
+    def parse(text: str) -> int:
+        t = text.strip()
+        if not (t.isascii() and t.isdigit()) or len(t) > 9 or not lo <= int(t) <= hi:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be an integer from {lo} to {hi}, not {text!r}"
+            )
+        return int(t)
 
-    p = _Parser(prog="numabind", description="Bind GPU ranks to their GPU's NUMA node.")
+    parse.__name__ = name
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = _Parser(
+        prog="numabind",
+        description="Bind each GPU rank to the CPUs and memory of its GPU's NUMA node, and "
+        "show or verify the plan.",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
     p.add_argument("--version", action="version", version=f"numabind {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     show = sub.add_parser(
-        "show", help="the machine, its accelerators and the plan for each local rank"
+        "show",
+        help="the machine, its accelerators and the plan for each local rank",
+        description="Read this machine (or a capture of another) and print its NUMA nodes, "
+        "its accelerators and the plan of local ranks 0..N-1.",
+        epilog=EPILOG,
+        formatter_class=fmt,
     )
-    show.add_argument("--input", metavar="PATH", help="a capture: directory, tarball or hwloc .xml")
-    show.add_argument("--mode", choices=MODES, default=None)
-    show.add_argument("--memory", choices=MEMORY_POLICIES, default=None)
-    show.add_argument("--nproc", type=int, metavar="N", help="plan local ranks 0..N-1")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument(
+        "--input",
+        metavar="PATH",
+        help="a capture instead of this machine: a directory laid out like / "
+        "(hwloc-gather-topology, numabind gather extracted), a tarball of one, or an hwloc "
+        ".xml export",
+    )
+    show.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode (see below)")
+    show.add_argument(
+        "--memory", choices=MEMORY_POLICIES, default=None, help="memory policy (see below)"
+    )
+    show.add_argument(
+        "--nproc",
+        type=_int_in("--nproc", 1, MAX_NPROC),
+        metavar="N",
+        help=f"plan local ranks 0..N-1 (1..{MAX_NPROC}; default: the environment's local "
+        "world size, else one per visible device)",
+    )
+    show.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     show.add_argument("--svg", metavar="FILE", help="also draw the machine and the ranks as SVG")
 
-    gather = sub.add_parser("gather", help="write a tarball of what numabind reads on this machine")
-    gather.add_argument("output", nargs="?", default="numabind-capture.tar.gz")
+    gather = sub.add_parser(
+        "gather",
+        help="write a tarball of what numabind reads on this machine",
+        description="Write a gzip tarball of every file numabind reads here, plus the rank "
+        "and device variables of this environment; numabind show --input reads it elsewhere.",
+        formatter_class=fmt,
+    )
+    gather.add_argument(
+        "output",
+        nargs="?",
+        default="numabind-capture.tar.gz",
+        help="the file to write (default numabind-capture.tar.gz; - writes to stdout)",
+    )
 
-    run = sub.add_parser("run", help="bind this process for a local rank, then exec a command")
-    run.add_argument("--local-rank", type=int, default=None, metavar="N")
-    run.add_argument("--mode", choices=MODES, default=None)
-    run.add_argument("--memory", choices=MEMORY_POLICIES, default=None)
+    run = sub.add_parser(
+        "run",
+        help="bind this process for a local rank, then exec a command",
+        description="Bind as the given (or environment's) local rank, then exec the command: "
+        "a numactl trampoline that knows the GPU's node.",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    run.add_argument(
+        "--local-rank",
+        type=_int_in("--local-rank", 0, MAX_LOCAL - 1),
+        default=None,
+        metavar="N",
+        help="the local rank (default: LOCAL_RANK, SLURM_LOCALID, ...)",
+    )
+    run.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode")
+    run.add_argument("--memory", choices=MEMORY_POLICIES, default=None, help="memory policy")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
-    check = sub.add_parser("check", help="verify a process's binding and memory locality")
-    check.add_argument("--pid", type=int, nargs="+", default=None)
-    check.add_argument("--all", action="store_true", help="every rank process on this machine")
-    check.add_argument("--json", action="store_true")
+    check = sub.add_parser(
+        "check",
+        help="verify a process's binding and memory locality",
+        description="Check processes against their plans: every thread's CPUs, the memory "
+        "policy and the share of private memory on the plan's nodes.  Without arguments: "
+        "this process, if it has a local rank.",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    check.add_argument(
+        "--pid",
+        type=_int_in("--pid", 1, 1 << 22),
+        nargs="+",
+        default=None,
+        help="the processes to check",
+    )
+    check.add_argument(
+        "--all", action="store_true", help="every rank process on this machine (root: every user's)"
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    check.add_argument(
+        "--verbose", action="store_true", help="also count the registry entries ignored"
+    )
 
     sub.add_parser(
-        "sitecustomize-path", help="print the PYTHONPATH entry of numabind's sitecustomize"
+        "sitecustomize-path",
+        help="print the PYTHONPATH entry of numabind's sitecustomize",
+        description="The directory to put on PYTHONPATH for the sitecustomize form of the hook.",
     )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = _build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
         if args.command == "show":
             return _show(args)
         if args.command == "gather":
@@ -90,13 +188,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(sitecustomize_dir())
             return OK
-        _build_parser().print_help()
+        build_parser().print_help()
         return USAGE
     except UsageError as err:
         print(str(err), file=sys.stderr)
         return USAGE
     except BrokenPipeError:
         return OK
+    except SystemExit as exit_:  # --help and --version
+        return exit_.code if isinstance(exit_.code, int) else OK
 
 
 def console_main() -> None:
@@ -106,57 +206,17 @@ def console_main() -> None:
 # --- show -------------------------------------------------------------------------------
 
 
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
-
-
-def plans_for(
-    machine: Machine,
-    environ: dict[str, str] | os._Environ[str],
-    nproc: int | None,
-    mode: str,
-    memory: str,
-) -> tuple[Visible, list[Plan], str]:
-    """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
-    from ._devices import resolve
-    from ._plan import Request, plan
-    from ._ranks import detect
-
-    info = detect(environ)
-    visible = resolve(machine, environ)
-    if nproc is not None:
-        count, source = nproc, "--nproc"
-    elif info.local_world_size is not None:
-        count, source = info.local_world_size, info.size_source or "environment"
-    else:
-        count, source = max(len(visible.devices), 1), "one per visible device"
-    plans = [
-        plan(
-            machine,
-            Request(
-                r,
-                count,
-                info.rank_source if nproc is None and info.rank_source else "show",
-                visible,
-                mode,
-                memory,
-                None,
-                source,
-            ),
-        )
-        for r in range(count)
-    ]
-    return visible, plans, source
-
-
 def _show(args: argparse.Namespace) -> int:
     from ._config import config_from_env
+    from ._show import plans_for, show_data, show_text, this_process
 
-    if args.nproc is not None and args.nproc < 1:
-        raise UsageError("numabind show: --nproc must be at least 1")
+    if args.svg is not None:
+        folder = os.path.dirname(os.path.abspath(args.svg))
+        if not args.svg or not os.path.isdir(folder):
+            raise UsageError(f"numabind show: --svg {args.svg!r}: no such folder {folder!r}")
     capture = None
-    if args.input:
-        from ._capture import CaptureError, open_capture
+    if args.input is not None:
+        from ._capture import open_capture
 
         try:
             capture = open_capture(args.input)
@@ -170,17 +230,17 @@ def _show(args: argparse.Namespace) -> int:
         machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
         environ = os.environ
     try:
-        cfg = config_from_env(environ)
-    except ValueError as err:
-        raise UsageError(f"numabind show: {err}") from err
-    mode = args.mode or cfg.mode
-    memory = args.memory or cfg.memory
-    try:
-        visible, plans, source = plans_for(machine, environ, args.nproc, mode, memory)
+        try:
+            cfg = config_from_env(environ)
+        except ConfigError as err:
+            raise UsageError(f"numabind show: {err}") from err
+        mode = args.mode or cfg.mode
+        memory = args.memory or cfg.memory
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
+        visible, plans, source = plans_for(machine, environ, args.nproc, mode, memory)
         data = show_data(machine, visible, plans)
         this = None if args.input else this_process(machine, environ, plans)
         if this is not None:
@@ -188,173 +248,24 @@ def _show(args: argparse.Namespace) -> int:
         if args.svg:
             from ._svg import render
 
-            with open(args.svg, "w") as f:
-                f.write(render(machine, plans))
+            svg = render(machine, plans, mode=mode, memory=memory)
+            try:
+                with open(args.svg, "w", encoding="utf-8") as f:
+                    f.write(svg)
+            except OSError as err:
+                raise UsageError(f"numabind show: --svg {args.svg}: {err.strerror}") from err
         if args.json:
             json.dump(data, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            sys.stdout.write(_show_text(machine, visible, plans, source, mode, memory))
+            sys.stdout.write(show_text(machine, visible, plans, source, mode, memory))
             if this is not None:
                 sys.stdout.write(f"\nThis process (pid {os.getpid()}): {this['summary']}\n")
     except OSError as err:
         raise UsageError(f"numabind show: {err}") from err
     finally:
-        if capture is not None:
-            capture.close()
+        machine.close()
     return OK
-
-
-def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str, Any] | None:
-    """When ``show`` itself runs as a rank (``srun numabind show``): what the startup hook did
-    to it, or, if the hook did not run, what it would do with the CPU mask found in place."""
-    from . import _startup
-    from ._existing import assess, decide, parent_mask
-    from ._ranks import detect
-
-    binding = _startup.last
-    if binding is not None:
-        return {"summary": str(binding), "hook": binding.to_dict()}
-    info = detect(environ, getattr(sys, "orig_argv", None))
-    if not info.is_rank or info.local_rank is None:
-        return None
-    mine = next((p for p in plans if p.local_rank == info.local_rank), None)
-    if mine is None or not mine.bound:
-        why = mine.reason if mine is not None else "no plan for this rank"
-        return {"summary": f"local rank {info.local_rank} ({info.rank_source}): not bound: {why}"}
-    from ._config import config_from_env
-
-    current = frozenset(os.sched_getaffinity(0))
-    existing = assess(current, machine.allowed.cpus, parent_mask(os.getppid()), environ)
-    node = machine.node(mine.numa_node) if mine.numa_node is not None else None
-    decision = decide(
-        existing, mine.cpus, node.cpus if node else None, config_from_env(environ).enable
-    )
-    verb = "keep it" if decision.cpus == "keep" else f"bind CPUs {_sysfs.format_cpulist(mine.cpus)}"
-    summary = (
-        f"local rank {info.local_rank} ({info.rank_source}); current CPU mask "
-        f"{_sysfs.format_cpulist(current)} ({existing.origin}): numabind would {verb}"
-    )
-    return {
-        "summary": summary,
-        "current_cpus": sorted(current),
-        "origin": existing.origin,
-        "deliberate": existing.deliberate,
-        "decision": decision.cpus,
-        "message": decision.message,
-    }
-
-
-def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> dict[str, Any]:
-    indices = {d.pci: i for i, d in enumerate(visible.devices)}
-    devices = []
-    for acc in machine.accelerators:
-        devices.append(
-            {
-                "index": indices.get(acc.pci),
-                "pci": acc.pci,
-                "vendor": acc.vendor,
-                "numa_node": acc.numa_node,
-                "memory_node": acc.memory_node,
-                "uuid": acc.uuid,
-                "name": acc.name,
-                "local_cpus": sorted(acc.local_cpus) if acc.local_cpus is not None else None,
-                "visible": acc.pci in indices,
-            }
-        )
-    allowed = machine.allowed
-    return {
-        "machine": machine.description,
-        "online_cpus": sorted(machine.online_cpus),
-        "allowed": {
-            "cpus": sorted(allowed.cpus),
-            "mems": sorted(allowed.mems) if allowed.mems is not None else None,
-            "source": allowed.source,
-        },
-        "nodes": [n.to_dict() for n in machine.nodes],
-        "devices": devices,
-        "visible": {
-            "source": visible.source,
-            "problem": visible.problem,
-            "notes": list(visible.notes),
-        },
-        "ranks": [p.to_dict() for p in plans],
-    }
-
-
-def _table(rows: list[list[str]], indent: str = "  ") -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1])] + [r[-1]]
-        lines.append(indent + "  ".join(cells).rstrip())
-    return "\n".join(lines) + "\n"
-
-
-def _show_text(
-    machine: Machine, visible: Visible, plans: list[Plan], source: str, mode: str, memory: str
-) -> str:
-    fmt = _sysfs.format_cpulist
-    allowed = machine.allowed
-    out = [f"numabind {__version__}: {machine.description}\n\n"]
-    out.append(
-        f"NUMA nodes (this process may use CPUs {fmt(allowed.cpus) or 'none'}"
-        + (f", memory nodes {fmt(allowed.mems)}" if allowed.mems is not None else "")
-        + f"; from {allowed.source})\n"
-    )
-    nodes = machine.nodes
-    rows = [["node", "cpus", "memory", "distances"]]
-    for n in nodes:
-        rows.append(
-            [
-                str(n.id),
-                fmt(n.cpus) if n.cpus else "(memory only)",
-                _gib(n.memory_bytes),
-                " ".join(str(d) for _, d in n.distances) or "-",
-            ]
-        )
-    out.append(_table(rows))
-    out.append(f"\nAccelerators ({visible.source})\n")
-    accs = machine.accelerators
-    if accs:
-        indices = {d.pci: i for i, d in enumerate(visible.devices)}
-        rows = [["index", "pci", "vendor", "node", "mem-node", "uuid / model"]]
-        for a in accs:
-            rows.append(
-                [
-                    str(indices[a.pci]) if a.pci in indices else "-",
-                    a.pci,
-                    a.vendor,
-                    str(a.numa_node) if a.numa_node is not None else "?",
-                    str(a.memory_node) if a.memory_node is not None else "-",
-                    " ".join(x for x in (a.uuid, a.name) if x) or "-",
-                ]
-            )
-        out.append(_table(rows))
-    else:
-        out.append("  none found\n")
-    for note in visible.notes:
-        out.append(f"  note: {note}\n")
-    if visible.problem:
-        out.append(f"  problem: {visible.problem}\n")
-    out.append(f"\nPlan (mode {mode}, memory {memory}; {len(plans)} local ranks: {source})\n")
-    rows = [["rank", "device", "node", "cpus", "memory", "status: reason"]]
-    for p in plans:
-        mem = p.memory_policy
-        if p.memory_nodes and mem not in ("none",):
-            mem += " " + fmt(p.memory_nodes)
-        rows.append(
-            [
-                str(p.local_rank),
-                str(p.device_index) if p.device_index is not None else "-",
-                str(p.numa_node) if p.numa_node is not None else "-",
-                fmt(p.cpus) or "-",
-                mem if p.bound else "-",
-                f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
-            ]
-        )
-    out.append(_table(rows))
-    return "".join(out)
 
 
 # --- gather -----------------------------------------------------------------------------
@@ -367,10 +278,10 @@ def _gather(args: argparse.Namespace) -> int:
         n = gather(args.output, dict(os.environ), os.environ.get("NUMABIND_SYSROOT", "/"))
     except OSError as err:
         raise UsageError(f"numabind gather: {args.output}: {err.strerror or err}") from err
-    print(
-        f"numabind: wrote {n} files to {args.output}; "
-        f"show it with: numabind show --input {args.output}"
-    )
+    where = "standard output" if args.output == "-" else args.output
+    show = "" if args.output == "-" else f"; show it with: numabind show --input {args.output}"
+    stream = sys.stderr if args.output == "-" else sys.stdout
+    print(f"numabind: wrote {n} files to {where}{show}", file=stream)
     return OK
 
 
@@ -385,14 +296,14 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("numabind run: no command given (numabind run [options] -- CMD ARGS...)")
     from ._api import apply
     from ._config import config_from_env
+    from ._ranks import RankInfo, detect
+    from ._startup import record_state, say
 
     try:
         cfg = config_from_env(os.environ)
-    except ValueError as err:
+    except ConfigError as err:
         raise UsageError(f"numabind run: {err}") from err
-    from ._apply import BindingError
-    from ._ranks import RankInfo, detect
-    from ._startup import record_state
+    from ._errors import BindingError
 
     mode, memory = args.mode or cfg.mode, args.memory or cfg.memory
     try:
@@ -401,14 +312,22 @@ def _run(args: argparse.Namespace) -> int:
         print(f"numabind run: {err}", file=sys.stderr)
         return OFF_PLAN
     if binding.worth_a_line(cfg.verbose):
-        print(f"numabind: {binding}", file=sys.stderr)
+        say(str(binding))
+    if binding.plan.bound and cfg.threads != "off":
+        from ._threads import apply_env
+
+        apply_env(binding.plan, cfg.threads, os.environ)
     # The command's own startup hook must see this binding as inherited, not plan anew
     # with other settings: hand it the same mode, memory policy and rank.
     os.environ["NUMABIND_MODE"], os.environ["NUMABIND_MEMORY"] = mode, memory
     info = detect(os.environ)
     if args.local_rank is not None and info.local_rank != args.local_rank:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
-        info = RankInfo(args.local_rank, info.local_world_size, "LOCAL_RANK")
+        info = RankInfo(
+            local_rank=args.local_rank,
+            local_world_size=info.local_world_size,
+            rank_source="LOCAL_RANK",
+        )
     record_state(binding, info, mode, memory)
     try:
         os.execvp(cmd[0], cmd)

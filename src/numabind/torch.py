@@ -1,14 +1,27 @@
-"""PyTorch integration: children of ``torch.multiprocessing.spawn``/``start_processes`` and of
-``torch.distributed.elastic`` Callable launches (``elastic_launch(config, fn)``,
-``torchrun`` with a function) start bound to their local rank.
+"""PyTorch integration, two parts:
+
+* **Children that start bound**: children of ``torch.multiprocessing.spawn`` /
+  ``start_processes`` and of ``torch.distributed.elastic`` Callable launches
+  (``elastic_launch(config, fn)``, ``torchrun`` with a function) start bound to their
+  local rank.
+* **Device selection binds**: the first time a process that is not bound yet selects a
+  device through ``torch.cuda.set_device`` (ROCm builds use it too),
+  ``torch.accelerator.set_device_index`` or ``torch.xpu.set_device``, numabind binds it
+  late to that device's node (every thread's CPUs, the calling thread's memory policy,
+  migration, the keep/replace rule, one line) before delegating to torch.  Engine
+  workers that get their local rank as an argument and call ``set_device(local_rank)``
+  (vLLM/SGLang-style executors) are bound this way.  A process bound already, by the hook
+  or an earlier selection, is left alone; selecting a second device on another node is
+  said, not chased; later calls cost one flag test.  ``with torch.cuda.device(i)`` and
+  ``tensor.to("cuda:1")`` do not select a device for the process and do not bind.
+  ``NUMABIND_TORCH_SET_DEVICE=0`` turns this part off.
 
 One line for users::
 
     import numabind.torch; numabind.torch.install()
 
-or ``NUMABIND_TORCH=1`` in the launcher's environment (the startup hook then installs it
-as soon as ``torch.multiprocessing`` is imported).  Importing this module does not import
-torch; :func:`install` does.
+or ``NUMABIND_TORCH=1`` in the environment (the startup hook then installs it as soon as
+torch is imported).  Importing this module does not import torch; :func:`install` does.
 
 Where it hooks, and why there (torch 2.13 source):
 ``torch/multiprocessing/spawn.py:start_processes`` is the one place both paths start
@@ -19,15 +32,17 @@ and ``i`` is the local rank in both paths (elastic's ``_wrap`` indexes its per-r
 environments with it).  numabind replaces the ``multiprocessing`` module that spawn.py
 sees with a thin proxy whose contexts' ``Process.start()`` runs inside
 :func:`numabind.child_binding` for rank ``i`` and whose child enters through numabind
-first.  Nothing else in torch is touched.  :func:`install` checks each of those internals
-and raises :class:`TorchIntegrationError` naming the one that changed.
+first.  The device-selection functions are replaced by wrappers that bind, then call
+the original.  Nothing else in torch is touched.  :func:`install` checks each of those
+internals and raises :class:`TorchIntegrationError` naming the one that changed.
 """
 
 from __future__ import annotations
 
 import multiprocessing as _stdlib_mp
 import os
-import sys
+
+from ._errors import IntegrationError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,9 +52,17 @@ if TYPE_CHECKING:
 
 TESTED_TORCH = ("2.13",)  # major.minor versions whose internals the tests run against
 _installed: dict[str, Any] = {}
+# (module, attribute, device type) of every function that selects a device for the process
+SELECTORS = (
+    ("torch.cuda", "set_device", "cuda"),
+    ("torch.accelerator", "set_device_index", None),
+    ("torch.accelerator", "set_device_idx", None),
+    ("torch.xpu", "set_device", "xpu"),
+)
+_selected: dict[str, Any] = {}  # the first selection's node, once made
 
 
-class TorchIntegrationError(RuntimeError):
+class TorchIntegrationError(IntegrationError):
     """torch changed an internal numabind.torch relies on."""
 
 
@@ -94,7 +117,9 @@ def _torch_child_entry(
     )
     cfg = config_from_env(os.environ)
     if binding.worth_a_line(cfg.verbose):
-        sys.stderr.write(f"numabind: {binding}\n")
+        from ._startup import say
+
+        say(str(binding))
     return target(*target_args)
 
 
@@ -160,6 +185,125 @@ class _MultiprocessingProxy:
         return getattr(self._real, name)
 
 
+def _device_index(device: Any) -> int | None:
+    """The index a selector was given (int, "cuda:1", torch.device), None for none."""
+    if isinstance(device, bool):
+        return None
+    if isinstance(device, int):
+        return device
+    try:
+        import torch
+
+        dev = torch.device(device) if isinstance(device, str) else device
+        index = getattr(dev, "index", None)
+    except Exception:
+        return None
+    return index if isinstance(index, int) else None
+
+
+def _on_select(what: str, device: Any) -> None:
+    """A device was selected: bind the process to its node, once; a later selection of a
+    device not seen before is compared with that node (once per device)."""
+    index = _device_index(device)
+    if index is None or index < 0:
+        return
+    checked: set[int] | None = _selected.get("checked")
+    if checked is not None:
+        if index not in checked:
+            checked.add(index)
+            _say_second(what, index)
+        return
+    _selected["first"], _selected["checked"] = index, {index}
+    from ._apply import ACTIVE
+
+    bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
+    if bound is not None:
+        # bound already (the startup hook, numabind.apply, a numabind child): left alone
+        _selected["node"] = bound.plan.numa_node
+        return
+    from ._api import apply
+    from ._config import config_from_env
+    from ._startup import say
+
+    binding = apply(device=index, migrate=True, strict=False)
+    _selected["node"] = binding.plan.numa_node
+    cfg = config_from_env(os.environ)
+    if binding.worth_a_line(cfg.verbose):
+        say(f"{what}({index}): {binding}")
+
+
+def _say_second(what: str, index: int) -> None:
+    from ._api import plan_for
+
+    node = _selected.get("node")
+    try:
+        other = plan_for(device=index).numa_node
+    except Exception:
+        return
+    if node is not None and other is not None and other != node:
+        from ._startup import say
+
+        say(
+            f"{what}({index}) selects a device on node {other}, but this process was bound to "
+            f"node {node} when it selected device {_selected.get('first')}: not rebound"
+        )
+
+
+def _wrap_selector(module: Any, name: str, what: str) -> None:
+    original = getattr(module, name, None)
+    if original is None or getattr(original, "_numabind_original", None) is not None:
+        return
+    import functools
+
+    @functools.wraps(original)
+    def selector(device: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _on_select(what, device)
+        except Exception as err:  # binding must never break the user's call
+            from ._startup import say
+
+            say(f"{what}: binding failed ({type(err).__name__}: {err}); left unbound")
+        return original(device, *args, **kwargs)
+
+    selector._numabind_original = original  # type: ignore[attr-defined]
+    setattr(module, name, selector)
+    _installed.setdefault("selectors", []).append((module, name, original))
+
+
+def install_set_device() -> None:
+    """Make the device-selection functions bind (see the module docstring).  Raises
+    :class:`TorchIntegrationError` when none of them is where torch 2.13 has it."""
+    import importlib
+
+    found = 0
+    for mod_name, attr, _kind in SELECTORS:
+        try:
+            module = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        if callable(getattr(module, attr, None)):
+            found += 1
+            _wrap_selector(module, attr, f"{mod_name}.{attr}")
+    if not found:
+        import torch
+
+        raise TorchIntegrationError(
+            f"numabind.torch cannot hook device selection in torch {torch.__version__} "
+            f"(tested: {', '.join(TESTED_TORCH)}): none of "
+            + ", ".join(f"{m}.{a}" for m, a, _ in SELECTORS)
+            + " exists"
+        )
+
+
+def _set_device_wanted() -> bool:
+    return os.environ.get("NUMABIND_TORCH_SET_DEVICE", "1").strip().lower() not in (
+        "0",
+        "off",
+        "false",
+        "no",
+    )
+
+
 def install(*, mode: str | None = None, memory: str | None = None) -> None:
     """Make torch start its multiprocessing and elastic Callable children bound.
 
@@ -168,6 +312,8 @@ def install(*, mode: str | None = None, memory: str | None = None) -> None:
     """
     import importlib
 
+    if _set_device_wanted():
+        install_set_device()
     spawn_mod: Any = importlib.import_module("torch.multiprocessing.spawn")
     if isinstance(spawn_mod.multiprocessing, _MultiprocessingProxy):
         return
@@ -181,17 +327,22 @@ def uninstall() -> None:
     spawn_mod = _installed.pop("spawn", None)
     if spawn_mod is not None and isinstance(spawn_mod.multiprocessing, _MultiprocessingProxy):
         spawn_mod.multiprocessing = _stdlib_mp
+    for module, name, original in _installed.pop("selectors", []):
+        setattr(module, name, original)
+    _selected.clear()
 
 
 def install_when_imported() -> None:
-    """``NUMABIND_TORCH=1``: install as soon as torch's multiprocessing is imported, without
-    importing torch here (the startup hook calls this in launcher processes)."""
+    """``NUMABIND_TORCH=1``: install as soon as torch is imported, without importing torch
+    here (the startup hook calls this in launchers, ranks and engine workers alike)."""
     from ._importhook import after_import
 
     def hook(module: Any) -> None:
         try:
             install()
         except TorchIntegrationError as err:
-            sys.stderr.write(f"numabind: {err}\n")
+            from ._startup import say
 
-    after_import("torch.multiprocessing.spawn", hook)
+            say(str(err))
+
+    after_import("torch", hook)

@@ -1,0 +1,78 @@
+"""numabind's exceptions: one root, each kept on the standard base callers already catch.
+
+``except numabind.NumabindError`` catches anything numabind raises on purpose; the second
+base keeps older code working (``KernelError`` is an ``OSError`` with the kernel's
+``errno``, ``BindingError`` a ``RuntimeError``, ``ConfigError`` a ``ValueError``).  Every
+class survives pickling (a child's failure reaches its parent) and prints as one line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class NumabindError(Exception):
+    """Root of numabind's exceptions."""
+
+
+class ConfigError(NumabindError, ValueError):
+    """A ``NUMABIND_*`` variable or an API argument has a value numabind does not accept;
+    the message names it, quotes the value and lists what is accepted."""
+
+
+class CaptureError(NumabindError):
+    """The input is not a capture (directory, tarball or hwloc XML) numabind can read."""
+
+
+class BindingError(NumabindError, RuntimeError):
+    """Raised in strict mode when a plan could not be applied (or was skipped), and when
+    bindings are restored out of order."""
+
+
+class IntegrationError(NumabindError, RuntimeError):
+    """A framework changed an internal that numabind hooks (torch, Ray); the message names
+    the internal and the versions numabind was tested against."""
+
+
+class UsageError(NumabindError):
+    """Bad command-line arguments or an unreadable input: one line, exit status 2."""
+
+
+# What an errno means for the calls numabind makes, said so that a user can act on it.
+_POLICY_MEANINGS = {
+    errno.EPERM: "not permitted: a seccomp filter or container policy forbids memory-policy "
+    "calls (docker: --cap-add SYS_NICE restores set_mempolicy and mbind)",
+    errno.EINVAL: "invalid: a node is offline, memory-less, or outside this process's cpuset.mems",
+    errno.ENOSYS: "not implemented: this kernel was built without NUMA support",
+    errno.ENOMEM: "out of memory in the kernel",
+    errno.EFAULT: "bad address",
+}
+_AFFINITY_MEANINGS = {
+    errno.EINVAL: "invalid: none of these CPUs is online and allowed by this process's "
+    "cgroup cpuset",
+    errno.EPERM: "not permitted: the thread belongs to another user",
+    errno.ESRCH: "no such thread (it exited)",
+}
+
+
+class KernelError(NumabindError, OSError):
+    """A failed kernel call, with what was asked.  ``errno`` is the kernel's answer and
+    ``call`` the system call's name; the message says what the errno means for it."""
+
+    def __init__(self, call: str, err: int, asked: str) -> None:
+        table = _AFFINITY_MEANINGS if call == "sched_setaffinity" else _POLICY_MEANINGS
+        meaning = table.get(err) or os.strerror(err)
+        super().__init__(err, f"{call}({asked}) failed: {meaning}")
+        self.call = call
+        self.asked = asked
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.errno, self.asked))

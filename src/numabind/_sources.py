@@ -1,0 +1,385 @@
+"""Where a :class:`~numabind._topology.Machine` gets its facts: one method per fact.
+
+:class:`SysfsSource` reads a :class:`~numabind._roots.Root` laid out like ``/`` (the live
+system, a directory capture, a tarball); :mod:`numabind._hwloc` provides the same
+interface for hwloc XML.  A malformed *optional* fact (a cache domain, a device's
+locality) becomes "unknown" plus a line in :attr:`Source.warnings` that names the file
+and the value; nothing here raises on bad input.
+
+:data:`READ_PATHS` lists every file this reader may open, as patterns; ``numabind
+gather`` writes exactly those, so a capture holds what the reader reads, by construction.
+"""
+
+from __future__ import annotations
+
+from . import _cgroup, _sysfs
+from ._model import Accelerator, Allowed, CpuInfo, Node
+from ._pci import normalize_pci, pci_sort_key
+from ._vendors import BY_KEY, BY_PCI, NVIDIA, VENDORS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._roots import Root
+
+SYS_NODE = "/sys/devices/system/node"
+SYS_CPU = "/sys/devices/system/cpu"
+SYS_PCI = "/sys/bus/pci/devices"
+NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
+
+# Every file the reader opens ({node}, {cpu}, {index}, {bdf}, {driver} are listed
+# directories; {cgroup} is the cpuset directory found).  gather copies these.
+READ_PATHS: tuple[str, ...] = (
+    f"{SYS_CPU}/online",
+    f"{SYS_CPU}/present",
+    f"{SYS_CPU}/possible",
+    f"{SYS_NODE}/online",
+    f"{SYS_NODE}/possible",
+    f"{SYS_NODE}/has_cpu",
+    f"{SYS_NODE}/{{node}}/cpulist",
+    f"{SYS_NODE}/{{node}}/cpumap",
+    f"{SYS_NODE}/{{node}}/meminfo",
+    f"{SYS_NODE}/{{node}}/distance",
+    f"{SYS_CPU}/{{cpu}}/topology/physical_package_id",
+    f"{SYS_CPU}/{{cpu}}/topology/core_cpus_list",
+    f"{SYS_CPU}/{{cpu}}/topology/thread_siblings_list",
+    f"{SYS_CPU}/{{cpu}}/cache/{{index}}/level",
+    f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
+    f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
+    f"{SYS_PCI}/{{bdf}}/vendor",
+    f"{SYS_PCI}/{{bdf}}/device",
+    f"{SYS_PCI}/{{bdf}}/class",
+    f"{SYS_PCI}/{{bdf}}/numa_node",
+    f"{SYS_PCI}/{{bdf}}/local_cpulist",
+    f"{SYS_PCI}/{{bdf}}/local_cpus",
+    *(f"{SYS_PCI}/{{bdf}}/{v.uuid_file}" for v in VENDORS if v.uuid_file),
+    f"{NVIDIA.driver_dir}/{{driver}}/information",
+    f"{NVIDIA.driver_dir}/{{driver}}/numa_status",
+    "/proc/self/cgroup",
+    "/proc/self/cpuset",
+    "/proc/self/mounts",
+    "/proc/self/status",
+    "/proc/sys/kernel/osrelease",
+    NUMA_BALANCING,
+    *(f"{{cgroup}}/{name}" for name in _cgroup.CPUSET_FILES),
+)
+
+
+class Source:
+    """Where a :class:`Machine` gets its facts.  Every method reads one thing."""
+
+    description = "?"
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings and len(self.warnings) < 50:
+            self.warnings.append(_sysfs.clean_line(message))
+
+    def online_cpus(self) -> frozenset[int]:
+        raise NotImplementedError
+
+    def node_ids(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def node(self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...]) -> Node:
+        raise NotImplementedError
+
+    def cpu_info(self, cpu: int) -> CpuInfo:
+        return CpuInfo(
+            cpu=cpu,
+            package=self.cpu_package(cpu),
+            siblings=self.cpu_siblings(cpu),
+            cache=self.cpu_cache(cpu),
+        )
+
+    # One fact at a time, so a mode reads only what it uses (exclusive: siblings; socket:
+    # packages; core-complex: cache domains).  Sources that know everything at once
+    # override cpu_info and inherit these.
+    def cpu_package(self, cpu: int) -> int | None:
+        return self.cpu_info(cpu).package
+
+    def cpu_siblings(self, cpu: int) -> frozenset[int]:
+        return self.cpu_info(cpu).siblings
+
+    def cpu_cache(self, cpu: int) -> frozenset[int] | None:
+        return self.cpu_info(cpu).cache
+
+    def allowed(self, online: frozenset[int]) -> Allowed:
+        raise NotImplementedError
+
+    def accelerators(self) -> tuple[Accelerator, ...]:
+        raise NotImplementedError
+
+    def accelerator(self, bdf: str) -> Accelerator | None:
+        for acc in self.accelerators():
+            if acc.pci == bdf:
+                return acc
+        return None
+
+    def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
+        """PCI addresses the vendor's driver lists as this process's GPUs, or None when
+        the driver publishes no such list (or it is absent)."""
+        return None
+
+    def kernel_release(self) -> str | None:
+        return None
+
+    def numa_balancing(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class SysfsSource(Source):
+    """Reads a live system or a capture of one (hwloc-gather-topology layout)."""
+
+    def __init__(self, root: Root) -> None:
+        super().__init__()
+        self.root = root
+        self.description = root.description
+        self._pci_cache: dict[str, Accelerator | None] = {}
+        self._driver_info: dict[str, dict[str, str]] = {}
+        self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
+        self._cpu_limit: int | None = None
+        self._node_limit: int | None = None
+
+    def _read(self, path: str) -> str | None:
+        return self.root.opt(path)
+
+    def _limit(self, path: str, ceiling: int) -> int:
+        # On the live system the kernel's own 'possible' mask bounds every number; in a
+        # capture that mask is input too, so only the hard ceiling applies there.
+        if not self.root.live:
+            return ceiling
+        text = self._read(path)
+        try:
+            possible = _sysfs.parse_cpulist(text or "", ceiling)
+        except ValueError:
+            return ceiling
+        return max(possible) + 1 if possible else ceiling
+
+    @property
+    def cpu_limit(self) -> int:
+        if self._cpu_limit is None:
+            self._cpu_limit = self._limit(f"{SYS_CPU}/possible", _sysfs.MAX_CPUS)
+        return self._cpu_limit
+
+    @property
+    def node_limit(self) -> int:
+        if self._node_limit is None:
+            self._node_limit = self._limit(f"{SYS_NODE}/possible", _sysfs.MAX_NODES)
+        return self._node_limit
+
+    def cpulist(self, path: str, text: str | None = None) -> frozenset[int] | None:
+        """A CPU list file, bounded; a malformed one is a warning and None."""
+        if text is None:
+            text = self._read(path)
+        if text is None:
+            return None
+        try:
+            return _sysfs.parse_cpulist(text, self.cpu_limit)
+        except ValueError as err:
+            self.warn(f"{_sysfs.join(self.description, path)}: {err}; ignored")
+            return None
+
+    def cpumask(self, path: str) -> frozenset[int] | None:
+        text = self._read(path)
+        if text is None:
+            return None
+        try:
+            return _sysfs.parse_cpumask(text, self.cpu_limit)
+        except ValueError as err:
+            self.warn(f"{_sysfs.join(self.description, path)}: {err}; ignored")
+            return None
+
+    # --- CPUs and nodes
+    def online_cpus(self) -> frozenset[int]:
+        for name in ("online", "present"):
+            found = self.cpulist(f"{SYS_CPU}/{name}")
+            if found:
+                return found
+        cpus: set[int] = set()
+        for n in self.root.listdir(SYS_CPU):
+            digits = n[3:]
+            if n.startswith("cpu") and digits.isascii() and digits.isdigit() and len(n) < 9:
+                cpus.add(int(digits))
+        cpus = {c for c in cpus if c < self.cpu_limit}
+        return frozenset(cpus)
+
+    def node_ids(self) -> tuple[int, ...]:
+        ids = []
+        for n in self.root.listdir(SYS_NODE):
+            digits = n[4:]
+            if n.startswith("node") and digits.isascii() and digits.isdigit() and len(n) < 9:
+                if int(digits) < self.node_limit:
+                    ids.append(int(digits))
+                else:
+                    self.warn(
+                        f"{self.description}: {SYS_NODE}/{n} is beyond the ceiling of "
+                        f"{self.node_limit} nodes; ignored"
+                    )
+        return tuple(sorted(ids))
+
+    def node(self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...]) -> Node:
+        base = f"{SYS_NODE}/node{node_id}"
+        cpus = self.cpulist(f"{base}/cpulist")
+        if cpus is None:
+            cpus = self.cpumask(f"{base}/cpumap") or frozenset()
+        memory = None
+        meminfo = self._read(f"{base}/meminfo")
+        if meminfo:
+            for line in meminfo.splitlines()[:64]:
+                if "MemTotal:" in line:
+                    fields = line.split()
+                    value = _sysfs.parse_int(fields[-2]) if len(fields) >= 2 else None
+                    memory = value * 1024 if value is not None and value >= 0 else None
+                    break
+        distances: tuple[tuple[int, int], ...] = ()
+        dist = self._read(f"{base}/distance")
+        if dist:
+            values = [_sysfs.parse_int(v) for v in dist.split()[: len(all_ids) + 1]]
+            if len(values) == len(all_ids) and all(v is not None and v >= 0 for v in values):
+                distances = tuple(zip(all_ids, (v for v in values if v is not None)))
+        return Node(id=node_id, cpus=cpus & online, memory_bytes=memory, distances=distances)
+
+    def cpu_package(self, cpu: int) -> int | None:
+        value = _sysfs.parse_int(self._read(f"{SYS_CPU}/cpu{cpu}/topology/physical_package_id"))
+        return value if value is not None and 0 <= value < 1 << 20 else None
+
+    def cpu_siblings(self, cpu: int) -> frozenset[int]:
+        # core_cpus_list is the current name; thread_siblings_list is the deprecated one.
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            found = self.cpulist(f"{SYS_CPU}/cpu{cpu}/topology/{name}")
+            if found:
+                return found | {cpu}
+        return frozenset({cpu})
+
+    def cpu_cache(self, cpu: int) -> frozenset[int] | None:
+        """The largest cache domain the CPU shares (the highest-level data/unified cache)."""
+        base = f"{SYS_CPU}/cpu{cpu}/cache"
+        cache: frozenset[int] | None = None
+        best = -1
+        for index in self.root.listdir(base, 64):
+            if not index.startswith("index"):
+                continue
+            level = _sysfs.parse_int(self._read(f"{base}/{index}/level"))
+            kind = self._read(f"{base}/{index}/type") or ""
+            if level is None or kind == "Instruction" or level <= best:
+                continue
+            shared = self.cpulist(f"{base}/{index}/shared_cpu_list")
+            if shared is None:
+                continue
+            cache, best = shared | {cpu}, level
+        return cache
+
+    # --- what this process may use
+    def allowed(self, online: frozenset[int]) -> Allowed:
+        return _cgroup.cpuset(self.root, online)
+
+    # --- accelerators
+    def accelerators(self) -> tuple[Accelerator, ...]:
+        found: list[Accelerator] = []
+        driver = set(self.driver_gpus("nvidia") or ())
+        for bdf in self.root.listdir(SYS_PCI):
+            if normalize_pci(bdf) != bdf:
+                continue  # not a PCI address: nothing the kernel would write here
+            acc = self._accelerator(bdf, bdf in driver)
+            if acc is not None:
+                found.append(acc)
+        found.sort(key=lambda a: pci_sort_key(a.pci))
+        return tuple(found)
+
+    def accelerator(self, bdf: str) -> Accelerator | None:
+        return self._accelerator(bdf, bdf in (self.driver_gpus("nvidia") or ()))
+
+    def _accelerator(self, bdf: str, driver_listed: bool) -> Accelerator | None:
+        if bdf in self._pci_cache:
+            return self._pci_cache[bdf]
+        base = f"{SYS_PCI}/{bdf}"
+        vendor_id = _sysfs.parse_int(self._read(f"{base}/vendor"))
+        vendor = BY_PCI.get(vendor_id) if vendor_id is not None else None
+        if vendor is None and not driver_listed:
+            # one read decides for the hundreds of bridges, NICs and chipset functions
+            self._pci_cache[bdf] = None
+            return None
+        pci_class = _sysfs.parse_int(self._read(f"{base}/class"))
+        device_id = _sysfs.parse_int(self._read(f"{base}/device"))
+        if driver_listed:
+            vendor = NVIDIA  # the NVIDIA driver lists it: whatever sysfs claims
+        elif vendor is None or not vendor.is_compute(device_id, pci_class):
+            self._pci_cache[bdf] = None
+            return None
+        numa_node = _sysfs.parse_int(self._read(f"{base}/numa_node"))
+        if numa_node is not None and not 0 <= numa_node < self.node_limit:
+            numa_node = None  # -1: the firmware does not say
+        local = self.cpulist(f"{base}/local_cpulist")
+        if local is None:
+            local = self.cpumask(f"{base}/local_cpus")
+        uuid = name = None
+        minor = memory_node = None
+        if vendor.uuid_file:
+            uid = self._read(f"{base}/{vendor.uuid_file}")
+            if uid and len(uid) <= 32 and all(c in "0123456789abcdefABCDEFx" for c in uid):
+                uuid = vendor.uuid_prefix + uid.lower().removeprefix("0x")
+        if vendor.driver_dir:
+            info = self._driver_information(vendor.key, bdf)
+            uuid = info.get("GPU UUID") or uuid
+            name = info.get("Model")
+            minor = _sysfs.parse_int(info.get("Device Minor"))
+            status = self._read(f"{vendor.driver_dir}/{bdf}/numa_status")
+            for line in (status or "").splitlines()[:16]:
+                key, _, value = line.partition(":")
+                if key.strip() == "Node":
+                    memory_node = _sysfs.parse_int(value)
+                    if memory_node is not None and not 0 <= memory_node < self.node_limit:
+                        memory_node = None
+        acc = Accelerator(
+            pci=bdf,
+            vendor=vendor.key,
+            vendor_id=vendor_id,
+            device_id=device_id,
+            pci_class=pci_class,
+            numa_node=numa_node,
+            local_cpus=local,
+            uuid=_sysfs.clean_line(uuid, 80) if uuid else None,
+            memory_node=memory_node,
+            name=_sysfs.clean_line(name, 80) if name else None,
+            minor=minor,
+        )
+        self._pci_cache[bdf] = acc
+        return acc
+
+    def _driver_information(self, vendor: str, bdf: str) -> dict[str, str]:
+        if bdf not in self._driver_info:
+            out: dict[str, str] = {}
+            text = self._read(f"{BY_KEY[vendor].driver_dir}/{bdf}/information") or ""
+            for line in text.splitlines()[:64]:
+                key, sep, value = line.partition(":")
+                if sep:
+                    out[key.strip()] = value.strip()
+            self._driver_info[bdf] = out
+        return self._driver_info[bdf]
+
+    def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
+        if vendor not in self._driver_gpus:
+            d = BY_KEY[vendor].driver_dir
+            found: tuple[str, ...] | None = None
+            if d is not None and self.root.isdir(d):
+                entries = self.root.listdir(d)
+                out = {n for n in (normalize_pci(e) for e in entries) if n is not None}
+                found = tuple(sorted(out, key=pci_sort_key)) or None
+            self._driver_gpus[vendor] = found
+        return self._driver_gpus[vendor]
+
+    def kernel_release(self) -> str | None:
+        text = self._read("/proc/sys/kernel/osrelease")
+        return _sysfs.clean_line(text, 100) if text else None
+
+    def numa_balancing(self) -> int | None:
+        value = _sysfs.parse_int(self._read(NUMA_BALANCING))
+        return value if value is not None and 0 <= value < 256 else None
+
+    def close(self) -> None:
+        self.root.close()

@@ -1,0 +1,222 @@
+"""Thread pools sized to the binding: ``NUMABIND_THREADS=auto`` (or a count).
+
+A bound rank's *thread budget* is ``max(1, (len(cpus) // smt) // n)`` (``Plan.threads``):
+its physical cores, shared by the ``n`` local ranks planned onto exactly the same CPUs.
+Among GPU launchers only DeepSpeed sizes ``OMP_NUM_THREADS`` to the cores it binds;
+torchrun writes ``OMP_NUM_THREADS=1`` for every multi-process job where it is unset, and
+Ray sets it to the task's ``num_cpus`` inside the worker.  So a value found in the
+environment is the *user's* only if
+
+* it is in this process's initial environment (``/proc/self/environ``): Ray sets its
+  value in-process, after start; and
+* it is not torchrun's: a worker of a torchrun agent (``TORCHELASTIC_RUN_ID``) that sees
+  ``OMP_NUM_THREADS=1`` while the agent's own initial environment has none got it from
+  torchrun (torch/distributed/run.py), not from the user.
+
+The user's values are never touched.  The affinity variables (``OMP_PROC_BIND``,
+``OMP_PLACES``, ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY``) are left as set, and numabind says
+once when an explicit CPU list in them lies outside the binding.
+
+At startup the variables are set before any runtime is imported (the runtimes read them
+when they load).  On late binding the pools already loaded are resized at run time:
+through threadpoolctl (``numabind[threads]``) for OpenMP/BLAS, and ``torch.set_num_threads``
+when torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import _sysfs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
+
+    from ._plan import Plan
+
+VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+AFFINITY_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+_ENV_CAP = 4 << 20
+
+
+def _initial_environ(pid: int | str) -> dict[str, str] | None:
+    try:
+        raw = _sysfs.read_bytes(f"/proc/{pid}/environ", _ENV_CAP)
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
+def owner_of(name: str, environ: Mapping[str, str], initial: Mapping[str, str] | None) -> str:
+    """Who set ``name``: ``unset``, ``user``, ``torchrun`` or ``in-process`` (Ray, or the
+    program itself before numabind bound it late)."""
+    value = environ.get(name)
+    if value is None:
+        return "unset"
+    if initial is not None and initial.get(name) != value:
+        return "in-process"
+    if name == "OMP_NUM_THREADS" and value.strip() == "1" and "TORCHELASTIC_RUN_ID" in environ:
+        agent = _initial_environ(os.getppid())
+        if agent is not None and "OMP_NUM_THREADS" not in agent:
+            return "torchrun"
+    return "user"
+
+
+def budget_of(plan: Plan, setting: str) -> int | None:
+    if not plan.bound:
+        return None
+    if setting == "auto":
+        return plan.threads
+    if setting.isdigit():
+        return int(setting)
+    return None
+
+
+def _explicit_cpus(value: str) -> set[int]:
+    """The CPU numbers an affinity variable names explicitly (GOMP_CPU_AFFINITY lists,
+    OMP_PLACES numeric places, KMP_AFFINITY proclist); abstract forms name none."""
+    if len(value) > 4096:
+        return set()
+    digits: set[int] = set()
+    number = ""
+    text = value
+    if "proclist=" in value:
+        text = value.split("proclist=", 1)[1]
+    elif not any(ch.isdigit() for ch in value) or value.strip().lower() in (
+        "true",
+        "false",
+        "close",
+        "spread",
+        "master",
+        "primary",
+    ):
+        return set()
+    prev: int | None = None
+    dash = False
+    for ch in text + " ":
+        if ch.isdigit() and len(number) < 6:
+            number += ch
+            continue
+        if number:
+            n = int(number)
+            if dash and prev is not None and n >= prev and n - prev < 16384:
+                digits.update(range(prev, n + 1))
+            else:
+                digits.add(n)
+            prev, number = n, ""
+        dash = ch == "-"
+        if ch == ":":
+            break  # OMP_PLACES {0:4}:2:4: what follows are lengths and strides, not CPUs
+    return digits
+
+
+class ThreadSettings:
+    """What ``apply_env`` did: the budget, the variables set, those left as the user set
+    them, and a warning about affinity variables, if any."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.set: dict[str, tuple[str | None, str]] = {}  # name -> (replaced, who)
+        self.kept: dict[str, str] = {}
+        self.affinity_warning: str | None = None
+
+    def registry_fields(self) -> dict[str, str]:
+        given = {**{k: v for k, v in self.kept.items()}, **{k: str(self.budget) for k in self.set}}
+        return {
+            "threads": str(self.budget),
+            "thread_env": ",".join(f"{k}:{v}" for k, v in sorted(given.items())),
+        }
+
+    def notes(self, verbose: bool) -> list[str]:
+        out: list[str] = []
+        if self.affinity_warning:
+            out.append(self.affinity_warning)
+        if verbose:
+            if self.set:
+                how = ", ".join(
+                    f"{k}={self.budget}" + (f" (replacing {old!r} set by {who})" if old else "")
+                    for k, (old, who) in self.set.items()
+                )
+                out.append(f"NUMABIND_THREADS: set {how}")
+            if self.kept:
+                out.append(
+                    "NUMABIND_THREADS: left as the user set them: "
+                    + ", ".join(f"{k}={v}" for k, v in self.kept.items())
+                )
+        return out
+
+
+def apply_env(
+    plan: Plan, setting: str, environ: MutableMapping[str, str] | Mapping[str, str]
+) -> ThreadSettings | None:
+    """Set the thread variables of a bound rank to its budget, except the user's."""
+    budget = budget_of(plan, setting)
+    if budget is None:
+        return None
+    out = ThreadSettings(budget)
+    # os.environ: what the process started with is in /proc/self/environ; a plain
+    # mapping (tests, numabind run's child) is its own initial environment
+    initial = _initial_environ("self") if environ is os.environ else dict(environ)
+    for name in VARIABLES:
+        who = owner_of(name, environ, initial)
+        if who == "user":
+            out.kept[name] = environ[name]
+            continue
+        old = environ.get(name)
+        if hasattr(environ, "__setitem__"):
+            environ[name] = str(budget)
+        out.set[name] = (old, who)
+    outside: list[str] = []
+    for name in AFFINITY_VARIABLES:
+        value = environ.get(name)
+        if value:
+            named = _explicit_cpus(value)
+            if named and not named <= plan.cpus:
+                outside.append(f"{name}={_sysfs.short(value)}")
+    if outside:
+        out.affinity_warning = (
+            f"{', '.join(outside)} would place threads on CPUs outside the binding "
+            f"{_sysfs.format_cpulist(plan.cpus)}; numabind leaves them as set"
+        )
+    return out
+
+
+def apply_runtime(plan: Plan, setting: str) -> list[str]:
+    """Late binding: resize the thread pools already loaded; returns notes to show."""
+    budget = budget_of(plan, setting)
+    if budget is None:
+        return []
+    notes: list[str] = []
+    settings = apply_env(plan, setting, os.environ)
+    if settings is not None and settings.affinity_warning:
+        notes.append(settings.affinity_warning)
+    user = settings.kept if settings is not None else {}
+    if "OMP_NUM_THREADS" in user:
+        return notes  # the user sized the pools: leave the runtimes as they are too
+    try:
+        import threadpoolctl
+    except ImportError:
+        notes.append(
+            "NUMABIND_THREADS: threadpoolctl is not installed (pip install numabind[threads]);"
+            " OpenMP/BLAS pools already loaded keep their size"
+        )
+    else:
+        threadpoolctl.threadpool_limits(limits=budget)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(budget)
+    return notes
