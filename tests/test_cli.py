@@ -240,7 +240,7 @@ def test_show_threads_per_rank(capsys: pytest.CaptureFixture[str], dgx_root: str
     data = json.loads(out)
     # node mode: 56 cores per node shared by the 4 ranks whose GPUs are on it
     assert [r["threads"] for r in data["ranks"]] == [14] * 8
-    rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--json", "--mode", "exclusive")
+    _, out, _ = run_main(capsys, "show", "--input", dgx_root, "--json", "--mode", "exclusive")
     assert [r["threads"] for r in json.loads(out)["ranks"]] == [14] * 8
     _, out, _ = run_main(
         capsys, "show", "--input", dgx_root, "--json", "--nproc", "2", "--mode", "socket"

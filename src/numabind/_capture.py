@@ -94,8 +94,8 @@ def _find_root(root: Root, path: str) -> Root:
     """The directory holding sys/ (hwloc tarballs wrap it in one top-level directory)."""
     if root.isdir("/sys"):
         return root
-    entries = [e for e in root.listdir("/", 16) if root.isdir(f"/{e}")]
-    if len(entries) == 1 and root.isdir(f"/{entries[0]}/sys"):
+    entries = [e for e in root.listdir("/", 64) if root.isdir(f"/{e}/sys")]
+    if len(entries) == 1:
         return _Prefixed(root, f"/{entries[0]}", path)
     root.close()
     raise CaptureError(f"{path}: no sys/ directory: not a capture of a machine")

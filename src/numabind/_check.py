@@ -267,10 +267,14 @@ def check_pid(
     if share is not None and share < min_locality:
         remote = {n: c for n, c in own.items() if n not in check_nodes}
         worst = max(remote, key=lambda n: remote[n])
-        problems.append(
+        text = (
             f"pages left remote: {share:.1%} on node(s) {fmt(check_nodes)}, "
             f"{remote[worst] * 4 // 1024} MiB on node {worst}"
         )
+        if mem_nodes:
+            problems.append(text)
+        else:  # the plan set no memory policy: where pages are is not its promise
+            notes.append(f"{text} (no memory policy was planned)")
     if result["shared_pages"]["pages"]:
         sp = result["shared_pages"]
         notes.append(

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
-TAR_CAP = 256 << 20  # decompressed bytes of a capture tarball
-TAR_MEMBERS = 200_000  # members of one (hwloc's biggest test capture has 11,495)
+TAR_CAP = 64 << 20  # decompressed bytes of a capture tarball (hwloc's biggest: 9 MiB)
+TAR_MEMBERS = 50_000  # members of one (hwloc's biggest test capture has 11,495)
 
 
 class Root:
