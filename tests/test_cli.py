@@ -237,6 +237,7 @@ def test_show_one_rank_is_singular(capsys: pytest.CaptureFixture[str], dgx_root:
 
 def test_show_threads_per_rank(capsys: pytest.CaptureFixture[str], dgx_root: str) -> None:
     rc, out, _ = run_main(capsys, "show", "--input", dgx_root, "--json")
+    assert rc == 0
     data = json.loads(out)
     # node mode: 56 cores per node shared by the 4 ranks whose GPUs are on it
     assert [r["threads"] for r in data["ranks"]] == [14] * 8
