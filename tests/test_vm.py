@@ -3,7 +3,8 @@ in tests/vm/scenarios.py; these tests assert on what it recorded.
 
 Topology: 2 nodes x 2 CPUs, 1 GiB per node, two PCI devices spoofed as NVIDIA H100s, device 0
 on node 0 and device 1 on node 1.  Skipped only when QEMU cannot run here at all (no
-root to install it); CI runs them (NUMABIND_REQUIRE_VM=1 turns the skip into a failure).
+root to install it); under CI=true or NUMABIND_REQUIRE_VM=1 that skip is a failure.  The
+checkout and the interpreter may live anywhere, /tmp included: the harness shares them.
 """
 
 from __future__ import annotations
@@ -30,20 +31,35 @@ def _vm_available() -> str | None:
     return None
 
 
-def _boot(script: str, devices: str, mem: str = "1024") -> dict[str, Any]:
+def _shared_paths() -> str:
+    """Directories the guest must see read-write besides the checkout: the interpreter's
+    environment when it is not inside the checkout (a venv under /tmp would otherwise sit
+    under the guest's fresh tmpfs)."""
+    out = []
+    for p in (sys.prefix,):
+        real = os.path.realpath(p)
+        if not real.startswith(str(ROOT.resolve()) + "/") and real != "/":
+            out.append(real)
+    return " ".join(out)
+
+
+def _boot(script: str, devices: str, mem: str = "1024", nodes: str = "2") -> dict[str, Any]:
     why = _vm_available()
     if why:
         if os.environ.get("NUMABIND_REQUIRE_VM") == "1":
             pytest.fail(f"VM tests required but unavailable: {why}")
         pytest.skip(why)
-    if sys.executable.startswith("/tmp/"):
-        # the guest's /tmp is a fresh tmpfs: an interpreter (venv) under /tmp is invisible
-        pytest.skip("the test interpreter lives under /tmp, which the VM does not share")
     out_dir = ROOT / ".vmtmp"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / f"{Path(script).stem}-{os.getpid()}.json"
     env = dict(
-        os.environ, NODES="2", CPUS="2", MEM="1024", DEVICES=devices, SPOOF="10de:2330:030200"
+        os.environ,
+        NODES=nodes,
+        CPUS="2",
+        MEM=mem,
+        DEVICES=devices,
+        SPOOF="10de:2330:030200",
+        VM_RW=_shared_paths(),
     )
     proc = subprocess.run(
         [str(ROOT / "scripts" / "numa-vm"), sys.executable, script, str(out)],
@@ -335,4 +351,7 @@ def test_migrate_pages_moves_another_process(vm: dict[str, Any]) -> None:
     before = {int(k): v for k, v in r["before"].items()}
     after = {int(k): v for k, v in r["after"].items()}
     assert before.get(0, 0) > 50 * 256 * 0.9
-    assert after.get(1, 0) >= 0.95 * before.get(0, 0) and r["not_moved"] >= 0
+    assert after.get(1, 0) >= 0.95 * before.get(0, 0)
+    assert after.get(0, 0) <= 0.05 * before.get(0, 0), (before, after)
+    # migrate_pages returns the pages it could not move: at most the few that were busy
+    assert 0 <= r["not_moved"] <= 0.05 * before.get(0, 0), r
