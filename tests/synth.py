@@ -45,6 +45,7 @@ class Spec:
     proc_nvidia: bool = True
     environ: dict[str, str] | None = None
     kernel: str = "6.8.0-generic"
+    numa_balancing: int | None = None  # /proc/sys/kernel/numa_balancing (None: absent)
 
 
 def _w(root: str, path: str, text: str) -> None:
@@ -155,6 +156,8 @@ def write(spec: Spec, root: str) -> str:
             if g.memory_node is not None:
                 _w(root, f"{pbase}/numa_status", f"Node:      {g.memory_node}\nStatus:    online")
     _w(root, "/proc/sys/kernel/osrelease", spec.kernel)
+    if spec.numa_balancing is not None:
+        _w(root, "/proc/sys/kernel/numa_balancing", str(spec.numa_balancing))
     if spec.cgroup_cpus is not None:
         _w(root, "/proc/self/cgroup", "0::/job/step")
         _w(root, "/proc/self/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0")

@@ -250,3 +250,71 @@ def test_every_hook_form_checks_the_same_variables() -> None:
     assert TRIGGER_VARIABLES == _numabind_start.TRIGGERS
     pth = (ROOT / "src" / "_numabind_hook.pth").read_text()
     assert "b'" + " ".join(TRIGGER_VARIABLES) + "'.split()" in pth
+
+
+@pytest.fixture(scope="module")
+def two_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize("knob", ["NUMABIND_VERBOSE", "NUMABIND_GUARD"])
+def test_a_typo_in_a_cosmetic_knob_warns_and_still_binds(two_root: str, knob: str) -> None:
+    env = clean_env(LOCAL_RANK="1", NUMABIND_SYSROOT=two_root, NUMABIND_MEMORY="none")
+    env[knob] = "yse"
+    r = py("import os; print(sorted(os.sched_getaffinity(0)))", env)
+    assert r.stdout.strip() == "[1]", "bound despite the typo"
+    (line,) = r.stderr.splitlines()
+    assert f"{knob}='yse' is not a boolean" in line
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"), [("NUMABIND_MODE", "exclusiv"), ("NUMABIND_MEMORY", "prefered")]
+)
+def test_a_typo_in_a_binding_knob_leaves_the_process_unbound(
+    two_root: str, knob: str, value: str
+) -> None:
+    env = clean_env(LOCAL_RANK="1", NUMABIND_SYSROOT=two_root)
+    env[knob] = value
+    r = py("import os; print(sorted(os.sched_getaffinity(0)))", env)
+    assert r.stdout.strip() == str(sorted(os.sched_getaffinity(0)))
+    (line,) = r.stderr.splitlines()
+    assert f"{knob}='{value}'" in line and "unbound" in line
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_garbled_local_world_size_is_said_and_the_rank_binds(two_root: str) -> None:
+    env = clean_env(
+        LOCAL_RANK="1", LOCAL_WORLD_SIZE="two", NUMABIND_SYSROOT=two_root, NUMABIND_MEMORY="none"
+    )
+    env["NUMABIND_VERBOSE"] = "1"
+    r = py("import os; print(sorted(os.sched_getaffinity(0)))", env)
+    assert r.stdout.strip() == "[1]"
+    (line,) = r.stderr.splitlines()
+    assert "LOCAL_WORLD_SIZE='two' is not a non-negative integer: local world size unknown" in line
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        ("numabind.apply(0, mode='bogus')", "ConfigError"),
+        ("numabind.apply('abc')", "TypeError"),
+        ("numabind.apply(0.5)", "TypeError"),
+        ("numabind.apply(-1)", "ConfigError"),
+        ("numabind.apply(device=1.5)", "TypeError"),
+        ("numabind.apply(0, memory='everywhere')", "ConfigError"),
+        ("numabind.apply(0, migrate='yes')", "TypeError"),
+        ("numabind.numa_bound(mode='x')", "ConfigError"),
+        ("numabind.spawn(print, 0)", "ValueError"),
+    ],
+)
+def test_the_api_rejects_bad_arguments_clearly(call: str, error: str) -> None:
+    code = (
+        "import numabind\n"
+        f"try:\n    {call}\nexcept Exception as e:\n"
+        "    print(type(e).__name__, isinstance(e, (ValueError, TypeError)), e)\n"
+    )
+    r = py(code, clean_env())
+    name, is_std, message = r.stdout.strip().split(" ", 2)
+    assert name == error and is_std == "True", r.stdout + r.stderr
+    assert len(message) < 300

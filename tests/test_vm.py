@@ -342,8 +342,8 @@ def test_check_all_finds_late_ranks_through_the_registry(vm: dict[str, Any]) -> 
     assert r["rc"] == 1, "one process is off its plan"
 
 
-def test_check_missing_pid_is_usage_error(vm: dict[str, Any]) -> None:
-    assert vm["check_missing"]["rc"] == 2
+def test_check_missing_pid_is_its_own_exit_status(vm: dict[str, Any]) -> None:
+    assert vm["check_missing"]["rc"] == 3, "3: the process named is gone (2 is usage)"
 
 
 def test_migrate_pages_moves_another_process(vm: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""``python -m numabind`` works like the ``numabind`` command."""
+"""``python -m numabind`` works like the ``numabind`` command (useful where the console
+script is not on PATH, and in tests that must run this checkout's code)."""
 
 import sys
 

@@ -20,11 +20,12 @@ import sys
 from . import _kernel
 from ._apply import Binding
 from ._bind import bind
-from ._config import config_from_env
+from ._config import config_from_env, sysroot
 from ._devices import Visible, resolve
 from ._errors import ConfigError
 from ._model import Record
 from ._modes import MODE_NAMES
+from ._output import report
 from ._pci import normalize_pci
 from ._plan import MEMORY_POLICIES, Plan, plan, request_for
 from ._procmaps import locality, pages_per_node, private_anon_regions
@@ -100,7 +101,7 @@ def plan_for(
     memory = _check_choice("memory", memory, MEMORY_POLICIES)
     env = os.environ if environ is None else environ
     cfg = config_from_env(env)
-    m = machine if machine is not None else Machine.from_root(env.get("NUMABIND_SYSROOT", "/"))
+    m = machine if machine is not None else Machine.from_root(sysroot(env))
     if local_rank is not None:
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
@@ -180,7 +181,7 @@ def apply(
     if strict is not None and not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool or None, not {type(strict).__name__}")
     cfg = config_from_env(os.environ)
-    machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
+    machine = Machine.from_root(sysroot(os.environ))
     try:
         p = plan_for(
             local_rank,
@@ -210,7 +211,10 @@ def _apply_threads_late(binding: Binding, cfg: Any) -> None:
         return
     from ._threads import apply_runtime
 
-    binding.notes.extend(apply_runtime(binding.plan, cfg.threads))
+    notes, warning = apply_runtime(binding.plan, cfg.threads)
+    binding.notes.extend(notes)
+    if warning:
+        binding.warnings.append(warning)
 
 
 def _rank_from_call(
@@ -266,11 +270,7 @@ def numa_bound(
             rank = _rank_from_call(rank_arg, args, kwargs)
             binding = apply(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
             wrapper.binding = binding  # type: ignore[attr-defined]
-            cfg = config_from_env(os.environ)
-            if binding.worth_a_line(cfg.verbose):
-                from ._startup import say
-
-                say(str(binding))
+            report(binding, config_from_env(os.environ).verbose)
             return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -72,6 +72,7 @@ class Binding:
         self.errors: list[str] = []
         self.refused: list[str] = []  # system calls refused with EPERM (seccomp, no caps)
         self.notes: list[str] = []
+        self.warnings: list[str] = []  # notes the rules promise to say, verbose or not
         self.existing: str | None = None  # what happened to a CPU binding found in place
         self.existing_action: ExistingAction | None = None
         self.registered: str | None = None
@@ -96,12 +97,20 @@ class Binding:
         """Whether an entry point should print this binding: always for a failure, a
         replaced CPU mask or a refused call (the rules promise one line saying so), else
         only when verbose."""
-        return self.failed or self.existing_action == "replaced" or bool(self.refused) or verbose
+        return (
+            self.failed
+            or self.existing_action == "replaced"
+            or bool(self.refused)
+            or bool(self.warnings)
+            or verbose
+        )
 
     def __str__(self) -> str:
         p = self.plan
         if not p.bound:
-            return p.summary()
+            return _sysfs.clean_line(
+                " ".join([p.summary(), *(f"[{w}]" for w in self.warnings)]), 4000
+            )
         parts = [p.who() + ":"]
         if self.cpus_applied:
             threads = "thread" if self.threads_rebound == 1 else "threads"
@@ -119,7 +128,7 @@ class Binding:
             parts.append(f"[{self.existing}]")
         for e in self.errors:
             parts.append(f"[error: {e}]")
-        for n in (*p.notes, *self.notes):
+        for n in (*p.notes, *self.notes, *self.warnings):
             parts.append(f"[{n}]")
         return _sysfs.clean_line(" ".join(parts), 4000)
 

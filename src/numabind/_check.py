@@ -26,6 +26,7 @@ import os
 import sys
 
 from . import _registry, _sysfs
+from ._config import sysroot
 from ._procmaps import locality, pages_per_node, private_anon_regions, shared_pages
 from ._ranks import TRIGGER_VARIABLES, detect
 from ._topology import Machine
@@ -248,11 +249,14 @@ def check_pid(
             + (" ..." if len(escaped) > 5 else "")
         )
     want = expected["memory_policy"]
+    if want not in ("none", "not-permitted") and source != "registry" and not _permitted():
+        want = "not-permitted"  # this container refuses the calls: so it did for the rank
     if want == "not-permitted":
         notes.append(
-            "memory policy: not permitted (a seccomp filter refused set_mempolicy); locality "
-            "below is from /proc/PID/numa_maps"
+            "memory policy: not permitted (a seccomp filter refused the memory-policy calls); "
+            "locality is from /proc/PID/numa_maps"
         )
+        mem_nodes = frozenset()
     elif policy is not None and want != "none":
         got_name, got_nodes = policy
         if got_name != want or (want != "local" and got_nodes != mem_nodes):
@@ -286,6 +290,17 @@ def check_pid(
     result["status"] = "bound"
     result["ok"] = not problems
     return result
+
+
+def _permitted() -> bool:
+    """Whether this process may make memory-policy calls (a seccomp filter says EPERM)."""
+    from . import _kernel
+
+    try:
+        _kernel.get_mempolicy()
+    except OSError as err:
+        return err.errno != 1
+    return True
 
 
 def _shared(pid: int, regions: list[Any]) -> dict[str, Any]:
@@ -403,7 +418,7 @@ def _line(r: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
+    machine = Machine.from_root(sysroot(os.environ))
     results: list[dict[str, Any]] = []
     vanished: list[int] = []
     notes: list[str] = []

@@ -27,7 +27,8 @@ import threading
 
 from . import _kernel
 from ._apply import set_thread_policy
-from ._config import config_from_env
+from ._config import config_from_env, sysroot
+from ._output import report, say
 from ._plan import Plan
 
 TYPE_CHECKING = False
@@ -50,7 +51,7 @@ def _machine_once() -> Machine:
         if _machine is None:
             from ._topology import Machine
 
-            _machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
+            _machine = Machine.from_root(sysroot(os.environ))
         return _machine
 
 
@@ -109,8 +110,6 @@ def say_forkserver_once() -> None:
     global _said_forkserver
     if not _said_forkserver:
         _said_forkserver = True
-        from ._startup import say
-
         say(
             "the forkserver start method forks children from its server, so they cannot "
             "inherit a binding: each child binds itself on entry and migrates its pages"
@@ -196,11 +195,7 @@ def child_entry(
         local_world_size=local_world_size,
         strict=False,
     )
-    cfg = config_from_env(os.environ)
-    if binding.worth_a_line(cfg.verbose):
-        from ._startup import say
-
-        say(str(binding))
+    report(binding, config_from_env(os.environ).verbose)
     return fn(local_rank, *args)
 
 

@@ -9,6 +9,7 @@
 | NUMABIND_THREADS  | off, auto, a positive integer                   | off         | binding   |
 | NUMABIND_VERBOSE  | 0/1                                             | 0           | cosmetic  |
 | NUMABIND_GUARD    | 0/1                                             | 1           | cosmetic  |
+| NUMABIND_SYSROOT  | a directory laid out like /                     | /           | machine   |
 
 A bad value of a *binding* knob raises :class:`~numabind.ConfigError` naming the
 variable, the value and what is accepted (the hook then leaves the process unbound: a typo
@@ -83,6 +84,12 @@ def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
     if value.isascii() and value.isdigit() and len(value) < 6 and 0 < int(value) < MAX_THREADS:
         return str(int(value))
     raise ConfigError(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
+
+
+def sysroot(environ: Mapping[str, str]) -> str:
+    """Where the machine is read from: ``NUMABIND_SYSROOT`` (a capture laid out like ``/``,
+    for tests and benchmarks; read like any capture, inside itself) or ``/``."""
+    return environ.get("NUMABIND_SYSROOT") or "/"
 
 
 def config_from_env(environ: Mapping[str, str]) -> Config:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from . import _kernel, _sysfs
+from ._output import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ def _say_once(key: str, message: str) -> None:
     if key in _said:
         return
     _said.add(key)
-    from ._startup import say
-
     say(message)
 
 

@@ -11,9 +11,8 @@ present; only then is ``_numabind_start`` imported, which imports this module an
   stops a second run, and an environment record lets children that inherited the same
   binding skip the work;
 * never break the interpreter: every failure becomes at most one ``numabind: ...`` line on
-  stderr, written with one ``write(2)`` that ignores errors (a full or closed stderr must
-  not turn the user's exit status into 120); ``NUMABIND_STRICT=1`` turns that line into
-  exit status 1 before user code.
+  stderr (:mod:`numabind._output`); ``NUMABIND_STRICT=1`` turns that line into exit status
+  1 before user code.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._sysfs import clean_line
+from ._output import report, say
 
 STATE_VARIABLE = "NUMABIND_STATE"
 _done = False
@@ -34,24 +33,6 @@ if TYPE_CHECKING:
     from ._apply import Binding
     from ._config import Config
     from ._ranks import RankInfo
-
-
-def say(message: str) -> None:
-    """One line on stderr, whatever the message holds and whatever stderr is."""
-    data = f"numabind: {clean_line(message, 8000)}\n".encode("utf-8", "replace")
-    try:
-        sys.stderr.flush()
-    except Exception:
-        pass
-    try:
-        fd = sys.stderr.fileno() if sys.stderr is not None else 2
-    except Exception:
-        fd = 2
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-    except OSError:
-        pass
 
 
 def _fail(message: str, strict: bool) -> None:
@@ -115,8 +96,6 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         return None
     if cfg.disabled:
         return None
-    for warning in cfg.warnings:
-        say(warning)
     if _truthy(env, "NUMABIND_TORCH"):
         from .torch import install_when_imported
 
@@ -128,6 +107,10 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     from ._ranks import detect
 
     info = detect(env, getattr(sys, "orig_argv", None))
+    if cfg.warnings and not (
+        info.launcher is None and (info.local_rank is not None or info.problem)
+    ):
+        say("; ".join(cfg.warnings))  # no binding line to carry them
     if info.launcher is not None:
         if cfg.verbose:
             say(
@@ -140,8 +123,15 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     key = state_key(info, env, cfg.mode, cfg.memory)
     recorded = env.get(STATE_VARIABLE, "")
     if recorded.rsplit("#", 1)[0] == key:
-        if cfg.verbose:
-            say(f"local rank {info.local_rank}: binding inherited from the parent process")
+        if cfg.verbose or cfg.warnings:
+            say(
+                "; ".join(
+                    [
+                        f"local rank {info.local_rank}: binding inherited from the parent process",
+                        *cfg.warnings,
+                    ]
+                )
+            )
         return None
     return bind_rank(info, env, cfg, strict)
 
@@ -149,10 +139,11 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config, strict: bool) -> Binding:
     """Plan and bind a rank found in the environment (the hook's work after its checks)."""
     from ._bind import bind
+    from ._config import sysroot
     from ._plan import nothing_to_bind, plan, request_for
     from ._topology import Machine
 
-    machine = Machine.from_root(env.get("NUMABIND_SYSROOT", "/"))
+    machine = Machine.from_root(sysroot(env))
     try:
         visible = None
         if info.problem is None and not nothing_to_bind(machine, cfg.mode):
@@ -180,12 +171,15 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config, strict: bool)
     record_state(binding, info, cfg.mode, cfg.memory)
     global last
     last = binding
+    binding.warnings.extend(cfg.warnings)  # said with the binding's line, not beside it
     if threads is not None:
         binding.notes.extend(threads.notes(cfg.verbose))
+        if threads.affinity_warning:
+            binding.warnings.append(threads.affinity_warning)
     if binding.failed or (strict and binding.refused):
         _fail(str(binding), strict)
-    elif binding.worth_a_line(cfg.verbose):
-        say(str(binding))
+    else:
+        report(binding, cfg.verbose)
     if cfg.guard and p.bound and not binding.errors:
         from ._guard import arm
 

@@ -143,8 +143,6 @@ class ThreadSettings:
 
     def notes(self, verbose: bool) -> list[str]:
         out: list[str] = []
-        if self.affinity_warning:
-            out.append(self.affinity_warning)
         if verbose:
             if self.set:
                 how = ", ".join(
@@ -195,18 +193,18 @@ def apply_env(
     return out
 
 
-def apply_runtime(plan: Plan, setting: str) -> list[str]:
-    """Late binding: resize the thread pools already loaded; returns notes to show."""
+def apply_runtime(plan: Plan, setting: str) -> tuple[list[str], str | None]:
+    """Late binding: resize the thread pools already loaded; returns (notes, a warning
+    about affinity variables or None)."""
     budget = budget_of(plan, setting)
     if budget is None:
-        return []
+        return [], None
     notes: list[str] = []
     settings = apply_env(plan, setting, os.environ)
-    if settings is not None and settings.affinity_warning:
-        notes.append(settings.affinity_warning)
+    warning = settings.affinity_warning if settings is not None else None
     user = settings.kept if settings is not None else {}
     if "OMP_NUM_THREADS" in user:
-        return notes  # the user sized the pools: leave the runtimes as they are too
+        return notes, warning  # the user sized the pools: leave the runtimes as they are
     try:
         import threadpoolctl
     except ImportError:
@@ -219,4 +217,4 @@ def apply_runtime(plan: Plan, setting: str) -> list[str]:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         torch.set_num_threads(budget)
-    return notes
+    return notes, warning

@@ -14,6 +14,7 @@ import os
 import sys
 
 from . import __version__
+from ._config import sysroot
 from ._errors import CaptureError, ConfigError, UsageError
 from ._modes import MODE_HELP, MODE_NAMES
 from ._plan import MEMORY_HELP, MEMORY_POLICIES
@@ -227,7 +228,7 @@ def _show(args: argparse.Namespace) -> int:
     else:
         from ._topology import Machine
 
-        machine = Machine.from_root(os.environ.get("NUMABIND_SYSROOT", "/"))
+        machine = Machine.from_root(sysroot(os.environ))
         environ = os.environ
     try:
         try:
@@ -275,7 +276,7 @@ def _gather(args: argparse.Namespace) -> int:
     from ._capture import gather
 
     try:
-        n = gather(args.output, dict(os.environ), os.environ.get("NUMABIND_SYSROOT", "/"))
+        n = gather(args.output, dict(os.environ), sysroot(os.environ))
     except OSError as err:
         raise UsageError(f"numabind gather: {args.output}: {err.strerror or err}") from err
     where = "standard output" if args.output == "-" else args.output
@@ -296,8 +297,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("numabind run: no command given (numabind run [options] -- CMD ARGS...)")
     from ._api import apply
     from ._config import config_from_env
+    from ._output import report
     from ._ranks import RankInfo, detect
-    from ._startup import record_state, say
+    from ._startup import record_state
 
     try:
         cfg = config_from_env(os.environ)
@@ -311,8 +313,7 @@ def _run(args: argparse.Namespace) -> int:
     except BindingError as err:
         print(f"numabind run: {err}", file=sys.stderr)
         return OFF_PLAN
-    if binding.worth_a_line(cfg.verbose):
-        say(str(binding))
+    report(binding, cfg.verbose)
     if binding.plan.bound and cfg.threads != "off":
         from ._threads import apply_env
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 
 from ._errors import IntegrationError
+from ._output import report, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -100,18 +101,17 @@ def bind_assigned(var: str | None, ids: list[str], environ: Mapping[str, str]) -
     if not ids:
         return None
     from ._bind import bind
-    from ._config import config_from_env
+    from ._config import config_from_env, sysroot
     from ._devices import resolve
     from ._plan import Plan, device_node, request_for
     from ._plan import plan as make_plan
     from ._ranks import RankInfo
-    from ._startup import say
     from ._topology import Machine
 
     cfg = config_from_env(environ)
     env = dict(environ)
     env[var or "CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    machine = Machine.from_root(environ.get("NUMABIND_SYSROOT", "/"))
+    machine = Machine.from_root(sysroot(environ))
     try:
         visible = resolve(machine, env)
         nodes = {device_node(machine, d).node for d in visible.devices}
@@ -127,8 +127,7 @@ def bind_assigned(var: str | None, ids: list[str], environ: Mapping[str, str]) -
         binding = bind(p, machine, enable=cfg.enable, environ=environ, migrate=True)
     finally:
         machine.close()
-    if binding.worth_a_line(cfg.verbose):
-        say(str(binding))
+    report(binding, cfg.verbose)
     return binding
 
 
@@ -149,8 +148,6 @@ def _after_reset() -> None:
         try:
             binding.restore()  # back to the worker's original mask, for its next task
         except Exception as err:
-            from ._startup import say
-
             say(f"Ray worker: could not restore its mask after the task ({err})")
 
 
@@ -173,8 +170,6 @@ def install() -> None:
         try:
             _after_set_visible()
         except Exception as err:  # numabind must never fail a Ray task
-            from ._startup import say
-
             say(f"Ray worker: binding failed ({type(err).__name__}: {err}); left unbound")
         return original
 
@@ -209,8 +204,6 @@ def install_when_imported() -> None:
         try:
             install()
         except RayIntegrationError as err:
-            from ._startup import say
-
             say(str(err))
 
     after_import("ray", hook)

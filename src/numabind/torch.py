@@ -43,6 +43,7 @@ import multiprocessing as _stdlib_mp
 import os
 
 from ._errors import IntegrationError
+from ._output import report, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -115,11 +116,7 @@ def _torch_child_entry(
     binding = apply(
         local_rank, mode=mode, memory=memory, migrate=method == "forkserver", strict=False
     )
-    cfg = config_from_env(os.environ)
-    if binding.worth_a_line(cfg.verbose):
-        from ._startup import say
-
-        say(str(binding))
+    report(binding, config_from_env(os.environ).verbose)
     return target(*target_args)
 
 
@@ -218,18 +215,18 @@ def _on_select(what: str, device: Any) -> None:
 
     bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
     if bound is not None:
-        # bound already (the startup hook, numabind.apply, a numabind child): left alone
+        # bound already (the startup hook, numabind.apply, a numabind child): left alone,
+        # and said when the device selected is on another node
         _selected["node"] = bound.plan.numa_node
+        _selected["first"] = None
+        _say_second(what, index)
         return
     from ._api import apply
     from ._config import config_from_env
-    from ._startup import say
 
     binding = apply(device=index, migrate=True, strict=False)
     _selected["node"] = binding.plan.numa_node
-    cfg = config_from_env(os.environ)
-    if binding.worth_a_line(cfg.verbose):
-        say(f"{what}({index}): {binding}")
+    report(binding, config_from_env(os.environ).verbose, f"{what}({index}): ")
 
 
 def _say_second(what: str, index: int) -> None:
@@ -241,11 +238,11 @@ def _say_second(what: str, index: int) -> None:
     except Exception:
         return
     if node is not None and other is not None and other != node:
-        from ._startup import say
-
+        first = _selected.get("first")
+        when = "already" if first is None else f"when it selected device {first}"
         say(
             f"{what}({index}) selects a device on node {other}, but this process was bound to "
-            f"node {node} when it selected device {_selected.get('first')}: not rebound"
+            f"node {node} {when}: not rebound"
         )
 
 
@@ -260,8 +257,6 @@ def _wrap_selector(module: Any, name: str, what: str) -> None:
         try:
             _on_select(what, device)
         except Exception as err:  # binding must never break the user's call
-            from ._startup import say
-
             say(f"{what}: binding failed ({type(err).__name__}: {err}); left unbound")
         return original(device, *args, **kwargs)
 
@@ -341,8 +336,6 @@ def install_when_imported() -> None:
         try:
             install()
         except TorchIntegrationError as err:
-            from ._startup import say
-
             say(str(err))
 
     after_import("torch", hook)

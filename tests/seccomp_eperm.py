@@ -1,0 +1,94 @@
+"""Run a command under a seccomp filter that refuses memory-policy calls with EPERM.
+
+    python -S tests/seccomp_eperm.py [--calls docker|all|NAME,NAME...] -- CMD ARGS...
+
+(``-S``: this launcher itself must not be a rank that the startup hook binds.)
+
+What docker's default profile does to a container without CAP_SYS_NICE (``all``: the five
+memory-policy calls plus set_mempolicy_home_node refused) or with it (``docker``: only
+move_pages and migrate_pages refused).  A real kernel filter, installed with prctl
+(no libseccomp needed), then ``execv``: the command and everything it starts run under it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+
+NUMBERS = {
+    "x86_64": {
+        "mbind": 237,
+        "set_mempolicy": 238,
+        "get_mempolicy": 239,
+        "migrate_pages": 256,
+        "move_pages": 279,
+        "set_mempolicy_home_node": 450,
+    },
+    "aarch64": {
+        "mbind": 235,
+        "get_mempolicy": 236,
+        "set_mempolicy": 237,
+        "migrate_pages": 238,
+        "move_pages": 239,
+        "set_mempolicy_home_node": 450,
+    },
+}
+ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SETS = {
+    "all": tuple(NUMBERS["x86_64"]),
+    "docker": ("move_pages", "migrate_pages"),  # docker's default profile, with CAP_SYS_NICE
+}
+EPERM = 1
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def program(calls: tuple[str, ...]) -> bytes:
+    machine = os.uname().machine
+    nrs = [NUMBERS[machine][c] for c in calls]
+    ops: list[tuple[int, int, int, int]] = [(BPF_LD_W_ABS, 0, 0, 4)]  # seccomp_data.arch
+    n = len(nrs)
+    ops.append((BPF_JEQ_K, 0, n + 2, ARCH[machine]))  # another arch: allow
+    ops.append((BPF_LD_W_ABS, 0, 0, 0))  # seccomp_data.nr
+    for i, nr in enumerate(nrs):
+        ops.append((BPF_JEQ_K, n - i, 0, nr))  # jump to the ERRNO return
+    ops.append((BPF_RET_K, 0, 0, RET_ALLOW))
+    ops.append((BPF_RET_K, 0, 0, RET_ERRNO | EPERM))
+    return b"".join(struct.pack("HBBI", *op) for op in ops)
+
+
+def install(calls: tuple[str, ...]) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    code = program(calls)
+    buf = ctypes.create_string_buffer(code, len(code))
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = Prog(len(code) // 8, ctypes.addressof(buf))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def main(argv: list[str]) -> int:
+    calls = SETS["all"]
+    if argv[:1] == ["--calls"]:
+        spec = argv[1]
+        calls = SETS.get(spec) or tuple(spec.split(","))
+        argv = argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    install(calls)
+    os.execvp(argv[0], argv)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

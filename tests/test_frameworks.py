@@ -1,0 +1,268 @@
+"""Processes without a rank variable, bound when they pick their GPU: real torch (device
+selection) and real Ray (accelerator assignment), on this machine with a generated
+two-node machine through NUMABIND_SYSROOT (CPU affinity is the real kernel's; memory
+locality is proven in the VM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import synth
+from support import clean_env
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """GPU 0 on node 0 (CPU 0), GPU 1 on node 1 (CPU 1)."""
+    return synth.write(synth.two_nodes(gpus=2), str(tmp_path_factory.mktemp("two")))
+
+
+def run(code: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def torch_env(root: str, **extra: str) -> dict[str, str]:
+    return clean_env(
+        NUMABIND_TORCH="1", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", NUMABIND="force", **extra
+    )
+
+
+SELECT = """
+import json, os, torch
+first = sorted(os.sched_getaffinity(0))
+try:
+    {call}
+    ok = True
+except Exception as err:  # the CPU build refuses the call itself: the binding came first
+    ok = type(err).__name__
+print(json.dumps({{"first": first, "after": sorted(os.sched_getaffinity(0)), "call": ok}}))
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "call",
+    [
+        "torch.cuda.set_device(1)",
+        "torch.cuda.set_device('cuda:1')",
+        "torch.cuda.set_device(torch.device('cuda', 1))",
+        "torch.accelerator.set_device_index(1)",
+        "torch.xpu.set_device(1)",
+    ],
+)
+def test_device_selection_binds_a_process_without_rank(two: str, call: str) -> None:
+    pytest.importorskip("torch")
+    r = run(SELECT.format(call=call), torch_env(two))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["first"] == [0, 1] and data["after"] == [1], (data, r.stderr)
+
+
+@pytest.mark.torch
+def test_device_selection_opt_out_and_bound_processes(two: str) -> None:
+    pytest.importorskip("torch")
+    code = SELECT.format(call="torch.cuda.set_device(1)")
+    r = run(code, torch_env(two, NUMABIND_TORCH_SET_DEVICE="0"))
+    assert json.loads(r.stdout)["after"] == [0, 1], "opted out"
+    # bound by the hook as rank 0 (node 0): set_device(1) is said, not chased
+    r = run(code, torch_env(two, LOCAL_RANK="0"))
+    assert json.loads(r.stdout)["after"] == [0]
+    assert "selects a device on node 1, but this process was bound to node 0" in r.stderr
+    # a second selection on another node: said once, not rebound
+    two_calls = SELECT.format(
+        call="torch.cuda.set_device(1)\n    torch.cuda.set_device(0)\n    torch.cuda.set_device(0)"
+    )
+    r = run(two_calls, torch_env(two))
+    assert json.loads(r.stdout)["after"] == [1]
+
+
+@pytest.mark.torch
+def test_second_device_on_another_node_is_said_once(two: str) -> None:
+    pytest.importorskip("torch")
+    code = (
+        "import os, torch\n"
+        "for d in (1, 0, 0, 1, 0):\n"
+        "    try:\n"
+        "        torch.cuda.set_device(d)\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "print(sorted(os.sched_getaffinity(0)))\n"
+    )
+    r = run(code, torch_env(two))
+    assert r.stdout.strip() == "[1]"
+    assert r.stderr.count("selects a device on node 0") == 1, r.stderr
+
+
+WORKER = """
+import json, os, sys
+import multiprocessing as mp
+
+def worker(local_rank, out):
+    import torch
+    try:
+        torch.cuda.set_device(local_rank)  # how vLLM/SGLang-style executors pick a GPU
+    except Exception:
+        pass
+    with open(f"{out}/{local_rank}.json", "w") as f:
+        json.dump(sorted(os.sched_getaffinity(0)), f)
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    if sys.argv[2] == "torch":
+        import torch.multiprocessing as tmp
+        tmp.spawn(worker, args=(out,), nprocs=2)
+    else:
+        ctx = mp.get_context("spawn")
+        ps = [ctx.Process(target=worker, args=(r, out)) for r in range(2)]
+        [p.start() for p in ps]; [p.join() for p in ps]
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("how", ["torch", "multiprocessing"])
+def test_engine_style_workers_each_on_their_gpus_node(two: str, tmp_path: Path, how: str) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "engine.py"
+    script.write_text(WORKER)
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), how],
+        capture_output=True,
+        text=True,
+        env=torch_env(two),
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "0.json").read_text()) == [0]
+    assert json.loads((tmp_path / "1.json").read_text()) == [1]
+
+
+# --- Ray ----------------------------------------------------------------------------------------
+
+RAY = """
+import json, os, sys, ray
+ray.init(num_gpus=int(sys.argv[2]), num_cpus=2, include_dashboard=False,
+         _temp_dir=sys.argv[1], object_store_memory=78 * 1024 * 1024, log_to_driver=False)
+
+@ray.remote(num_gpus=1)
+class Actor:
+    def __init__(self):
+        self.init = sorted(os.sched_getaffinity(0))  # already bound when __init__ runs
+    def where(self):
+        return {"init": self.init, "now": sorted(os.sched_getaffinity(0)),
+                "ids": ray.get_runtime_context().get_accelerator_ids()["GPU"]}
+
+@ray.remote(num_gpus=1)
+def task():
+    return {"pid": os.getpid(), "now": sorted(os.sched_getaffinity(0)),
+            "ids": ray.get_runtime_context().get_accelerator_ids()["GPU"]}
+
+@ray.remote(num_gpus=2)
+class Pair:
+    def where(self):
+        return {"now": sorted(os.sched_getaffinity(0)),
+                "ids": ray.get_runtime_context().get_accelerator_ids()["GPU"]}
+
+out = {}
+if sys.argv[3] == "one":
+    actors = [Actor.remote() for _ in range(2)]
+    out["actors"] = ray.get([a.where.remote() for a in actors])
+    for a in actors:
+        ray.kill(a)
+    # one at a time: Ray reuses its workers, whichever GPU the next task gets
+    out["tasks"] = [ray.get(task.options(num_gpus=1).remote()) for _ in range(8)]
+else:
+    p = Pair.remote()
+    out["pair"] = ray.get(p.where.remote())
+print("RESULT " + json.dumps(out))
+ray.shutdown()
+"""
+
+
+def _ray(root: str, tmp_path: Path, gpus: int, kind: str, **extra: str) -> dict[str, object]:
+    pytest.importorskip("ray")
+    env = clean_env(
+        NUMABIND_RAY="1", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", NUMABIND="force", **extra
+    )
+    env["RAY_AUTH_MODE"] = "disabled"  # Ray 2.60 writes a token into ~/.ray otherwise
+    script = tmp_path / "ray_job.py"
+    script.write_text(RAY)
+    import shutil
+    import tempfile
+
+    short = tempfile.mkdtemp(prefix="nbray-")  # Ray's socket paths must stay under 107 bytes
+    try:
+        r = subprocess.run(
+            [sys.executable, str(script), short, str(gpus), kind],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(lines[-1][7:])  # type: ignore[no-any-return]
+
+
+@pytest.mark.ray
+def test_ray_actors_and_reused_task_workers_follow_their_gpu(two: str, tmp_path: Path) -> None:
+    data = _ray(two, tmp_path, 2, "one")
+    for a in data["actors"]:  # type: ignore[union-attr]
+        node = int(a["ids"][0])  # GPU i is on node i, whose CPU is i
+        assert a["init"] == [node] and a["now"] == [node], a
+    tasks = data["tasks"]
+    assert all(t["now"] == [int(t["ids"][0])] for t in tasks), tasks  # type: ignore[index]
+    reused = {}
+    for t in tasks:  # type: ignore[union-attr]
+        reused.setdefault(t["pid"], set()).add(t["ids"][0])
+    assert any(len(ids) == 1 for ids in reused.values()), "a worker ran several tasks"
+
+
+@pytest.mark.ray
+def test_ray_nosetting_visible_devices_still_binds(two: str, tmp_path: Path) -> None:
+    data = _ray(two, tmp_path, 2, "one", RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1")
+    for a in data["actors"]:  # type: ignore[union-attr]
+        assert a["init"] == [int(a["ids"][0])], a
+
+
+@pytest.mark.ray
+def test_ray_gpus_on_one_node_bind_there_spread_ones_do_not(tmp_path: Path) -> None:
+    same = synth.two_nodes(gpus=2)
+    for g in same.gpus:
+        g.node = 1  # both GPUs on node 1
+    root = synth.write(same, str(tmp_path / "same"))
+    pair = _ray(root, tmp_path, 2, "pair")["pair"]
+    assert pair["now"] == [1], pair  # type: ignore[index]
+    spread = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "spread"))
+    pair = _ray(spread, tmp_path, 2, "pair")["pair"]
+    assert pair["now"] == [0, 1], "GPUs on two nodes: said, not bound"  # type: ignore[index]
+
+
+def test_ray_integration_fails_loudly_on_changed_internals(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from numabind import ray as nray
+
+    fake_ray = types.ModuleType("ray")
+    fake_ray.__version__ = "9.0"  # type: ignore[attr-defined]
+    fake_utils = types.ModuleType("ray._private.utils")
+    fake_utils.set_visible_accelerator_ids = lambda: {}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    monkeypatch.setitem(sys.modules, "ray._private", types.ModuleType("ray._private"))
+    monkeypatch.setitem(sys.modules, "ray._private.utils", fake_utils)
+    with pytest.raises(
+        nray.RayIntegrationError, match="reset_visible_accelerator_env_vars is gone"
+    ):
+        nray.install()

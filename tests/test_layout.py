@@ -1,0 +1,136 @@
+"""The architecture, checked: no import cycle anywhere, counting the imports that run late
+(inside functions) and those only type checkers follow (``TYPE_CHECKING``); every module
+says why it exists; the startup path imports only what it needs."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "numabind"
+
+
+def _module_name(path: Path) -> str:
+    if path.is_relative_to(PACKAGE):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        return ".".join(["numabind", *parts])
+    return f"{path.parent.name}/{path.stem}"
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Every module ``path`` imports, anywhere in its body (functions and TYPE_CHECKING
+    blocks included), as absolute names; ``from . import x`` names the submodule x (and
+    the package only for a name that is not a submodule, such as ``__version__``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            subs = [f"{target}.{a.name}" for a in node.names]
+            out.update(s for s in subs if s in modules)
+            if node.module is not None or any(s not in modules for s in subs):
+                out.add(target)
+    local_top = (
+        {p.stem for p in path.parent.glob("*.py")} if not path.is_relative_to(PACKAGE) else set()
+    )
+    resolved = set()
+    for name in out:
+        if name.split(".")[0] in local_top:  # benchmarks/_common, scripts' helpers
+            resolved.add(f"{path.parent.name}/{name.split('.')[0]}")
+        else:
+            resolved.add(name)
+    return resolved
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "benchmarks").glob("*.py"),
+        *(ROOT / "scripts").glob("*.py"),
+    ]
+    names = {_module_name(f): f for f in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        graph[name] = {n for n in _imports(path, set(names)) if n in names and n != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                found.append([*stack[stack.index(m) :], m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return found
+
+
+def test_the_graph_is_read() -> None:
+    g = _graph()
+    assert "numabind._bind" in g["numabind._startup"], "in-function imports are counted"
+    assert "numabind._topology" in g["numabind._plan"], "TYPE_CHECKING imports are counted"
+    assert "benchmarks/_common" in g["benchmarks/startup"]
+
+
+def test_no_import_cycle_anywhere() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
+def test_every_module_says_why_it_exists(path: Path) -> None:
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc and len(doc) > 60, f"{path.name} has no docstring worth the name"
+
+
+def test_leaf_modules_stay_leaves() -> None:
+    """_sysfs and _output are imported by everything, including the .pth's first steps:
+    they import nothing of numabind's but each other."""
+    g = _graph()
+    assert g["numabind._sysfs"] == set()
+    assert g["numabind._output"] <= {"numabind._sysfs", "numabind._apply"}
+    assert g["numabind._model"] == set()
+
+
+def test_no_test_double_ships_in_src() -> None:
+    text = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    for name in ("RecordedNvml", "nvml_osdevs", "recorded_from_hwloc"):
+        assert name not in text, f"{name} is a test double: it lives in tests/"
+
+
+def test_no_stale_references_in_docstrings() -> None:
+    text = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    for stale in ("docs/how-it-works.md", "../shared/", "tests/data/nvml-"):
+        assert stale not in text, stale
+    assert sys.version_info >= (3, 10)
