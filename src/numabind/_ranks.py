@@ -1,8 +1,9 @@
 """Who am I: this process's local rank and local world size, and where they came from.
 
 Each launcher writes its own variables (docs/launchers lists them, as measured with the
-real launchers).  LOCAL_RANK wins over the others: under ``srun -n1 torchrun`` every worker also inherits the agent's
-SLURM_LOCALID=0, and only LOCAL_RANK tells the workers apart.  Launcher processes (the
+real launchers).  LOCAL_RANK wins over the others: under ``srun -n1 torchrun`` every
+worker also inherits the agent's SLURM_LOCALID=0, and only LOCAL_RANK tells the workers
+apart.  Launcher processes (the
 torchrun agent, ``accelerate launch``, DeepSpeed's runner) are never ranks, whatever they
 inherited: binding the agent would pin all of its workers.
 """
