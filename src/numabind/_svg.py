@@ -21,6 +21,8 @@ from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._model import Accelerator
     from ._plan import Plan
     from ._topology import Machine
@@ -236,6 +238,60 @@ def render(
     c.y += LINE
     c.rect(PAD, c.y - 10, 11, 11, DISALLOWED, stroke="#bbb")
     c.text(PAD + 16, c.y, "CPU outside this process's allowed set", FONT)
+    height = c.y + PAD
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, '
+        f'sans-serif">\n<title>{escape(title)}</title>\n'
+        '<rect width="100%" height="100%" fill="white"/>\n'
+    )
+    return head + "\n".join(c.parts) + "\n</svg>\n"
+
+
+def render_bench(report: dict[str, Any]) -> str:
+    """``numabind bench --svg``: a bar per place measured from and memory node, for copy
+    bandwidth and for latency, each labelled with its value; untrusted ones grey."""
+    rows: list[tuple[str, Any, int, float, bool, str]] = []
+    for m in report.get("measurements", []):
+        if isinstance(m, dict) and m.get("kind") in ("copy", "latency"):
+            rows.append(
+                (
+                    str(m["kind"]),
+                    m.get("from_node"),
+                    int(m["memory_node"]),
+                    float(m["value"]),
+                    bool(m.get("trusted")),
+                    f"{m['pages_verified_on_node']} of its pages verified on the node",
+                )
+            )
+    width = 760.0
+    bar_h, gap = 16, 6
+    label_w = 150.0
+    plot_w = width - label_w - 3 * PAD - 90
+    c = _Canvas(width)
+    title = f"numabind bench: {report.get('machine')}"
+    c.y += TITLE_FONT + 4
+    c.text(PAD, c.y, fit(title, width - 2 * PAD, TITLE_FONT), TITLE_FONT, bold=True)
+    for kind, unit, name in (("copy", "GB/s", "copy bandwidth"), ("latency", "ns", "latency")):
+        mine = sorted((r for r in rows if r[0] == kind), key=lambda r: (str(r[1]), r[2]))
+        top = max((r[3] for r in mine), default=1.0) or 1.0
+        c.y += LINE + 8
+        c.text(PAD, c.y, f"{name} ({unit})", 13, bold=True)
+        for _, place, node, value, trusted, tip in mine:
+            c.y += bar_h + gap
+            c.text(PAD, c.y - 4, fit(f"node {place} -> node {node}", label_w, FONT), FONT)
+            w = max(plot_w * value / top, 1.0)
+            fill = colour(node) if trusted else DISALLOWED
+            c.rect(PAD + label_w, c.y - bar_h, w, bar_h, fill, stroke="#333", title=tip)
+            shown = f"{value:.1f}" + ("" if trusted else " (untrusted)")
+            c.text(PAD + label_w + w + 6, c.y - 4, fit(shown, 88, FONT), FONT)
+    for v in report.get("verdicts", []):
+        if not isinstance(v, dict):
+            continue
+        c.y += LINE + 4
+        for line in wrap(f"from node {v.get('from_node')}: {v.get('verdict')}", width - 2 * PAD):
+            c.text(PAD, c.y, line, FONT)
+            c.y += LINE
     height = c.y + PAD
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '

@@ -163,6 +163,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--verbose", action="store_true", help="also count the registry entries ignored"
     )
 
+    bench = sub.add_parser(
+        "bench",
+        help="measure what remote memory costs here: does binding pay on this machine?",
+        description="From the CPUs each rank would be bound to, measure copy bandwidth and "
+        "access latency to every NUMA node's memory (placement verified page by page), and "
+        "pinned host<->device copies when torch sees a GPU; remote against local, with a "
+        "verdict.  Restores this process's binding afterwards.",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    bench.add_argument(
+        "--rank", type=_int_in("--rank", 0, MAX_NPROC - 1), help="only this local rank's CPUs"
+    )
+    bench.add_argument(
+        "--node", type=_int_in("--node", 0, 1023), help="from this node's CPUs (any plan aside)"
+    )
+    bench.add_argument(
+        "--size",
+        type=_int_in("--size", 4, 4096),
+        default=64,
+        metavar="MIB",
+        help="buffer per node in MiB (default 64; the latency chase spans it: make it larger "
+        "than the last-level cache)",
+    )
+    bench.add_argument(
+        "--share",
+        type=float,
+        default=0.25,
+        help="most of each node's free memory to use (default 0.25)",
+    )
+    bench.add_argument("--quick", action="store_true", help="fewer rounds (tests, slow VMs)")
+    bench.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode of the plans")
+    bench.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    bench.add_argument("--svg", metavar="FILE", help="also draw the results as SVG")
+
     sub.add_parser(
         "sitecustomize-path",
         help="print the PYTHONPATH entry of numabind's sitecustomize",
@@ -184,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._check import main as check_main
 
             return check_main(args)
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "sitecustomize-path":
             from ._startup import sitecustomize_dir
 
@@ -266,6 +303,54 @@ def _show(args: argparse.Namespace) -> int:
         raise UsageError(f"numabind show: {err}") from err
     finally:
         machine.close()
+    return OK
+
+
+# --- bench ------------------------------------------------------------------------------
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import _bench as bench
+    from ._config import config_from_env
+    from ._show import plans_for
+    from ._topology import Machine
+
+    if not 0 < args.share <= 0.9:
+        raise UsageError("numabind bench: --share must be in (0, 0.9]")
+    if args.svg is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.svg))):
+        raise UsageError(f"numabind bench: --svg {args.svg!r}: no such folder")
+    try:
+        cfg = config_from_env(os.environ)
+    except ConfigError as err:
+        raise UsageError(f"numabind bench: {err}") from err
+    machine = Machine.from_root(sysroot(os.environ))
+    try:
+        if args.node is not None and machine.node(args.node) is None:
+            raise UsageError(f"numabind bench: --node {args.node}: no such node")
+        _, plans, _ = plans_for(machine, os.environ, None, args.mode or cfg.mode, cfg.memory)
+        if args.rank is not None and not any(p.local_rank == args.rank for p in plans):
+            raise UsageError(f"numabind bench: --rank {args.rank}: no such local rank")
+        report = bench.run(
+            machine,
+            plans,
+            rank=args.rank,
+            node=args.node,
+            size=args.size << 20,
+            share=args.share,
+            quick=args.quick,
+        )
+    finally:
+        machine.close()
+    if args.svg:
+        from ._svg import render_bench
+
+        with open(args.svg, "w", encoding="utf-8") as f:
+            f.write(render_bench(report))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(bench.text(report))
     return OK
 
 

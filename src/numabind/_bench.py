@@ -1,0 +1,492 @@
+"""``numabind bench``: what remote memory costs on this machine, measured, not assumed.
+
+From the CPUs a rank would be bound to, it measures copy bandwidth and access latency to
+each NUMA node's memory and reports remote against local as a ratio, with a verdict
+("binding pays" / "no measurable difference").  The published effects are bimodal (3x
+copy bandwidth on GB200, nothing for GPU-bound serving); this is how a user finds out
+which case their machine is.
+
+How, without compiled code:
+
+* A buffer is placed on a node with ``mbind(MPOL_BIND)`` before it is first touched, and
+  its placement is verified page by page (``move_pages`` asks where each page is) before a
+  number is trusted: below 0.99 of its pages on the node, the measurement is reported as
+  untrusted.  Where a seccomp filter refuses ``mbind``/``move_pages``, pages are placed by
+  first touch from the node's own CPUs and verified from ``/proc/self/numa_maps``.
+* Copy bandwidth: ``memoryview`` slice assignment, which is one ``memcpy`` in C.
+* Latency: a random cyclic pointer chase over cache lines (each step depends on the last),
+  timed against the same chase over a buffer that fits in the L1 cache: the difference per
+  step is the memory latency, the interpreter's own cost per step subtracted.
+* Pinned host<->device copies (when torch with a CUDA GPU is present): a pinned buffer on
+  the GPU's node against one on the farthest CPU node.
+
+It uses at most a stated share of each node's free memory (default 25%), restores the
+caller's CPU mask and memory policy, and never prints an estimated number.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from . import _kernel, _sysfs
+from ._model import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ._topology import Machine
+
+PAGE = 4096
+LINE = 64
+TRUSTED = 0.99
+# remote/local below this is within what these methods tell apart on a noisy machine (real
+# remote/local ratios are 1.3x and up: docs/when-binding-matters.rst)
+NO_DIFFERENCE = 1.20
+
+
+class Measurement(Record):
+    """One number: ``kind`` copy (GB/s), latency (ns), h2d/d2h (GB/s, pinned copies)."""
+
+    from_cpus: frozenset[int]
+    from_node: int | None
+    memory_node: int
+    kind: str
+    value: float
+    unit: str
+    pages_verified_on_node: float
+    placement: str  # "mbind" or "first touch"
+
+    @property
+    def trusted(self) -> bool:
+        return self.pages_verified_on_node >= TRUSTED
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["trusted"] = self.trusted
+        d["value"] = round(self.value, 3)
+        d["pages_verified_on_node"] = round(self.pages_verified_on_node, 4)
+        return d
+
+
+class _Buffer:
+    """An anonymous mapping placed on one node and verified there."""
+
+    def __init__(self, size: int, node: int, cpus: frozenset[int], machine: Machine) -> None:
+        import ctypes
+        import mmap
+
+        self.size = size
+        self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        anchor = ctypes.c_char.from_buffer(self.map)
+        self.addr = ctypes.addressof(anchor)
+        del anchor  # an exported pointer would keep the mapping from closing
+        self.placement = "mbind"
+        try:
+            _kernel.mbind(self.addr, size, "bind", {node})
+        except OSError:
+            # refused (seccomp) or not permitted: place by first touch from the node's CPUs
+            self.placement = "first touch"
+        view = memoryview(self.map)
+        if self.placement == "first touch":
+            found = machine.node(node)
+            node_cpus = found.cpus if found is not None else frozenset()
+            saved = os.sched_getaffinity(0)
+            try:
+                if node_cpus:
+                    os.sched_setaffinity(0, node_cpus)
+                self._touch(view)
+            finally:
+                os.sched_setaffinity(0, saved)
+        else:
+            self._touch(view)
+        self.view = view
+        self.verified = self._verify(node)
+
+    @staticmethod
+    def _touch(view: memoryview) -> None:
+        chunk = b"\x01" * (1 << 20)
+        for off in range(0, len(view), len(chunk)):
+            n = min(len(chunk), len(view) - off)
+            view[off : off + n] = chunk[:n]
+
+    def _verify(self, node: int) -> float:
+        pages = [self.addr + i * PAGE for i in range(self.size // PAGE)]
+        try:
+            where: list[int] = []
+            for i in range(0, len(pages), 16384):
+                where += _kernel.move_pages(pages[i : i + 16384])
+            return sum(1 for w in where if w == node) / max(len(where), 1)
+        except OSError:
+            return self._verify_from_numa_maps(node)
+
+    def _verify_from_numa_maps(self, node: int) -> float:
+        from ._procmaps import private_anon_regions
+
+        try:
+            regions = private_anon_regions()
+        except OSError:
+            return 0.0
+        for r in regions:
+            if r.start <= self.addr < r.end:
+                total = sum(r.pages.values())
+                return r.pages.get(node, 0) / total if total else 0.0
+        return 0.0
+
+    def close(self) -> None:
+        self.view.release()
+        self.map.close()
+
+
+def _copy_gbps(src: _Buffer, dst: memoryview, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst[:] = src.view
+        best = min(best, time.perf_counter() - t0)
+    return src.size / best / 1e9
+
+
+def _chain(view: memoryview, lines: int, seed: int) -> None:
+    """A random single cycle over ``lines`` cache lines: slot k holds the next index."""
+    order = list(range(lines))
+    random.Random(seed).shuffle(order)
+    words = view.cast("q")
+    step = LINE // 8
+    for a, b in zip(order, order[1:] + order[:1]):
+        words[a * step] = b * step
+    words.release()
+
+
+def _chase(words: memoryview, steps: int) -> float:
+    i = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        i = words[i]
+    return time.perf_counter() - t0
+
+
+def _latency_ns(buf: _Buffer, small: memoryview, steps: int, rounds: int, span: int) -> float:
+    lines = min(buf.size, span) // LINE
+    _chain(buf.view, lines, 1)
+    words = buf.view.cast("q")
+    small_words = small.cast("q")
+    best = float("inf")
+    for _ in range(rounds):
+        far = _chase(words, steps)
+        near = _chase(small_words, steps)  # the interpreter's own cost per step
+        best = min(best, (far - near) / steps)
+    words.release()
+    small_words.release()
+    return max(best, 0.0) * 1e9
+
+
+def free_bytes(machine: Machine, node: int) -> int | None:
+    """MemFree of a node from its meminfo (the source's root), None when unknown."""
+    root = getattr(machine.source, "root", None)
+    text = root.opt(f"/sys/devices/system/node/node{node}/meminfo") if root is not None else None
+    for line in (text or "").splitlines():
+        if "MemFree:" in line:
+            value = _sysfs.parse_int(line.split()[-2])
+            return value * 1024 if value is not None else None
+    return None
+
+
+def measure(
+    machine: Machine,
+    cpus: frozenset[int],
+    from_node: int | None,
+    *,
+    size: int = 64 << 20,
+    share: float = 0.25,
+    quick: bool = False,
+) -> list[Measurement]:
+    """Copy bandwidth and latency from ``cpus`` to every node with memory."""
+    out: list[Measurement] = []
+    saved_cpus = os.sched_getaffinity(0)
+    try:
+        saved_policy: tuple[str, frozenset[int]] | None = _kernel.get_mempolicy()
+    except OSError:
+        saved_policy = None
+    rounds = 3 if quick else 7
+    steps = 20_000 if quick else 400_000
+    span = (8 << 20) if quick else size  # the chase's working set (quick: structure only)
+    try:
+        os.sched_setaffinity(0, cpus)
+        local_node = from_node if from_node is not None else machine.node_of_cpu(min(cpus))
+        # the destination of copies and the small chase live on the CPUs' own node
+        dst = _Buffer(size, local_node if local_node is not None else 0, cpus, machine)
+        small = memoryview(bytearray(16 << 10))
+        _chain(small, len(small) // LINE, 2)
+        try:
+            for node in machine.nodes:
+                free = free_bytes(machine, node.id)
+                this = size
+                if free is not None:
+                    this = min(size, int(free * share) // PAGE * PAGE)
+                if this < 4 << 20:
+                    continue  # too little free memory to measure without crowding the node
+                buf = _Buffer(this, node.id, cpus, machine)
+                try:
+                    target = dst.view[: buf.size]
+                    try:
+                        gbps = _copy_gbps(buf, target, rounds)
+                    finally:
+                        target.release()
+                    lat = _latency_ns(buf, small, steps, rounds, span)
+                finally:
+                    buf.close()
+                for kind, value, unit in (("copy", gbps, "GB/s"), ("latency", lat, "ns")):
+                    out.append(
+                        Measurement(
+                            from_cpus=cpus,
+                            from_node=local_node,
+                            memory_node=node.id,
+                            kind=kind,
+                            value=value,
+                            unit=unit,
+                            pages_verified_on_node=buf.verified,
+                            placement=buf.placement,
+                        )
+                    )
+        finally:
+            dst.close()
+    finally:
+        os.sched_setaffinity(0, saved_cpus)
+        if saved_policy is not None:
+            try:
+                _kernel.set_mempolicy(*saved_policy)
+            except OSError:
+                pass
+    return out
+
+
+def gpu_copies(
+    machine: Machine, device_index: int, gpu_node: int | None, size: int = 256 << 20
+) -> list[Measurement] | str:
+    """Pinned host->device and device->host bandwidth, the pinned buffer on the GPU's node
+    against the farthest CPU node; a reason string when there is no GPU to measure."""
+    try:
+        import torch
+    except ImportError:
+        return "no GPU (torch is not installed)"
+    if not torch.cuda.is_available():
+        return "no GPU (torch sees no CUDA device)"
+    cpu_nodes = [n for n in machine.cpu_nodes]
+    if gpu_node is None or not cpu_nodes:
+        return "no GPU node known"
+    local = machine.node(gpu_node)
+    far = max(
+        cpu_nodes,
+        key=lambda n: (local.distance_to(n.id) or 0) if local is not None else 0,
+    )
+    out: list[Measurement] = []
+    saved = os.sched_getaffinity(0)
+    try:
+        for node in {gpu_node: None, far.id: None}:
+            n = machine.node(node)
+            if n is None or not n.cpus:
+                continue
+            os.sched_setaffinity(0, n.cpus)
+            try:
+                _kernel.set_mempolicy("bind", {node})
+            except OSError:
+                pass
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            host.fill_(1)
+            try:
+                _kernel.set_mempolicy("default")
+            except OSError:
+                pass
+            verified = _verify_pointer(host.data_ptr(), size, node)
+            dev = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device_index}")
+            for kind in ("h2d", "d2h"):
+                best = float("inf")
+                for attempt in range(6):  # the first one warms up
+                    t0 = time.perf_counter()
+                    if kind == "h2d":
+                        dev.copy_(host, non_blocking=True)
+                    else:
+                        host.copy_(dev, non_blocking=True)
+                    torch.cuda.synchronize(device_index)
+                    if attempt:
+                        best = min(best, time.perf_counter() - t0)
+                out.append(
+                    Measurement(
+                        from_cpus=n.cpus,
+                        from_node=node,
+                        memory_node=node,
+                        kind=kind,
+                        value=size / best / 1e9,
+                        unit="GB/s",
+                        pages_verified_on_node=verified,
+                        placement="mbind",
+                    )
+                )
+            del host, dev
+    finally:
+        os.sched_setaffinity(0, saved)
+    return out
+
+
+def _verify_pointer(addr: int, size: int, node: int) -> float:
+    first = addr // PAGE * PAGE
+    pages = [first + i * PAGE for i in range(0, size // PAGE, max(size // PAGE // 4096, 1))]
+    try:
+        where = _kernel.move_pages(pages)
+    except OSError:
+        return 0.0
+    return sum(1 for w in where if w == node) / max(len(where), 1)
+
+
+def verdict(results: list[Measurement]) -> tuple[str, float | None]:
+    """One line for a set of measurements from one place, and the remote/local copy-time
+    ratio it rests on (None when there is nothing to compare)."""
+    trusted = [m for m in results if m.trusted]
+    copies = {m.memory_node: m.value for m in trusted if m.kind == "copy"}
+    lat = {m.memory_node: m.value for m in trusted if m.kind == "latency"}
+    local = results[0].from_node if results else None
+    if local is None or local not in copies or len(copies) < 2:
+        if results and not trusted:
+            return "no trusted measurement: the pages could not be placed where asked", None
+        return "one NUMA node with memory here: nothing to compare", None
+    remote = {n: v for n, v in copies.items() if n != local}
+    worst = min(remote, key=lambda n: remote[n])
+    ratio = copies[local] / remote[worst] if remote[worst] > 0 else None
+    lat_ratio = (lat[worst] / lat[local]) if lat.get(local) and lat.get(worst) else None
+    if ratio is None:
+        return "no measurable difference: copies to every node took the same time", None
+    worst_ratio = max(ratio, lat_ratio or 0.0)
+    if worst_ratio < NO_DIFFERENCE:
+        return (
+            f"no measurable difference (remote/local {ratio:.2f}x copy, "
+            f"{(lat_ratio or 1.0):.2f}x latency): this machine does not need binding",
+            ratio,
+        )
+    what = f"remote copies are {ratio:.1f}x slower" if ratio >= NO_DIFFERENCE else ""
+    if lat_ratio is not None and lat_ratio >= NO_DIFFERENCE:
+        what += ("; " if what else "") + f"remote accesses take {lat_ratio:.1f}x as long"
+    return f"{what} here (node {worst} from node {local}): binding pays", ratio
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def run(
+    machine: Machine,
+    plans: list[Any],
+    *,
+    rank: int | None = None,
+    node: int | None = None,
+    size: int = 64 << 20,
+    share: float = 0.25,
+    quick: bool = False,
+) -> dict[str, Any]:
+    """Measure from every place the plans bind to (or one rank's, or one node's) and
+    return the report ``numabind bench --json`` prints."""
+    places: dict[tuple[int | None, frozenset[int]], list[int]] = {}
+    allowed = machine.allowed.cpus
+    if node is not None:
+        n = machine.node(node)
+        cpus = (n.cpus & allowed) if n is not None else frozenset()
+        if cpus:
+            places[(node, cpus)] = []
+    else:
+        for p in plans:
+            if rank is not None and p.local_rank != rank:
+                continue
+            if p.bound:
+                key = (p.numa_node, frozenset(p.cpus))
+                places.setdefault(key, []).append(p.local_rank)
+        if not places and rank is None:
+            for n in machine.cpu_nodes:  # nothing bound (one node, no GPU): each node as is
+                cpus = n.cpus & allowed
+                if cpus:
+                    places[(n.id, cpus)] = []
+    measurements: list[Measurement] = []
+    verdicts = []
+    for (from_node, cpus), ranks in places.items():
+        try:
+            got = measure(machine, cpus, from_node, size=size, share=share, quick=quick)
+            text, ratio = verdict(got)
+        except OSError as err:  # CPUs this process may not run on (a cgroup, a capture)
+            got, ratio = [], None
+            text = f"not measured: cannot run on CPUs {_sysfs.format_cpulist(cpus)} ({err})"
+        measurements += got
+        verdicts.append(
+            {
+                "from_node": from_node,
+                "from_cpus": sorted(cpus),
+                "ranks": ranks,
+                "verdict": text,
+                "ratio": None if ratio is None else round(ratio, 3),
+            }
+        )
+    gpu: Any = "no GPU (no plan binds a GPU here)"
+    first = next((p for p in plans if p.bound and p.device is not None), None)
+    if first is not None and first.device.vendor == "nvidia":
+        got_gpu = gpu_copies(machine, first.device_index or 0, first.numa_node)
+        if isinstance(got_gpu, str):
+            gpu = got_gpu
+        else:
+            gpu = [m.to_dict() for m in got_gpu]
+            measurements += got_gpu
+    return {
+        "machine": machine.description,
+        "nodes": [
+            {"id": n.id, "cpus": sorted(n.cpus), "free_bytes": free_bytes(machine, n.id)}
+            for n in machine.nodes
+        ],
+        "share": share,
+        "size_bytes": size,
+        "measurements": [m.to_dict() for m in measurements],
+        "verdicts": verdicts,
+        "gpu": gpu,
+    }
+
+
+def text(report: dict[str, Any]) -> str:
+    fmt = _sysfs.format_cpulist
+    count = len(report["nodes"])
+    out = [f"numabind bench: {report['machine']} ({count} NUMA node{'s' if count != 1 else ''})\n"]
+    by_place: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for m in report["measurements"]:
+        if m["kind"] in ("copy", "latency"):
+            by_place.setdefault((m["from_node"], tuple(m["from_cpus"])), []).append(m)
+    for v in report["verdicts"]:
+        key = (v["from_node"], tuple(v["from_cpus"]))
+        ranks = f"; ranks {fmt(v['ranks'])}" if v["ranks"] else ""
+        out.append(f"\nFrom node {v['from_node']} (CPUs {fmt(v['from_cpus'])}{ranks})\n")
+        rows = [["memory node", "copy GB/s", "latency ns", "pages on node", "placed by"]]
+        table: dict[int, dict[str, Any]] = {}
+        for m in by_place.get(key, []):
+            table.setdefault(m["memory_node"], {})[m["kind"]] = m
+        for node_id, kinds in sorted(table.items()):
+            c, lat = kinds.get("copy"), kinds.get("latency")
+            ref = c or lat or {}
+            mark = "" if ref.get("trusted") else " (untrusted)"
+            rows.append(
+                [
+                    f"{node_id}{' (local)' if node_id == v['from_node'] else ''}",
+                    f"{c['value']:.2f}" if c else "-",
+                    f"{lat['value']:.0f}" if lat else "-",
+                    f"{ref.get('pages_verified_on_node', 0):.3f}{mark}",
+                    str(ref.get("placement", "-")),
+                ]
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+        out.append(f"  verdict: {v['verdict']}\n")
+    gpu = report["gpu"]
+    if isinstance(gpu, str):
+        out.append(f"\nPinned host<->device copies: {gpu}\n")
+    else:
+        out.append("\nPinned host<->device copies (GB/s)\n")
+        for m in gpu:
+            out.append(
+                f"  {m['kind']} with the buffer on node {m['memory_node']}: {m['value']:.1f}\n"
+            )
+    return "".join(out)

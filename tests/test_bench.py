@@ -1,0 +1,139 @@
+"""numabind bench on this machine: the structure of its report, its bounds, its manners.
+
+This machine has one NUMA node, so what it measures is local only and the verdict says
+there is nothing to compare; the two-node VM checks verified placement on both nodes (and,
+since QEMU does not model NUMA latency, that the verdict is 'no measurable difference')."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import clean_env
+
+HERE = Path(__file__).resolve().parent
+SECCOMP = [sys.executable, "-S", str(HERE / "seccomp_eperm.py")]
+
+
+def bench(*argv: str, pre: tuple[str, ...] = (), **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*pre, sys.executable, "-m", "numabind", "bench", *argv],
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=300,
+    )
+
+
+def test_bench_json_has_the_documented_schema() -> None:
+    r = bench("--json", "--quick", "--size", "16")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert {"nodes", "measurements", "verdicts", "gpu"} <= set(data)
+    kinds = {m["kind"] for m in data["measurements"]}
+    assert kinds == {"copy", "latency"}
+    for m in data["measurements"]:
+        assert {
+            "from_cpus",
+            "memory_node",
+            "kind",
+            "value",
+            "unit",
+            "pages_verified_on_node",
+        } <= set(m)
+        assert 0 <= m["pages_verified_on_node"] <= 1 and m["value"] > 0
+        assert m["unit"] == ("GB/s" if m["kind"] == "copy" else "ns")
+        assert m["pages_verified_on_node"] >= 0.99 and m["trusted"], "mbind placed every page"
+    (v,) = data["verdicts"]
+    assert "nothing to compare" in v["verdict"]
+    assert data["gpu"].startswith("no GPU")
+
+
+def test_bench_text_and_svg(tmp_path: Path) -> None:
+    svg = tmp_path / "bench.svg"
+    r = bench("--quick", "--size", "8", "--svg", str(svg))
+    assert r.returncode == 0, r.stderr
+    assert "copy GB/s" in r.stdout and "verdict:" in r.stdout and "1 NUMA node)" in r.stdout
+    text = svg.read_text()
+    assert text.startswith("<svg") and text.count("<rect") >= 3 and "copy bandwidth" in text
+
+
+def test_bench_respects_the_share_of_free_memory() -> None:
+    r = bench("--json", "--quick", "--size", "64", "--share", "0.001")
+    data = json.loads(r.stdout)
+    free = data["nodes"][0]["free_bytes"]
+    if free * 0.001 < 4 << 20:  # too little to measure within the share: nothing measured
+        assert data["measurements"] == []
+    else:
+        assert data["size_bytes"] == 64 << 20
+
+
+def test_bench_places_by_first_touch_where_mbind_is_refused() -> None:
+    r = bench("--json", "--quick", "--size", "8", pre=tuple(SECCOMP))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["measurements"], data
+    for m in data["measurements"]:
+        assert m["placement"] == "first touch"
+        assert m["pages_verified_on_node"] >= 0.99, "verified from /proc/self/numa_maps"
+
+
+def test_bench_restores_the_callers_binding() -> None:
+    code = (
+        "import os, json\n"
+        "from numabind import _bench, _kernel\n"
+        "from numabind._topology import Machine\n"
+        "os.sched_setaffinity(0, {0})\n"
+        "m = Machine.from_root('/')\n"
+        "_bench.run(m, [], size=4 << 20, quick=True)\n"
+        "print(json.dumps([sorted(os.sched_getaffinity(0)), _kernel.get_mempolicy()[0]]))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env()
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [[0], "default"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--node", "7"],
+        ["--rank", "abc"],
+        ["--share", "2"],
+        ["--size", "0"],
+        ["--svg", "/no/dir/x.svg"],
+    ],
+)
+def test_bench_usage_errors(argv: list[str]) -> None:
+    r = bench(*argv)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_verdicts_from_measurements() -> None:
+    from numabind._bench import Measurement, verdict
+
+    def m(node: int, kind: str, value: float, verified: float = 1.0) -> Measurement:
+        return Measurement(
+            from_cpus=frozenset({0}), from_node=0, memory_node=node, kind=kind, value=value,
+            unit="GB/s" if kind == "copy" else "ns", pages_verified_on_node=verified,
+            placement="mbind",
+        )  # fmt: skip
+
+    text, ratio = verdict(
+        [m(0, "copy", 20), m(1, "copy", 11), m(0, "latency", 90), m(1, "latency", 160)]
+    )
+    assert ratio is not None and abs(ratio - 20 / 11) < 1e-9
+    assert text.startswith("remote copies are 1.8x slower") and "binding pays" in text
+    text, _ = verdict(
+        [m(0, "copy", 20), m(1, "copy", 19.5), m(0, "latency", 90), m(1, "latency", 92)]
+    )
+    assert text.startswith("no measurable difference")
+    text, ratio = verdict([m(0, "copy", 20, 0.5), m(1, "copy", 10, 0.5)])
+    assert ratio is None and "no trusted measurement" in text
+    assert os.path.exists("/proc/self/numa_maps")
