@@ -43,7 +43,14 @@ def _shared_paths() -> str:
     return " ".join(out)
 
 
-def _boot(script: str, devices: str, mem: str = "1024", nodes: str = "2") -> dict[str, Any]:
+def _boot(
+    script: str,
+    devices: str,
+    mem: str = "1024",
+    nodes: str = "2",
+    cpus: str = "2",
+    extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
     why = _vm_available()
     if why:
         if os.environ.get("NUMABIND_REQUIRE_VM") == "1":
@@ -55,11 +62,13 @@ def _boot(script: str, devices: str, mem: str = "1024", nodes: str = "2") -> dic
     env = dict(
         os.environ,
         NODES=nodes,
-        CPUS="2",
+        CPUS=cpus,
         MEM=mem,
         DEVICES=devices,
         SPOOF="10de:2330:030200",
         VM_RW=_shared_paths(),
+        RAY_AUTH_MODE="disabled",
+        **(extra or {}),
     )
     proc = subprocess.run(
         [str(ROOT / "scripts" / "numa-vm"), sys.executable, script, str(out)],
@@ -90,6 +99,19 @@ def vm_torch() -> dict[str, Any]:
     """Real torch 2.13 (CPU build): GPU 0 on node 0, GPU 1 on node 1, 2 GiB per node."""
     pytest.importorskip("torch")
     return _boot("tests/vm/torch_scenarios.py", "0 1", mem="2048")
+
+
+@pytest.fixture(scope="session")
+def vm_ray() -> dict[str, Any]:
+    """Real Ray 2.60: GPU 0 on node 0, GPU 1 on node 1, 2 GiB per node."""
+    pytest.importorskip("ray")
+    return _boot("tests/vm/ray_scenarios.py", "0 1", mem="2048", extra={"NUMABIND_RAY": "1"})
+
+
+@pytest.fixture(scope="session")
+def vm4() -> dict[str, Any]:
+    """4 nodes x 1 CPU, 768 MiB each, one spoofed GPU per node (GPU i on node i)."""
+    return _boot("tests/vm/residue.py", "0 1 2 3", mem="768", nodes="4", cpus="1")
 
 
 @pytest.fixture(scope="session")
@@ -302,6 +324,20 @@ def test_numabind_run_under_torchrun_no_python(vm_torch: dict[str, Any]) -> None
     by_rank = {x["rank"]: x for x in r["ranks"]}
     assert by_rank["0"]["affinity"] == [0, 1] and by_rank["0"]["policy"] == ["preferred", [0]]
     assert by_rank["1"]["affinity"] == [2, 3] and by_rank["1"]["policy"] == ["preferred", [1]]
+    # torchrun wrote OMP_NUM_THREADS=1 for its ranks; NUMABIND_THREADS=auto gave each its 2
+    assert by_rank["0"]["omp"] == "2" and by_rank["1"]["omp"] == "2"
+
+
+@pytest.mark.torch
+def test_set_device_binds_a_process_without_rank(vm_torch: dict[str, Any]) -> None:
+    r = vm_torch["set_device"]
+    assert r["rc"] == 0, r["stderr"]
+    d = r["data"]
+    assert d["first"] == [0, 1, 2, 3] and d["after"] == [2, 3], d
+    assert d["policy"] == ["preferred", [1]]
+    pages = {int(k): v for k, v in d["pages"].items()}
+    assert sum(pages.values()) * 4096 > d["touched"]
+    assert _share(pages, 1) >= 0.95, pages
 
 
 # --- numabind check on real processes (issue: see and prove it) -------------------------------
@@ -355,3 +391,108 @@ def test_migrate_pages_moves_another_process(vm: dict[str, Any]) -> None:
     assert after.get(0, 0) <= 0.05 * before.get(0, 0), (before, after)
     # migrate_pages returns the pages it could not move: at most the few that were busy
     assert 0 <= r["not_moved"] <= 0.05 * before.get(0, 0), r
+
+
+# --- the runtime around the binding (issue: from bound to fast) ------------------------------
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_thread_budget_reaches_each_rank(vm: dict[str, Any], rank: int) -> None:
+    r = vm[f"threads_rank{rank}"]
+    assert r["rc"] == 0, r["stderr"]
+    assert r["data"]["threads"] == dict.fromkeys(
+        ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "2"
+    ), "2 cores on its node, 1 rank per node"
+    assert r["data"]["affinity"] == [2 * rank, 2 * rank + 1]
+
+
+def test_thread_budget_keeps_the_users_and_replaces_torchruns(vm: dict[str, Any]) -> None:
+    assert vm["threads_user"]["data"]["threads"]["MKL_NUM_THREADS"] == "7"
+    assert vm["threads_user"]["data"]["threads"]["OMP_NUM_THREADS"] == "2"
+    r = vm["threads_torchrun"]
+    assert r["rc"] == 0, r["stderr"]
+    assert r["data"]["threads"]["OMP_NUM_THREADS"] == "2", "torchrun's 1 is not the user's"
+
+
+def test_seccomp_refusal_keeps_cpus_and_first_touch_locality(vm: dict[str, Any]) -> None:
+    r = vm["seccomp_all"]
+    assert r["rc"] == 0, r["stderr"]
+    assert r["data"]["affinity"] == [2, 3] and r["data"]["policy"][0] == "refused"
+    (line,) = r["stderr"].strip().splitlines()
+    assert "refused (EPERM" in line and "--cap-add SYS_NICE" in line
+    pages = _pages(r)
+    assert _share(pages, 1) >= 0.95, "first touched on node 1's CPUs: local anyway"
+    d = vm["seccomp_docker"]
+    assert d["rc"] == 0, d["stderr"]
+    assert d["data"]["policy"] == ["preferred", [1]], "CAP_SYS_NICE: the policy is set"
+    assert _share(_pages(d), 1) >= 0.99
+
+
+def test_check_copes_with_a_seccomp_rank(vm: dict[str, Any]) -> None:
+    r = vm["seccomp_check"]
+    assert r["rc"] == 0, r
+    (proc,) = r["json"]["processes"]
+    assert proc["ok"] and proc["plan"]["memory_policy"] == "not-permitted"
+    assert any("not permitted" in n for n in proc["notes"])
+
+
+def test_check_tells_shared_fork_pages_apart(vm: dict[str, Any]) -> None:
+    r = vm["fork_check"]
+    assert r["rc"] == 0, r
+    data = r["json"]
+    (proc,) = data["processes"]
+    assert proc["ok"], proc["problems"]
+    shared = data["shared_pages"]
+    assert shared["pages"] >= 100 * 256 * 0.9, shared  # the parent's 100 MB, still shared
+    assert shared["nodes"].get("0", 0) >= 100 * 256 * 0.9
+    assert proc["locality"] is not None and proc["locality"] >= 0.9, "its own pages are local"
+    assert "shared copy-on-write" in " ".join(proc["notes"])
+
+
+def test_bench_in_the_vm_verifies_placement(vm: dict[str, Any]) -> None:
+    r = vm["bench"]
+    assert r["rc"] == 0, r["stderr"]
+    data = r["json"]
+    assert r["seconds"] < 120, "bounded: within 2 minutes in the 2-node VM"
+    nodes = {m["memory_node"] for m in data["measurements"]}
+    assert nodes == {0, 1}
+    assert all(m["pages_verified_on_node"] >= 0.99 for m in data["measurements"]), data
+    assert data["verdicts"], data
+    assert all(v["verdict"].startswith("no measurable difference") for v in data["verdicts"]), (
+        "QEMU does not model NUMA latency"
+    )
+
+
+def test_late_binding_leaves_no_residue_in_four_nodes(vm4: dict[str, Any]) -> None:
+    shares = []
+    for r in vm4["runs"]:
+        assert r["rc"] == 0, r["stderr"]
+        after = {int(k): v for k, v in r["data"]["after"].items()}
+        shares.append(_share(after, 1))
+    assert len(shares) == 7
+    assert min(shares) >= 0.995, shares
+
+
+# --- Ray (issue: workers without a rank variable) --------------------------------------------
+
+
+@pytest.mark.ray
+def test_ray_actors_are_bound_from_init_with_local_memory(vm_ray: dict[str, Any]) -> None:
+    assert vm_ray["errors"] == {}
+    for a in vm_ray["actors"]:
+        node = int(a["gpu"][0])
+        cpus = [2 * node, 2 * node + 1]
+        assert a["affinity"] == cpus and a["later"] == cpus, a
+        assert a["policy"] == ["preferred", [node]]
+        pages = {int(k): v for k, v in a["pages"].items()}
+        assert _share(pages, node) >= 0.99, pages
+
+
+@pytest.mark.ray
+def test_ray_reused_task_worker_rebinds_for_its_next_gpu(vm_ray: dict[str, Any]) -> None:
+    first, second = vm_ray["tasks"]
+    for t in (first, second):
+        node = int(t["gpu"][0])
+        assert t["affinity"] == [2 * node, 2 * node + 1], t
+        assert _share({int(k): v for k, v in t["pages"].items()}, node) >= 0.99
+    assert first["gpu"] != second["gpu"]

@@ -92,7 +92,9 @@ def plan_for(
     (``0000:3b:00.0``, NVML's ``00000000:3B:00.0`` too) or a ``GPU-`` UUID (a unique
     prefix is enough).  ``mode`` and ``memory`` are as NUMABIND_MODE / NUMABIND_MEMORY;
     ``local_world_size`` tells exclusive/core-complex modes how many ranks share a node.
+    ``machine`` plans on another machine (default: this one, or NUMABIND_SYSROOT).
     Arguments left None come from the environment (``environ``, default ``os.environ``).
+    Bad arguments raise ``TypeError`` or :class:`~numabind.ConfigError`.
     """
     local_rank = _check_count("local_rank", local_rank, 0)
     local_world_size = _check_count("local_world_size", local_world_size, 1)
@@ -168,13 +170,15 @@ def apply(
             numabind.apply(device=local_rank)   # or a PCI address / UUID
             torch.cuda.set_device(local_rank)
 
-    Every thread's CPU mask is rebound (threads already inside the plan are kept); the
-    memory policy is set for the *calling thread* and what it starts afterwards; with
-    ``migrate`` the private anonymous pages already on other nodes are moved.  The result
-    prints as one line, says what was skipped and why, and restores the previous state
-    with ``restore()`` or as a context manager (bindings nest; see :class:`Binding`).
-    ``strict`` (default: NUMABIND_STRICT) raises :class:`~numabind.BindingError` instead
-    of recording failures.  Thread-safe: concurrent calls are serialised.
+    ``local_rank``, ``device``, ``mode``, ``memory`` and ``local_world_size`` choose the
+    plan as in :func:`plan_for`.  Every thread's CPU mask is rebound (threads already
+    inside the plan are kept); the memory policy is set for the *calling thread* and what
+    it starts afterwards; with ``migrate`` (default True) the private anonymous pages
+    already on other nodes are moved.  The result prints as one line, says what was
+    skipped and why, and restores the previous state with ``restore()`` or as a context
+    manager (bindings nest; see :class:`Binding`).  ``strict`` (default: NUMABIND_STRICT)
+    raises :class:`~numabind.BindingError` instead of recording failures.  Thread-safe:
+    concurrent calls are serialised.
     """
     if not isinstance(migrate, bool):
         raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
@@ -249,11 +253,13 @@ def numa_bound(
 ) -> Any:
     """Decorator: bind the process when the function is called (not when decorated).
 
-    The rank comes from ``rank_arg`` (a keyword name or a position) if given, else from
-    the environment, else, in a multiprocessing child, from the first positional argument
-    when it is an int (``torch.multiprocessing.spawn(fn)`` passes the process index
-    first).  The binding stays after the call: the function is the process's work.
-    Usable bare (``@numa_bound``) or with arguments (``@numa_bound(mode="exclusive")``).
+    ``func`` is the function (when used bare).  The rank comes from ``rank_arg`` (a
+    keyword name or a position) if given, else from the environment, else, in a
+    multiprocessing child, from the first positional argument when it is an int
+    (``torch.multiprocessing.spawn(fn)`` passes the process index first).  ``mode``,
+    ``memory``, ``migrate`` and ``strict`` are as in :func:`apply`.  The binding stays
+    after the call: the function is the process's work.  Usable bare (``@numa_bound``) or
+    with arguments (``@numa_bound(mode="exclusive")``).
     """
     _check_choice("mode", mode, MODE_NAMES)
     _check_choice("memory", memory, MEMORY_POLICIES)

@@ -83,6 +83,7 @@ class Binding:
 
     @property
     def ok(self) -> bool:
+        """The plan was bound and no kernel call failed."""
         return self.plan.bound and not self.errors
 
     @property
@@ -95,8 +96,8 @@ class Binding:
 
     def worth_a_line(self, verbose: bool) -> bool:
         """Whether an entry point should print this binding: always for a failure, a
-        replaced CPU mask or a refused call (the rules promise one line saying so), else
-        only when verbose."""
+        replaced CPU mask, a refused call or a warning (the rules promise one line saying
+        so), else only when ``verbose``."""
         return (
             self.failed
             or self.existing_action == "replaced"
@@ -136,6 +137,7 @@ class Binding:
         return f"<Binding {self}>"
 
     def to_dict(self) -> dict[str, object]:
+        """The binding as JSON-ready data (what ``numabind show`` reports of the hook)."""
         return {
             "plan": self.plan.to_dict(),
             "cpus_applied": self.cpus_applied,
@@ -154,6 +156,7 @@ class Binding:
 
     @property
     def active(self) -> bool:
+        """Applied and not restored yet (the guards and the registry follow it)."""
         return self in ACTIVE
 
     def restore(self) -> None:

@@ -132,9 +132,12 @@ def child_binding(
     Any process started inside the block (``Process.start()``, ``subprocess``, ``os.fork``)
     starts with that rank's CPUs and memory policy.  On exit the thread's own affinity and
     policy are restored.  Only the calling thread changes, so threads starting different
-    ranks at the same time do not disturb each other.  ``plan`` overrides the planning
-    (for tests and for callers that planned themselves).  Yields the plan; a plan that
-    skips changes nothing (its reason says why).
+    ranks at the same time do not disturb each other.  ``mode``, ``memory``, ``device`` and
+    ``local_world_size`` are as in :func:`numabind.plan_for`; ``context`` is the
+    multiprocessing context the children start from (its helpers are started unbound
+    first; a ``forkserver`` context binds in the child instead).  ``plan`` overrides the
+    planning (for tests and for callers that planned themselves).  Yields the plan; a plan
+    that skips changes nothing (its reason says why).
     """
     method = start_method_of(context)
     start_helpers_unbound(method)
@@ -210,11 +213,14 @@ def spawn(
     mode: str | None = None,
     memory: str | None = None,
 ) -> list[multiprocessing.process.BaseProcess]:
-    """Start ``fn(i, *args)`` in ``nprocs`` processes, process ``i`` bound as local rank
-    ``i`` from its first instruction (``torch.multiprocessing.spawn`` without torch).
+    """Start ``fn``\ (i, \*\ ``args``) in ``nprocs`` processes, process ``i`` bound as
+    local rank ``i`` from its first instruction (``torch.multiprocessing.spawn`` without
+    torch).
 
-    With ``join`` waits for all and raises ``ChildProcessError`` naming those that failed;
-    otherwise returns the started processes.
+    ``start_method`` is the multiprocessing start method (``spawn`` by default), ``daemon``
+    as for ``Process``; ``mode`` and ``memory`` as in :func:`numabind.apply`.  With
+    ``join`` (default) waits for all and raises ``ChildProcessError`` naming those that
+    failed; otherwise returns the started processes.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int):
         raise TypeError(f"nprocs must be an int, not {type(nprocs).__name__}")

@@ -190,6 +190,7 @@ class Plan(Record):
 
     @property
     def bound(self) -> bool:
+        """The plan binds (``status == "bound"``)."""
         return self.status == "bound"
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,6 +229,7 @@ class Plan(Record):
         return who
 
     def memory_text(self) -> str:
+        """``preferred on node 1``: the memory part of the one-line summary."""
         mem = self.memory_policy
         if self.memory_nodes and mem not in ("none", "local"):
             mem += f" on node{'s' if len(self.memory_nodes) > 1 else ''} " + fmt(self.memory_nodes)
@@ -241,7 +243,9 @@ class Plan(Record):
 
 
 def plan(machine: Machine, request: Request) -> Plan:
-    """Plan one rank's binding on ``machine``.  Never raises (an odd machine is a skip)."""
+    """Plan one rank's binding: ``request`` (its rank, visible devices, mode and memory
+    policy) on ``machine``.  Pure and never raises (an odd machine is a skip with its
+    reason)."""
     try:
         return _Planner(machine, request).run()
     except Exception as err:  # a capture we did not foresee must not break a process

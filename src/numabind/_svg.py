@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # Kelly's 22 colours of maximum contrast, without white and black: 20 distinct colours
 PALETTE = (
-    "#f3c300", "#875692", "#f38400", "#a1caf1", "#be0032", "#c2b280", "#848482",
+    "#f3c300", "#875692", "#f38400", "#a1caf1", "#be0032", "#c2b280", "#00a6a6",
     "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
     "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26",
 )  # fmt: skip
@@ -194,6 +194,7 @@ def render(
                 y += LINE
                 rank_lines.append((y, p))
             height = y - top + 8
+            c.parts.append(f'<g data-node="{nid}">')
             c.rect(2 * PAD - 8, top, inner + 16, height, "#f7f7f7", stroke="#555", rx="6")
             for ty, text, bold in texts:
                 c.text(2 * PAD, ty, text, FONT, bold=bold)
@@ -209,12 +210,23 @@ def render(
                 if cpu not in allowed:
                     tip += " (outside the CPUs this process may use)"
                 c.rect(cx, cy, CELL, CELL, fill, stroke=stroke, title=tip)
+                if len(ranks) > 1 and cpu in allowed:  # shared: the next rank's colour inside
+                    c.rect(cx + 3, cy + 3, CELL - 6, CELL - 6, colour(sorted(ranks)[1]))
             for ry, p in rank_lines:
                 c.rect(2 * PAD, ry - 10, 11, 11, colour(p.local_rank or 0), stroke="#333")
                 text = (
                     f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}, memory {p.memory_text()}"
                 )
+                sharing = sorted(
+                    q.local_rank
+                    for q in on_node
+                    if q is not p and q.local_rank is not None and q.cpus & p.cpus
+                )
+                if sharing:
+                    many = "s" if len(sharing) > 1 else ""
+                    text += f"; shares CPUs with rank{many} {format_cpulist(sharing)}"
                 c.text(2 * PAD + 16, ry, fit(text, inner - 16), FONT)
+            c.parts.append("</g>")
             c.y = top + height
     unplaced = [a for a in machine.accelerators if dev_node.get(a.pci) is None]
     if unplaced:

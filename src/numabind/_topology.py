@@ -45,7 +45,8 @@ class Machine:
 
     @classmethod
     def from_root(cls, root: str = "/") -> Machine:
-        """The machine under a directory laid out like ``/`` (``/`` itself: this one)."""
+        """The machine under ``root``, a directory laid out like ``/`` (``/`` itself: this
+        one), read inside it only."""
         from ._roots import for_path
         from ._sources import SysfsSource
 
@@ -53,6 +54,7 @@ class Machine:
 
     @property
     def description(self) -> str:
+        """Where the machine was read from: "live system", or the capture given."""
         return self.source.description
 
     @property
@@ -62,18 +64,20 @@ class Machine:
 
     @property
     def online_cpus(self) -> frozenset[int]:
+        """Every online CPU of the machine (cgroup restrictions aside: see ``allowed``)."""
         if self._online is None:
             self._online = self.source.online_cpus()
         return self._online
 
     @property
     def node_ids(self) -> tuple[int, ...]:
+        """The NUMA node numbers, sorted (empty on a kernel without NUMA)."""
         if self._node_ids is None:
             self._node_ids = self.source.node_ids()
         return self._node_ids
 
     def node(self, node_id: int) -> Node | None:
-        """One node, or None when the machine has no such node."""
+        """Node ``node_id``, or None when the machine has no such node."""
         if node_id not in self._nodes:
             ids = self.node_ids
             if not ids and node_id == 0:
@@ -87,6 +91,7 @@ class Machine:
 
     @property
     def nodes(self) -> tuple[Node, ...]:
+        """Every NUMA node, memory-only ones included."""
         ids = self.node_ids or (0,)
         return tuple(n for n in (self.node(i) for i in ids) if n is not None)
 
@@ -96,29 +101,34 @@ class Machine:
         return tuple(n for n in self.nodes if n.cpus)
 
     def node_of_cpu(self, cpu: int) -> int | None:
+        """The node holding ``cpu``, None when no node lists it."""
         for n in self.cpu_nodes:
             if cpu in n.cpus:
                 return n.id
         return None
 
     def cpu_info(self, cpu: int) -> CpuInfo:
+        """Package, SMT siblings and largest cache domain of ``cpu`` at once."""
         if cpu not in self._cpu:
             self._cpu[cpu] = self.source.cpu_info(cpu)
         return self._cpu[cpu]
 
     def package_of(self, cpu: int) -> int | None:
+        """The physical package (socket) of ``cpu``, None when unknown."""
         if cpu in self._cpu:
             return self._cpu[cpu].package
         found: int | None = self._fact(self._package, cpu, self.source.cpu_package)
         return found
 
     def siblings_of(self, cpu: int) -> frozenset[int]:
+        """The hardware threads of the core of ``cpu`` (itself included)."""
         if cpu in self._cpu:
             return self._cpu[cpu].siblings
         found: frozenset[int] = self._fact(self._siblings, cpu, self.source.cpu_siblings)
         return found
 
     def cache_of(self, cpu: int) -> frozenset[int] | None:
+        """The CPUs sharing the largest cache of ``cpu`` (its L3 / CCX), None if unknown."""
         if cpu in self._cpu:
             return self._cpu[cpu].cache
         found: frozenset[int] | None = self._fact(self._cache, cpu, self.source.cpu_cache)
@@ -140,6 +150,8 @@ class Machine:
 
     @property
     def allowed(self) -> Allowed:
+        """The CPUs and memory nodes this process may use (its cgroup cpuset), and where
+        that answer came from."""
         if self._allowed is None:
             self._allowed = self.source.allowed(self.online_cpus)
         return self._allowed
@@ -153,6 +165,7 @@ class Machine:
         return self._accelerators
 
     def accelerator(self, bdf: str) -> Accelerator | None:
+        """The accelerator at PCI address ``bdf`` (sysfs form), None if there is none."""
         if self._accelerators is not None:
             for acc in self._accelerators:
                 if acc.pci == bdf:
@@ -161,19 +174,21 @@ class Machine:
         return self.source.accelerator(bdf)
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
-        """PCI addresses the vendor's driver lists (NVIDIA: /proc/driver/nvidia/gpus, only
-        the GPUs mounted into this container), or None when there is no such list."""
+        """PCI addresses the driver of ``vendor`` lists (NVIDIA: /proc/driver/nvidia/gpus,
+        only the GPUs mounted into this container), or None when there is no such list."""
         if vendor not in self._driver_gpus:
             self._driver_gpus[vendor] = self.source.driver_gpus(vendor)
         return self._driver_gpus[vendor]
 
     @property
     def kernel_release(self) -> str | None:
+        """The kernel's release string (``uname -r``), None when unreadable."""
         if self._kernel is _UNSET:
             self._kernel = self.source.kernel_release()
         return self._kernel
 
     def kernel_at_least(self, major: int, minor: int) -> bool | None:
+        """Whether the kernel is at least ``major``.``minor``; None when unknown."""
         release = self.kernel_release
         if not release:
             return None

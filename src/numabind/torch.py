@@ -300,8 +300,10 @@ def _set_device_wanted() -> bool:
 
 
 def install(*, mode: str | None = None, memory: str | None = None) -> None:
-    """Make torch start its multiprocessing and elastic Callable children bound.
+    """Make torch start its multiprocessing and elastic Callable children bound, and
+    device selection bind a process that has no rank (unless NUMABIND_TORCH_SET_DEVICE=0).
 
+    ``mode`` and ``memory`` override NUMABIND_MODE / NUMABIND_MEMORY for the children.
     Idempotent.  Raises :class:`TorchIntegrationError` when this torch's internals are not
     the ones numabind was tested against (see the module docstring for which).
     """

@@ -3,8 +3,9 @@
 Booting the VM costs seconds and Python runs ~50x slower inside it, so one boot runs every
 scenario of a topology and the host-side tests (tests/test_vm.py) assert on the recorded
 results.  Each scenario starts real processes with the installed startup hook, exactly as a
-launcher would.  Expected layout: 2 nodes x 2 CPUs, two spoofed NVIDIA GPUs, device 0 on
-node 0 (0000:21:00.0) and device 1 on node 1 (0000:41:00.0).
+launcher would; the programs they run are the modules in tests/vm/probes (ruff and mypy
+see them).  Expected layout: 2 nodes x 2 CPUs, two spoofed NVIDIA GPUs, device 0 on node 0
+(0000:21:00.0) and device 1 on node 1 (0000:41:00.0).
 
 Usage (in the guest): python tests/vm/scenarios.py OUT.json [SCENARIO ...]
 """
@@ -17,10 +18,14 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 PY = sys.executable
-MB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROBES = os.path.join(HERE, "probes")
+SECCOMP = [PY, "-S", os.path.join(os.path.dirname(HERE), "seccomp_eperm.py")]
+NUMABIND = os.path.join(os.path.dirname(PY), "numabind")
 
 
 def node_cpus(node: int) -> list[int]:
@@ -30,27 +35,41 @@ def node_cpus(node: int) -> list[int]:
         return sorted(parse_cpulist(f.read()))
 
 
+def probe(name: str, *args: object) -> list[str]:
+    return [PY, os.path.join(PROBES, f"{name}.py"), *map(str, args)]
+
+
+def base_env() -> dict[str, str]:
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"
+    }
+
+
 def run(
-    code: str,
+    argv: list[str] | str,
     env: dict[str, str] | None = None,
     cpus: list[int] | None = None,
     wrap: list[str] | None = None,
     timeout: float = 300,
 ) -> dict[str, Any]:
-    """Start a Python child the way a launcher does, optionally on given CPUs first."""
-    full = {
-        k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"
-    }
+    """Start a Python child the way a launcher does, optionally on given CPUs first.
+    ``argv`` is a probe's command line, or a short program for ``python -c``."""
+    full = base_env()
     full.update(env or {})
 
     def pre() -> None:
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
 
-    argv = [*(wrap or []), PY, "-c", code]
+    cmd = [PY, "-c", argv] if isinstance(argv, str) else argv
     t0 = time.time()
     proc = subprocess.run(
-        argv, env=full, capture_output=True, text=True, preexec_fn=pre, timeout=timeout
+        [*(wrap or []), *cmd],
+        env=full,
+        capture_output=True,
+        text=True,
+        preexec_fn=pre,
+        timeout=timeout,
     )
     out: dict[str, Any] = {
         "rc": proc.returncode,
@@ -63,121 +82,39 @@ def run(
     return out
 
 
-# The probe a rank runs: its very first statement records affinity and memory policy
-# (the startup hook ran before it), then it imports, allocates and measures locality.
-PROBE = r"""
-import os
-first_affinity = sorted(os.sched_getaffinity(0))
-from numabind import _kernel
-first_policy = _kernel.get_mempolicy()
-import json, threading
-buf = b"\x01" * (%(mb)d << 20)
-import ctypes, mmap
-m = mmap.mmap(-1, 4 << 20)
-m.write(b"\x01" * (4 << 20))
-addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-where = sorted(set(_kernel.move_pages([addr + i * 4096 for i in range(1024)])))
-def worker(out):
-    out.append(b"\x02" * (8 << 20))
-keep = []
-ts = [threading.Thread(target=worker, args=(keep,)) for _ in range(2)]
-[t.start() for t in ts]; [t.join() for t in ts]
-from numabind._procmaps import pages_per_node, private_anon_regions
-print(json.dumps({"affinity": first_affinity, "policy": [first_policy[0], sorted(first_policy[1])],
-                  "pages": pages_per_node(private_anon_regions()), "move_pages": where}))
-"""
-
-
 def scenario_hook(results: dict[str, Any]) -> None:
     """LOCAL_RANK=k starts on the wrong node; the hook puts it on device k's node."""
     for rank in (0, 1):
         wrong = node_cpus(1 - rank)
         results[f"hook_rank{rank}"] = run(
-            PROBE % {"mb": 200}, {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}, cpus=wrong
+            probe("rank", 200), {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}, cpus=wrong
         )
         results[f"hook_rank{rank}"]["expect_cpus"] = node_cpus(rank)
     results["hook_verbose"] = run("pass", {"LOCAL_RANK": "1", "NUMABIND_VERBOSE": "1"})
     results["hook_off"] = run(
-        PROBE % {"mb": 1}, {"LOCAL_RANK": "1", "NUMABIND": "0"}, cpus=node_cpus(0)
+        probe("rank", 1), {"LOCAL_RANK": "1", "NUMABIND": "0"}, cpus=node_cpus(0)
     )
     results["hook_cvd"] = run(
-        PROBE % {"mb": 1}, {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1"}, cpus=node_cpus(0)
+        probe("rank", 1), {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1"}, cpus=node_cpus(0)
     )
-
-
-LATE = r"""
-import os, json, threading
-from numabind import _kernel, numa_bound
-from numabind._procmaps import pages_per_node, private_anon_regions
-
-def file_pages():
-    per = {}
-    with open("/proc/self/numa_maps") as f:
-        for line in f:
-            if " file=" not in line:
-                continue
-            for field in line.split():
-                if field.startswith("N") and "=" in field and field[1:].split("=")[0].isdigit():
-                    n, c = field[1:].split("=")
-                    per[int(n)] = per.get(int(n), 0) + int(c)
-    return per
-
-os.sched_setaffinity(0, %(wrong_cpus)r)
-_kernel.set_mempolicy("bind", {%(wrong)d})
-buf = b"\x01" * (200 << 20)
-stop = threading.Event()
-threads = [threading.Thread(target=stop.wait) for _ in range(3)]
-[t.start() for t in threads]
-_kernel.set_mempolicy("default")
-before = pages_per_node(private_anon_regions())
-files_before = file_pages()
-
-@numa_bound(rank_arg="rank", migrate=%(migrate)r)
-def work(rank):
-    return None
-
-work(rank=%(rank)d)
-after = pages_per_node(private_anon_regions())
-files_after = file_pages()
-affinity = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
-policy = _kernel.get_mempolicy()
-stop.set()
-print(json.dumps({"before": before, "after": after, "files_before": files_before,
-                  "files_after": files_after, "threads": affinity,
-                  "policy": [policy[0], sorted(policy[1])], "binding": str(work.binding),
-                  "moved": work.binding.pages_moved}))
-"""
 
 
 def scenario_late(results: dict[str, Any]) -> None:
     """@numa_bound in a process that already allocated 200 MB on the wrong node."""
+    wrong = ",".join(map(str, node_cpus(0)))
     for migrate in (True, False):
-        code = LATE % {"wrong_cpus": node_cpus(0), "wrong": 0, "rank": 1, "migrate": migrate}
-        results[f"late_migrate_{migrate}"] = run(code, {})
+        results[f"late_migrate_{migrate}"] = run(probe("late", 200, 0, wrong, 1, int(migrate)))
     results["late_expect_cpus"] = node_cpus(1)
-
-
-FILL = r"""
-import json
-total = 0
-with open("/sys/devices/system/node/node1/meminfo") as f:
-    for line in f:
-        if "MemTotal" in line:
-            total = int(line.split()[-2]) * 1024
-buf = b"\x01" * (total + (96 << 20))
-from numabind._procmaps import pages_per_node, private_anon_regions
-print(json.dumps({"pages": pages_per_node(private_anon_regions())}))
-"""
 
 
 def scenario_memory(results: dict[str, Any]) -> None:
     """More than node 1 holds: preferred spills to node 0, strict bind refuses it."""
-    results["fill_preferred"] = run(FILL, {"LOCAL_RANK": "1"})
-    results["fill_bind"] = run(FILL, {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "bind"})
+    results["fill_preferred"] = run(probe("fill"), {"LOCAL_RANK": "1"})
+    results["fill_bind"] = run(probe("fill"), {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "bind"})
     # interleave across a socket-mode plan is not possible on 1 CPU node/socket; check
     # that the policy requested is the policy the kernel reports
     results["policy_interleave"] = run(
-        PROBE % {"mb": 8}, {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "interleave"}
+        probe("rank", 8), {"LOCAL_RANK": "1", "NUMABIND_MEMORY": "interleave"}
     )
 
 
@@ -224,44 +161,53 @@ def scenario_bad_input(results: dict[str, Any]) -> None:
         ]
         results["bad_cgroup"] = run(user, {"LOCAL_RANK": "1"}, wrap=wrap)
         results["strict_cgroup"] = run(user, {"LOCAL_RANK": "1", "NUMABIND_STRICT": "1"}, wrap=wrap)
-        results["ok_cgroup"] = run(PROBE % {"mb": 1}, {"LOCAL_RANK": "0"}, wrap=wrap)
+        results["ok_cgroup"] = run(probe("rank", 1), {"LOCAL_RANK": "0"}, wrap=wrap)
 
 
-HOLD = r"""
-import os, sys, time
-buf = b"\x01" * (50 << 20)
-print("READY", flush=True)
-sys.stdin.read()
-"""
+def _hold(
+    env: dict[str, str], cpus: list[int] | None, wrap: list[str] | None = None
+) -> subprocess.Popen[str]:
+    def pre() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
+    p = subprocess.Popen(
+        [*(wrap or []), *probe("hold")],
+        env={**base_env(), **env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=pre,  # noqa: PLW1509 - this driver starts no threads
+    )
+    assert p.stdout is not None
+    p.stdout.readline()
+    return p
+
+
+def _check(*argv: str) -> dict[str, Any]:
+    p = subprocess.run(
+        [NUMABIND, "check", *argv, "--json"], capture_output=True, text=True, env=base_env()
+    )
+    return {
+        "rc": p.returncode,
+        "json": json.loads(p.stdout) if p.stdout.strip() else None,
+        "stderr": p.stderr[-2000:],
+    }
+
+
+def _release(*procs: subprocess.Popen[str]) -> None:
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(timeout=120)
 
 
 def scenario_check(results: dict[str, Any]) -> None:
     """numabind check on real processes: one on its plan, one left on the wrong node, and a
     numabind.spawn child whose rank exists only in numabind's registry."""
-    numabind_cmd = os.path.join(os.path.dirname(PY), "numabind")
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith("NUMABIND") or k == "NUMABIND_VM"
-    }
-
-    def hold(env: dict[str, str], cpus: list[int] | None) -> subprocess.Popen[str]:
-        def pre() -> None:
-            if cpus is not None:
-                os.sched_setaffinity(0, cpus)
-
-        p = subprocess.Popen(
-            [PY, "-c", HOLD],
-            env={**base, **env},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=pre,  # noqa: PLW1509 - this driver starts no threads
-        )
-        assert p.stdout is not None
-        p.stdout.readline()
-        return p
-
-    good = hold({"LOCAL_RANK": "1"}, node_cpus(0))
-    bad = hold({"LOCAL_RANK": "1", "NUMABIND": "0"}, node_cpus(0))
+    good = _hold({"LOCAL_RANK": "1"}, node_cpus(0))
+    bad = _hold({"LOCAL_RANK": "1", "NUMABIND": "0"}, node_cpus(0))
     marker = f"/tmp/numabind-check-release-{os.getpid()}"
     spawner = subprocess.Popen(
         [
@@ -271,7 +217,7 @@ def scenario_check(results: dict[str, Any]) -> None:
             "if __name__ == '__main__':\n"
             f"    numabind.spawn(check_helpers.hold, 1, args=({marker!r},))",
         ],
-        env=base,
+        env=base_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -279,22 +225,15 @@ def scenario_check(results: dict[str, Any]) -> None:
     assert spawner.stdout is not None
     spawner.stdout.readline()
     try:
-        for name, argv in {
-            "check_good": ["--pid", str(good.pid)],
-            "check_bad": ["--pid", str(bad.pid)],
-            "check_all": ["--all"],
-            "check_missing": ["--pid", "999999"],
-        }.items():
-            p = subprocess.run(
-                [numabind_cmd, "check", *argv, "--json"], capture_output=True, text=True, env=base
-            )
-            results[name] = {
-                "rc": p.returncode,
-                "json": json.loads(p.stdout) if p.stdout.strip() else None,
-                "stderr": p.stderr[-2000:],
-            }
+        results["check_good"] = _check("--pid", str(good.pid))
+        results["check_bad"] = _check("--pid", str(bad.pid))
+        results["check_all"] = _check("--all")
+        results["check_missing"] = _check("--pid", "999999")
         text = subprocess.run(
-            [numabind_cmd, "check", "--pid", str(bad.pid)], capture_output=True, text=True, env=base
+            [NUMABIND, "check", "--pid", str(bad.pid)],
+            capture_output=True,
+            text=True,
+            env=base_env(),
         )
         results["check_bad_text"] = {"rc": text.returncode, "stdout": text.stdout}
         results["check_pids"] = {"good": good.pid, "bad": bad.pid}
@@ -310,18 +249,109 @@ def scenario_check(results: dict[str, Any]) -> None:
     finally:
         with open(marker, "w"):
             pass
-        for p in (good, bad, spawner):
-            assert p.stdin is not None
-            p.stdin.close()
-            p.wait(timeout=60)
+        assert spawner.stdin is not None
+        spawner.stdin.close()
+        spawner.wait(timeout=120)
+        _release(good, bad)
 
 
-SCENARIOS = {
+def scenario_threads(results: dict[str, Any]) -> None:
+    """NUMABIND_THREADS=auto: each rank of two gets its node's 2 cores; the user's value
+    stays; torchrun's own OMP_NUM_THREADS=1 (its agent's initial environment has none) is
+    replaced."""
+    for rank in (0, 1):
+        results[f"threads_rank{rank}"] = run(
+            probe("rank", 1),
+            {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "NUMABIND_THREADS": "auto"},
+        )
+    results["threads_user"] = run(
+        probe("rank", 1),
+        {
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "2",
+            "NUMABIND_THREADS": "auto",
+            "MKL_NUM_THREADS": "7",
+        },
+    )
+    agent = (
+        "import os, subprocess, sys\n"
+        "os.environ.update(OMP_NUM_THREADS='1', TORCHELASTIC_RUN_ID='vm')\n"
+        f"sys.exit(subprocess.run({probe('rank', 1)!r}, env={{**os.environ, 'LOCAL_RANK': '1', "
+        "'LOCAL_WORLD_SIZE': '2'}).returncode)\n"
+    )
+    results["threads_torchrun"] = run(agent, {"NUMABIND_THREADS": "auto"})
+
+
+def scenario_seccomp(results: dict[str, Any]) -> None:
+    """A container that refuses the memory-policy calls (a real seccomp filter): the rank
+    still runs on its node's CPUs, says once what was refused, and the pages it first
+    touches there are local anyway; with docker's CAP_SYS_NICE profile only move_pages and
+    migrate_pages are refused.  numabind check copes with both."""
+    results["seccomp_all"] = run(
+        [*SECCOMP, "--", *probe("rank", 200)], {"LOCAL_RANK": "1"}, cpus=node_cpus(0)
+    )
+    results["seccomp_docker"] = run(
+        [*SECCOMP, "--calls", "docker", "--", *probe("rank", 200)],
+        {"LOCAL_RANK": "1"},
+        cpus=node_cpus(0),
+    )
+    held = _hold({"LOCAL_RANK": "1"}, node_cpus(0), wrap=[*SECCOMP, "--"])
+    try:
+        results["seccomp_check"] = _check("--pid", str(held.pid))
+    finally:
+        _release(held)
+
+
+def scenario_fork(results: dict[str, Any]) -> None:
+    """A fork child shares its parent's pages copy-on-write: check reports them apart
+    (shared_pages) and does not call the child off plan for them."""
+    p = subprocess.Popen(
+        probe("fork_child", ",".join(map(str, node_cpus(0)))),
+        env=base_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    try:
+        child = int(line.split()[1])
+        results["fork_check"] = _check("--pid", str(child))
+        results["fork_child_pid"] = child
+    finally:
+        _release(p)
+
+
+def scenario_bench(results: dict[str, Any]) -> None:
+    """numabind bench in a VM: placement verified on both nodes; QEMU does not model
+    NUMA latency, so the verdict must be 'no measurable difference'."""
+    t0 = time.time()
+    p = subprocess.run(
+        [NUMABIND, "bench", "--json", "--quick", "--size", "32"],
+        capture_output=True,
+        text=True,
+        env={**base_env(), "LOCAL_WORLD_SIZE": "2"},
+        timeout=300,
+    )
+    results["bench"] = {
+        "rc": p.returncode,
+        "json": json.loads(p.stdout) if p.returncode == 0 else None,
+        "stderr": p.stderr[-3000:],
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
+SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hook": scenario_hook,
     "late": scenario_late,
     "memory": scenario_memory,
     "bad_input": scenario_bad_input,
     "check": scenario_check,
+    "threads": scenario_threads,
+    "seccomp": scenario_seccomp,
+    "fork": scenario_fork,
+    "bench": scenario_bench,
 }
 
 

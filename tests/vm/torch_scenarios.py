@@ -77,14 +77,11 @@ def main() -> int:
             if os.path.exists(path):
                 with open(path) as f:
                     results[f"{kind}-{rank}"] = json.load(f)
-    # numabind run as the trampoline of torchrun --no-python: bound at the first instruction
-    probe = (
-        "import os, json; a = sorted(os.sched_getaffinity(0)); from numabind import _kernel; "
-        "p = _kernel.get_mempolicy(); print('RUN ' + json.dumps({'rank': os.environ['LOCAL_RANK'], "
-        "'affinity': a, 'policy': [p[0], sorted(p[1])]}))"
-    )
+    # numabind run as the trampoline of torchrun --no-python: bound at the first instruction,
+    # and with NUMABIND_THREADS=auto torchrun's own OMP_NUM_THREADS=1 replaced by the budget
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     numabind_cmd = os.path.join(os.path.dirname(sys.executable), "numabind")
+    probe = os.path.join(HERE, "probes", "run_rank.py")
     try:
         t = time.time()
         p = subprocess.run(
@@ -97,12 +94,12 @@ def main() -> int:
                 "run",
                 "--",
                 sys.executable,
-                "-c",
                 probe,
             ],
             capture_output=True,
             text=True,
             timeout=600,
+            env={**os.environ, "NUMABIND_THREADS": "auto"},
         )
         results["torchrun_run"] = {
             "rc": p.returncode,
@@ -112,6 +109,28 @@ def main() -> int:
         }
     except Exception:
         results["errors"]["torchrun_run"] = traceback.format_exc()
+    save()
+    # a process without a rank that picks its GPU with torch.cuda.set_device(1)
+    try:
+        t = time.time()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_", "NUMABIND"))}
+        env.update(NUMABIND_TORCH="1", NUMABIND_VM="1")
+        p = subprocess.run(
+            [sys.executable, os.path.join(HERE, "probes", "set_device.py")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+        results["set_device"] = {
+            "rc": p.returncode,
+            "stderr": p.stderr[-3000:],
+            "data": json.loads(lines[-1]) if lines else None,
+            "seconds": round(time.time() - t, 1),
+        }
+    except Exception:
+        results["errors"]["set_device"] = traceback.format_exc()
     save()
     return 0
 
