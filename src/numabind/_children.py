@@ -213,7 +213,7 @@ def spawn(
     mode: str | None = None,
     memory: str | None = None,
 ) -> list[multiprocessing.process.BaseProcess]:
-    """Start ``fn``\ (i, \*\ ``args``) in ``nprocs`` processes, process ``i`` bound as
+    r"""Start ``fn``\ (i, \*\ ``args``) in ``nprocs`` processes, process ``i`` bound as
     local rank ``i`` from its first instruction (``torch.multiprocessing.spawn`` without
     torch).
 
