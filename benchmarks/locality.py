@@ -32,9 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-SMALL = os.environ.get("NUMABIND_BENCH_SMALL") == "1"
+from _common import ROOT, SMALL, clean_env, table
 
 WORKLOAD = r"""
 import os, sys, json, threading
@@ -99,7 +97,7 @@ def run_path(name: str) -> dict[str, object]:
         "late": name,
         "node1": node1,
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_"))}
+    env = clean_env()
     env["NUMABIND"] = "0"
     argv = [sys.executable, "-c", code]
     if name == "numactl":
@@ -160,9 +158,6 @@ def inside() -> int:
             rows.append(
                 [name, f"{r['share']:.1%}", str(r["mb"]), str(r["pages"].get(0, 0) * 4 // 1024)]
             )
-    sys.path.insert(0, str(HERE))
-    from _common import table
-
     what = (
         "import of a 20 MB workload (no torch)"
         if SMALL

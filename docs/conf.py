@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath("../src"))
 
-from numabind import __version__  # noqa: E402
+from numabind import __version__
 
 project = "numabind"
 author = "numabind developers"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import synth
+from support import clean_env
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 
@@ -22,11 +23,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "numpy.py").write_text("import os\nos.sched_setaffinity(0, {0})\n")
-    e = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("NUMABIND", "LOCAL_", "CUDA_", "OMP_"))
-    }
+    e = clean_env()
     e.update(
         LOCAL_RANK="1",
         NUMABIND_SYSROOT=root,

@@ -45,6 +45,31 @@ class Visible(Record):
     notes: tuple[str, ...] = ()
 
 
+class LazyNvml:
+    """NVML for the visibility lists, imported and initialised only if a UUID or MIG id
+    cannot be resolved from files (``import pynvml`` alone costs ~30 ms; even numabind's
+    own NVML module stays off the startup path until then)."""
+
+    def __init__(self) -> None:
+        self._backend: NvmlBackend | None = None
+
+    def _get(self) -> NvmlBackend:
+        if self._backend is None:
+            from ._nvml import PynvmlBackend
+
+            self._backend = PynvmlBackend()
+        return self._backend
+
+    def gpus(self) -> list[dict[str, object]]:
+        return self._get().gpus()
+
+    def pci_of_uuid(self, uuid: str) -> str | None:
+        return self._get().pci_of_uuid(uuid)
+
+    def mig_parent_pci(self, mig_uuid: str) -> str | None:
+        return self._get().mig_parent_pci(mig_uuid)
+
+
 def _slurm_gpu_minors(environ: Mapping[str, str]) -> tuple[str, frozenset[int]] | None:
     for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         text = environ.get(var)
@@ -102,7 +127,7 @@ def _index(token: str, devs: tuple[Accelerator, ...]) -> tuple[Accelerator | Non
 
 
 def _by_uuid(
-    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | None, vendor: Vendor
+    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | LazyNvml | None, vendor: Vendor
 ) -> tuple[Accelerator | None, str | None]:
     found = _match_uuid(token, devs)
     if not found and nvml is not None and vendor is NVIDIA:
@@ -120,7 +145,7 @@ def _by_uuid(
 
 
 def _resolve_token(
-    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | None, vis: Visibility
+    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | LazyNvml | None, vis: Visibility
 ) -> tuple[Accelerator | None, str | None]:
     """One entry of a visibility list -> (device, why it could not be resolved)."""
     vendor = (
@@ -158,7 +183,7 @@ def _parse_list(
     vis: Visibility,
     text: str,
     devs: tuple[Accelerator, ...],
-    nvml: NvmlBackend | None,
+    nvml: NvmlBackend | LazyNvml | None,
 ) -> tuple[tuple[Accelerator, ...], str | None, list[str]]:
     """Resolve a visibility list the way the runtimes do: entries in order, and the
     first entry that is invalid ends the list (CUDA ignores it and everything after it).
@@ -192,7 +217,7 @@ def _parse_list(
 def resolve(
     machine: Machine,
     environ: Mapping[str, str],
-    nvml: NvmlBackend | None = None,
+    nvml: NvmlBackend | LazyNvml | None = None,
 ) -> Visible:
     """Turn the environment's visibility variables into the ordered visible devices."""
     vendor = selecting(environ)

@@ -24,13 +24,11 @@ from ._output import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 WATCHED = ("torch", "numpy")
 AFFINITY_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 _said: set[str] = set()
-_armed = False
 
 
 def _cause(what: str) -> str:
@@ -124,27 +122,9 @@ def wrap_init_process_group(dist: Any) -> None:
     dist.init_process_group = init_process_group
 
 
-def arm() -> None:
-    """Check the binding after the first import of torch and numpy, and guard torch's
-    ``init_process_group``; the guard's work happens only if those are imported."""
-    global _armed
-    if _armed:
-        return
-    _armed = True
-    from ._importhook import after_import
-
-    def make(name: str) -> Callable[[Any], None]:
-        def after(module: Any) -> None:
-            check(f"import {name}")
-
-        return after
-
-    for name in WATCHED:
-        after_import(name, make(name))
-    after_import("torch.distributed.distributed_c10d", _wrap_c10d)
-
-
-def _wrap_c10d(c10d: Any) -> None:
+def guard_c10d(c10d: Any) -> None:
+    """After ``torch.distributed.distributed_c10d`` is imported: guard its
+    ``init_process_group`` and the name ``torch.distributed`` re-exports."""
     wrap_init_process_group(c10d)
     import sys
 

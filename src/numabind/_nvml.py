@@ -130,25 +130,3 @@ class PynvmlBackend(NvmlBackend):
         except Exception:
             return None
         return None
-
-
-class LazyNvml(NvmlBackend):
-    """NVML for the visibility lists, imported and initialised only if a UUID or MIG id
-    cannot be resolved from files (``import pynvml`` alone costs ~30 ms)."""
-
-    def __init__(self) -> None:
-        self._backend: NvmlBackend | None = None
-
-    def _get(self) -> NvmlBackend:
-        if self._backend is None:
-            self._backend = PynvmlBackend()
-        return self._backend
-
-    def gpus(self) -> list[dict[str, Any]]:
-        return self._get().gpus()
-
-    def pci_of_uuid(self, uuid: str) -> str | None:
-        return self._get().pci_of_uuid(uuid)
-
-    def mig_parent_pci(self, mig_uuid: str) -> str | None:
-        return self._get().mig_parent_pci(mig_uuid)

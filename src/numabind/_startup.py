@@ -28,7 +28,8 @@ last: Binding | None = None  # what the hook did in this process (numabind show 
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
 
     from ._apply import Binding
     from ._config import Config
@@ -147,8 +148,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config, strict: bool)
     try:
         visible = None
         if info.problem is None and not nothing_to_bind(machine, cfg.mode):
-            from ._devices import resolve
-            from ._nvml import LazyNvml
+            from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
         p = plan(machine, request_for(info, visible, cfg.mode, cfg.memory))
@@ -181,10 +181,29 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config, strict: bool)
     else:
         report(binding, cfg.verbose)
     if cfg.guard and p.bound and not binding.errors:
-        from ._guard import arm
-
-        arm()
+        arm_guard()
     return binding
+
+
+def arm_guard() -> None:
+    """Arm the guards (numabind._guard) for the first import of torch, numpy and torch's
+    c10d; the guard's own module is imported only when one of them is."""
+    from ._importhook import after_import
+
+    def guard(what: str) -> Callable[[ModuleType], None]:
+        def run(module: ModuleType) -> None:
+            from . import _guard
+
+            if what == "c10d":
+                _guard.guard_c10d(module)
+            else:
+                _guard.check(f"import {what}")
+
+        return run
+
+    for name in ("torch", "numpy"):
+        after_import(name, guard(name))
+    after_import("torch.distributed.distributed_c10d", guard("c10d"))
 
 
 def sitecustomize_dir() -> str:
