@@ -61,6 +61,7 @@ SELECTORS = (
     ("torch.xpu", "set_device", "xpu"),
 )
 _selected: dict[str, Any] = {}  # the first selection's node, once made
+_seen: set[int] = set()  # device indices already handled (the selectors' fast path)
 
 
 class TorchIntegrationError(IntegrationError):
@@ -204,6 +205,7 @@ def _on_select(what: str, device: Any) -> None:
     index = _device_index(device)
     if index is None or index < 0:
         return
+    _seen.add(index)
     checked: set[int] | None = _selected.get("checked")
     if checked is not None:
         if index not in checked:
@@ -252,12 +254,16 @@ def _wrap_selector(module: Any, name: str, what: str) -> None:
         return
     import functools
 
+    seen = _seen
+
     @functools.wraps(original)
     def selector(device: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            _on_select(what, device)
-        except Exception as err:  # binding must never break the user's call
-            say(f"{what}: binding failed ({type(err).__name__}: {err}); left unbound")
+        # a later call with a device already seen costs one type test and one set lookup
+        if type(device) is not int or device not in seen:
+            try:
+                _on_select(what, device)
+            except Exception as err:  # binding must never break the user's call
+                say(f"{what}: binding failed ({type(err).__name__}: {err}); left unbound")
         return original(device, *args, **kwargs)
 
     selector._numabind_original = original  # type: ignore[attr-defined]
@@ -327,6 +333,7 @@ def uninstall() -> None:
     for module, name, original in _installed.pop("selectors", []):
         setattr(module, name, original)
     _selected.clear()
+    _seen.clear()
 
 
 def install_when_imported() -> None:
