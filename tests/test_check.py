@@ -17,6 +17,7 @@ from numabind._bind import bind, entry_of
 from numabind._check import parse_policy
 from numabind._model import Accelerator
 from numabind._plan import Plan
+from support import clean_env
 
 
 @pytest.mark.parametrize(
@@ -82,8 +83,7 @@ def test_unbound_plans_are_not_registered(tmp_path: Path) -> None:
 
 
 def run_check(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_"))}
-    e.update(env)
+    e = clean_env(**env)
     return subprocess.run(
         [sys.executable, "-m", "numabind", "check", *argv], capture_output=True, text=True, env=e
     )

@@ -171,7 +171,20 @@ def expected_plan(
     return p.to_dict(), source
 
 
-def _thread_settings(pid: int, entry_env: Mapping[str, str] | None) -> dict[str, str]:
+def _thread_settings(
+    pid: int, entry_env: Mapping[str, str] | None, entry: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The thread variables a rank was given: what numabind set (its registry entry; the
+    hook sets them after start, so /proc/PID/environ cannot show them), else its initial
+    environment."""
+    given = (entry or {}).get("thread_env", "")
+    if given:
+        out = {}
+        for item in given.split(",")[: len(THREAD_VARIABLES)]:
+            k, _, v = item.partition(":")
+            if k in THREAD_VARIABLES and v.isdigit() and len(v) < 7:
+                out[k] = v
+        return out
     try:
         env = environ_of(pid) if entry_env is None else dict(entry_env)
     except OSError:
@@ -224,7 +237,7 @@ def check_pid(
         problems.append(f"no plan to check against: {source}")
         result["ok"] = False
         return result
-    settings = _thread_settings(pid, environ)
+    settings = _thread_settings(pid, environ, _registry.read(pid) if source == "registry" else None)
     result["thread_settings"] = settings
     if expected["status"] != "bound":
         result["status"] = "skipped"
