@@ -6,8 +6,10 @@
 
 What docker's default profile does to a container without CAP_SYS_NICE (``all``: the five
 memory-policy calls plus set_mempolicy_home_node refused) or with it (``docker``: only
-move_pages and migrate_pages refused).  A real kernel filter, installed with prctl
-(no libseccomp needed), then ``execv``: the command and everything it starts run under it.
+move_pages and migrate_pages refused).  ``--old-kernel`` instead answers EINVAL to
+set_mempolicy(MPOL_PREFERRED_MANY), which is what kernels before 5.15 do.  A real kernel
+filter, installed with prctl (no libseccomp needed), then ``execv``: the command and
+everything it starts run under it.
 """
 
 from __future__ import annotations
@@ -59,9 +61,31 @@ def program(calls: tuple[str, ...]) -> bytes:
     return b"".join(struct.pack("HBBI", *op) for op in ops)
 
 
-def install(calls: tuple[str, ...]) -> None:
+EINVAL = 22
+MPOL_PREFERRED_MANY = 5
+
+
+def old_kernel_program() -> bytes:
+    """set_mempolicy(mode == MPOL_PREFERRED_MANY, ...) -> EINVAL; everything else allowed."""
+    machine = os.uname().machine
+    nr = NUMBERS[machine]["set_mempolicy"]
+    ops = [
+        (BPF_LD_W_ABS, 0, 0, 4),
+        (BPF_JEQ_K, 0, 5, ARCH[machine]),
+        (BPF_LD_W_ABS, 0, 0, 0),
+        (BPF_JEQ_K, 0, 3, nr),
+        (BPF_LD_W_ABS, 0, 0, 16),  # args[0], low word: the mode (flags live above 0xffff)
+        (0x54, 0, 0, 0xFFFF),  # BPF_ALU | BPF_AND | BPF_K: drop the mode flags
+        (BPF_JEQ_K, 1, 0, MPOL_PREFERRED_MANY),
+        (BPF_RET_K, 0, 0, RET_ALLOW),
+        (BPF_RET_K, 0, 0, RET_ERRNO | EINVAL),
+    ]
+    return b"".join(struct.pack("HBBI", *op) for op in ops)
+
+
+def install(calls: tuple[str, ...], code: bytes | None = None) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    code = program(calls)
+    code = code if code is not None else program(calls)
     buf = ctypes.create_string_buffer(code, len(code))
 
     class Prog(ctypes.Structure):
@@ -76,6 +100,10 @@ def install(calls: tuple[str, ...]) -> None:
 
 def main(argv: list[str]) -> int:
     calls = SETS["all"]
+    code = None
+    if argv[:1] == ["--old-kernel"]:
+        code = old_kernel_program()
+        argv = argv[1:]
     if argv[:1] == ["--calls"]:
         spec = argv[1]
         calls = SETS.get(spec) or tuple(spec.split(","))
@@ -85,7 +113,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    install(calls)
+    install(calls, code)
     os.execvp(argv[0], argv)
     return 127
 

@@ -1,0 +1,136 @@
+"""The one entry into binding: the keep/replace rule, strict mode, nesting, the lock, and
+the memory-policy rule shared with child_binding, on the real kernel of this machine (a
+generated two-node machine through NUMABIND_SYSROOT: CPU 0 = node 0, CPU 1 = node 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import synth
+from support import clean_env
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
+
+
+def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*pre, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_concurrent_apply_and_restore_never_mix_plans(two: str) -> None:
+    """Threads that bind and restore at once: without the lock, half the threads ended on
+    one plan and half on the other.  With it every apply is whole, and restores nest."""
+    code = """
+import os, threading, json, numabind
+from numabind._errors import BindingError
+errors, out = [], []
+stop = threading.Event()
+idle = [threading.Thread(target=stop.wait) for _ in range(6)]
+[t.start() for t in idle]
+def worker(rank):
+    for _ in range(40):
+        try:
+            b = numabind.apply(rank, migrate=False)
+            masks = {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')}
+            out.append(len(masks))
+            b.restore()
+        except BindingError as err:
+            errors.append('out of order' in str(err))
+ts = [threading.Thread(target=worker, args=(r,)) for r in (0, 1)]
+[t.start() for t in ts]; [t.join() for t in ts]
+stop.set()
+print(json.dumps({"masks": sorted(set(out)), "errors": errors}))
+"""
+    env = clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none", NUMABIND="force")
+    r = py(code, env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["masks"] == [1], "every thread on one plan right after each apply"
+    assert all(data["errors"]), "the only errors are out-of-order restores, said as such"
+
+
+def test_restore_out_of_order_raises_and_in_order_restores(two: str) -> None:
+    code = """
+import os, json, numabind
+start = sorted(os.sched_getaffinity(0))
+a = numabind.apply(0, migrate=False)
+b = numabind.apply(1, migrate=False)
+try:
+    a.restore()
+    raised = False
+except numabind.BindingError as err:
+    raised = "out of order" in str(err)
+b.restore(); mid = sorted(os.sched_getaffinity(0))
+a.restore(); end = sorted(os.sched_getaffinity(0))
+print(json.dumps([raised, start, mid, end]))
+"""
+    r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none", NUMABIND="force"))
+    raised, start, mid, end = json.loads(r.stdout)
+    assert raised and mid == [0] and end == start
+
+
+def test_force_applies_the_plan_over_a_narrower_mask_inside_it(tmp_path: Path) -> None:
+    # node 0 = CPUs 0-1 (this host's), node 1 = CPUs 2-3 (absent here, never used)
+    spec = synth.Spec(
+        nodes=[[0, 1], [2, 3]], package_of_node=[0, 1], gpus=[synth.Gpu("0000:01:00.0", 0)]
+    )
+    root = synth.write(spec, str(tmp_path / "m"))
+    env = clean_env(NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", LOCAL_RANK="0")
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    env["NUMABIND"] = "force"
+    r = py(code, env, "taskset", "-c", "1")
+    assert r.stdout.strip() == "[0, 1]", "force: the plan (node 0's CPUs), not the kept pin"
+    env["NUMABIND"] = "respect"
+    r = py(code, env, "taskset", "-c", "1")
+    assert r.stdout.strip() == "[1]"
+
+
+def test_child_binding_falls_back_where_preferred_many_is_refused(two: str) -> None:
+    """A kernel before 5.15 refuses MPOL_PREFERRED_MANY with EINVAL (here: a seccomp filter
+    answering exactly that).  child_binding shares apply's rule and prefers the GPU's node;
+    the copy it used to carry would have failed."""
+    code = """
+import json, subprocess, sys
+from numabind import child_binding
+from numabind._plan import Plan
+plan = Plan(local_rank=0, numa_node=0, cpus=frozenset({0}), memory_nodes=frozenset({0}),
+            memory_policy="preferred-many", status="bound", reason="test")
+with child_binding(0, plan=plan):
+    out = subprocess.run([sys.executable, "-c",
+        "import json; from numabind import _kernel; p = _kernel.get_mempolicy(); "
+        "print(json.dumps([p[0], sorted(p[1])]))"], capture_output=True, text=True).stdout
+print(out.strip())
+"""
+    seccomp = [sys.executable, "-S", str(HERE / "seccomp_eperm.py"), "--old-kernel", "--"]
+    r = py(code, clean_env(NUMABIND_SYSROOT=two), *seccomp)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["preferred", [0]]
+
+
+def test_apply_falls_back_where_preferred_many_is_refused(tmp_path: Path) -> None:
+    code = """
+import json, numabind
+from numabind._apply import apply_plan
+from numabind._plan import Plan
+plan = Plan(local_rank=0, numa_node=0, cpus=frozenset({0, 1}), memory_nodes=frozenset({0}),
+            memory_policy="preferred-many", status="bound", reason="test")
+b = apply_plan(plan, migrate=False)
+print(json.dumps([b.policy_applied, sorted(b.policy_nodes), b.notes]))
+"""
+    seccomp = [sys.executable, "-S", str(HERE / "seccomp_eperm.py"), "--old-kernel", "--"]
+    r = py(code, clean_env(), *seccomp)
+    policy, nodes, notes = json.loads(r.stdout)
+    assert policy == "preferred" and nodes == [0] and "MPOL_PREFERRED_MANY" in notes[0]
