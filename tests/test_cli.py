@@ -12,6 +12,7 @@ import pytest
 
 import synth
 from numabind.cli import main
+from support import clean_env
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -279,7 +280,7 @@ def test_python_dash_m_and_console_script(dgx_root: str) -> None:
 
 
 def test_run_execs_the_command() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_"))}
+    env = clean_env()
     p = subprocess.run(
         [
             sys.executable,
@@ -319,7 +320,7 @@ def test_run_execs_the_command() -> None:
 )
 def test_show_reports_what_the_hook_did_to_it(tmp_path: Path, enable: str, expected: str) -> None:
     root = synth.write(synth.two_nodes(), str(tmp_path / "root"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMABIND", "LOCAL_", "CUDA_"))}
+    env = clean_env()
     env.update(
         LOCAL_RANK="1",
         LOCAL_WORLD_SIZE="2",

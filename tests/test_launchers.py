@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from support import clean_env
+
 pytestmark = pytest.mark.launchers
 HERE = Path(__file__).resolve().parent
 PROBE = str(HERE / "launchers" / "probe.py")
@@ -38,11 +40,7 @@ def need(tool: str) -> str:
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("NUMABIND", "LOCAL_", "OMPI_", "PMI", "SLURM_", "MPI_", "CUDA_"))
-    }
+    e = clean_env()
     e.update(NUMABIND_VERBOSE="1", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra)
     if "SLURM_CONF" in os.environ:
         e["SLURM_CONF"] = os.environ["SLURM_CONF"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import support
 import synth
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,18 +30,9 @@ FORBIDDEN = {
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            ("NUMABIND", "LOCAL_", "OMPI_", "MPI_", "SLURM_", "PMI", "CUDA_", "PYTHON")
-        )
-    }
     # A generated machine (NUMABIND_SYSROOT) is bigger than this one, so this process's
     # real mask always looks narrower than its cgroup: force skips the keep/replace rule.
-    env["NUMABIND"] = "force"
-    env.update(extra)
-    return env
+    return support.clean_env(**{"NUMABIND": "force", **extra})
 
 
 def py(code: str, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
