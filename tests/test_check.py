@@ -131,3 +131,82 @@ def test_check_bad_arguments_exit_2_with_one_line(argv: list[str]) -> None:
 def test_check_all_runs() -> None:
     p = run_check("--all", "--json")
     assert p.returncode in (0, 1) and "processes" in json.loads(p.stdout)
+
+
+def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:
+    """NUMA balancing unmaps pages for hinting faults and move_pages answers EFAULT for
+    them (Linux 6.1, measured in the VM): those must still count as shared, on the nodes
+    numa_maps gives their region, not turn into "own pages left remote"."""
+    from numabind._check import _apportion, _place_shared
+    from numabind._procmaps import Region
+
+    page = 4096
+    a = Region(
+        start=0x10000000,
+        end=0x10000000 + 100 * page,
+        name="[anon]",
+        page_size=page,
+        pages={0: 100},
+        mapmax=2,
+    )
+    b = Region(
+        start=0x20000000,
+        end=0x20000000 + 50 * page,
+        name="[anon]",
+        page_size=page,
+        pages={0: 10, 1: 40},
+        mapmax=2,
+    )
+    addrs = [a.start + i * page for i in range(100)] + [b.start + i * page for i in range(20)]
+    where = [0] * 10 + [-14] * 90 + [1] * 5 + [-14] * 15
+    out = _place_shared([b, a], addrs, where)
+    # a: 10 seen on node 0 + 90 unseen, all of the region on node 0; b: 5 seen on node 1,
+    # 15 unseen split over b's other pages (node 0: 10, node 1: 35) -> 3 and 12
+    assert out["nodes"] == {0: 103, 1: 17}
+    assert "105 pages placed from numa_maps" in out["how"]
+    assert _place_shared([a], addrs[:100], [0] * 100) == {"nodes": {0: 100}, "how": "pagemap"}
+    assert _apportion(7, {0: 10, 1: 10}) in ({0: 4, 1: 3}, {0: 3, 1: 4})
+    assert _apportion(9, {0: 2}) == {0: 2}  # never more than numa_maps counts
+    assert _apportion(3, {}) == {}
+
+
+def test_fork_child_shared_pages_found_on_a_real_process() -> None:
+    """pagemap's exclusive bit on this machine's kernel: a child's inherited 20 MB buffer is
+    reported shared (and where), its own 8 MB is not."""
+    from numabind._check import _shared
+    from numabind._procmaps import pages_per_node, private_anon_regions
+
+    code = (
+        "import os, sys\n"
+        "buf = b'\\x01' * (20 << 20)\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    own = b'\\x02' * (8 << 20)\n"
+        "    print(os.getpid(), flush=True)\n"
+        "    os.read(r, 1)\n"
+        "    os._exit(0)\n"
+        "sys.stdin.read()\n"
+        "os.write(w, b'x')\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        assert p.stdout is not None
+        child = int(p.stdout.readline())
+        regions = private_anon_regions(child)
+        shared = _shared(child, regions)
+        total = sum(pages_per_node(regions).values())
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(timeout=30)
+    assert shared["how"].startswith("pagemap"), shared
+    count = sum(shared["nodes"].values())
+    assert 5120 <= count < total - 2048, (count, total)  # the buffer, not the child's own

@@ -302,6 +302,17 @@ def scenario_seccomp(results: dict[str, Any]) -> None:
         _release(held)
 
 
+def _big_anon(pid: int) -> list[str]:
+    """numa_maps lines of a process's anonymous mappings over 4 MB (evidence on failure)."""
+    with open(f"/proc/{pid}/numa_maps") as f:
+        lines = f.read().splitlines()
+    return [
+        line
+        for line in lines
+        if "file=" not in line and int((line.split("anon=")[1:] or ["0"])[0].split()[0]) > 1000
+    ]
+
+
 def scenario_fork(results: dict[str, Any]) -> None:
     """A fork child shares its parent's pages copy-on-write: check reports them apart
     (shared_pages) and does not call the child off plan for them."""
@@ -319,6 +330,10 @@ def scenario_fork(results: dict[str, Any]) -> None:
         child = int(line.split()[1])
         results["fork_check"] = _check("--pid", str(child))
         results["fork_child_pid"] = child
+        results["fork_parent_alive"] = p.poll() is None
+        results["fork_maps"] = {
+            who: _big_anon(pid) for who, pid in (("parent", p.pid), ("child", child))
+        }
     finally:
         _release(p)
 
