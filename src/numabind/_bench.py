@@ -58,6 +58,9 @@ class Measurement(Record):
     unit: str
     pages_verified_on_node: float
     placement: str  # "mbind" or "first touch"
+    # the value of each round; rounds run interleaved over the nodes, so sample i of every
+    # node was taken at about the same time (what the verdict pairs up)
+    samples: tuple[float, ...] = ()
 
     @property
     def trusted(self) -> bool:
@@ -68,6 +71,7 @@ class Measurement(Record):
         d["trusted"] = self.trusted
         d["value"] = round(self.value, 3)
         d["pages_verified_on_node"] = round(self.pages_verified_on_node, 4)
+        d["samples"] = [round(v, 3) for v in self.samples]
         return d
 
 
@@ -118,35 +122,20 @@ class _Buffer:
             where: list[int] = []
             for i in range(0, len(pages), 16384):
                 where += _kernel.move_pages(pages[i : i + 16384])
-            return sum(1 for w in where if w == node) / max(len(where), 1)
         except OSError:
-            return self._verify_from_numa_maps(node)
-
-    def _verify_from_numa_maps(self, node: int) -> float:
-        from ._procmaps import private_anon_regions
-
-        try:
-            regions = private_anon_regions()
-        except OSError:
-            return 0.0
-        for r in regions:
-            if r.start <= self.addr < r.end:
-                total = sum(r.pages.values())
-                return r.pages.get(node, 0) / total if total else 0.0
-        return 0.0
+            where = []
+        share = _share_on(where, node)
+        return share if share is not None else _share_from_numa_maps(self.addr, node)
 
     def close(self) -> None:
         self.view.release()
         self.map.close()
 
 
-def _copy_gbps(src: _Buffer, dst: memoryview, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        dst[:] = src.view
-        best = min(best, time.perf_counter() - t0)
-    return src.size / best / 1e9
+def _copy_seconds(src: _Buffer, dst: memoryview) -> float:
+    t0 = time.perf_counter()
+    dst[: src.size] = src.view
+    return time.perf_counter() - t0
 
 
 def _chain(view: memoryview, lines: int, seed: int) -> None:
@@ -168,19 +157,11 @@ def _chase(words: memoryview, steps: int) -> float:
     return time.perf_counter() - t0
 
 
-def _latency_ns(buf: _Buffer, small: memoryview, steps: int, rounds: int, span: int) -> float:
-    lines = min(buf.size, span) // LINE
-    _chain(buf.view, lines, 1)
-    words = buf.view.cast("q")
-    small_words = small.cast("q")
-    best = float("inf")
-    for _ in range(rounds):
-        far = _chase(words, steps)
-        near = _chase(small_words, steps)  # the interpreter's own cost per step
-        best = min(best, (far - near) / steps)
-    words.release()
-    small_words.release()
-    return max(best, 0.0) * 1e9
+def _chase_ns(words: memoryview, near: memoryview, steps: int) -> float:
+    """Nanoseconds per dependent load, less the interpreter's own cost per step (the same
+    chase over a small, cached buffer)."""
+    far = _chase(words, steps)
+    return max((far - _chase(near, steps)) / steps, 0.0) * 1e9
 
 
 def free_bytes(machine: Machine, node: int) -> int | None:
@@ -192,6 +173,59 @@ def free_bytes(machine: Machine, node: int) -> int | None:
             value = _sysfs.parse_int(line.split()[-2])
             return value * 1024 if value is not None else None
     return None
+
+
+def _rounds(
+    bufs: list[tuple[int, _Buffer]],
+    dst: _Buffer,
+    small: memoryview,
+    cpus: frozenset[int],
+    local_node: int | None,
+    rounds: int,
+    steps: int,
+    span: int,
+) -> list[Measurement]:
+    """Every round copies from and chases through every node's buffer in turn (the order
+    reversed each round), so a burst of load elsewhere on the machine slows all nodes'
+    samples of that round alike instead of one node's whole measurement."""
+    copies: dict[int, list[float]] = {n: [] for n, _ in bufs}
+    lats: dict[int, list[float]] = {n: [] for n, _ in bufs}
+    words = {}
+    for n, buf in bufs:
+        _chain(buf.view, min(buf.size, span) // LINE, 1)
+        words[n] = buf.view.cast("q")
+    near = small.cast("q")
+    try:
+        for r in range(rounds):
+            order = bufs if r % 2 == 0 else bufs[::-1]
+            for n, buf in order:
+                copies[n].append(buf.size / _copy_seconds(buf, dst.view) / 1e9)
+            for n, _ in order:
+                lats[n].append(_chase_ns(words[n], near, steps))
+    finally:
+        for w in words.values():
+            w.release()
+        near.release()
+    out = []
+    for n, buf in bufs:
+        for kind, samples, unit, best in (
+            ("copy", copies[n], "GB/s", max),
+            ("latency", lats[n], "ns", min),
+        ):
+            out.append(
+                Measurement(
+                    from_cpus=cpus,
+                    from_node=local_node,
+                    memory_node=n,
+                    kind=kind,
+                    value=best(samples),
+                    unit=unit,
+                    pages_verified_on_node=buf.verified,
+                    placement=buf.placement,
+                    samples=tuple(samples),
+                )
+            )
+    return out
 
 
 def measure(
@@ -220,6 +254,7 @@ def measure(
         dst = _Buffer(size, local_node if local_node is not None else 0, cpus, machine)
         small = memoryview(bytearray(16 << 10))
         _chain(small, len(small) // LINE, 2)
+        bufs: list[tuple[int, _Buffer]] = []
         try:
             for node in machine.nodes:
                 free = free_bytes(machine, node.id)
@@ -228,30 +263,11 @@ def measure(
                     this = min(size, int(free * share) // PAGE * PAGE)
                 if this < 4 << 20:
                     continue  # too little free memory to measure without crowding the node
-                buf = _Buffer(this, node.id, cpus, machine)
-                try:
-                    target = dst.view[: buf.size]
-                    try:
-                        gbps = _copy_gbps(buf, target, rounds)
-                    finally:
-                        target.release()
-                    lat = _latency_ns(buf, small, steps, rounds, span)
-                finally:
-                    buf.close()
-                for kind, value, unit in (("copy", gbps, "GB/s"), ("latency", lat, "ns")):
-                    out.append(
-                        Measurement(
-                            from_cpus=cpus,
-                            from_node=local_node,
-                            memory_node=node.id,
-                            kind=kind,
-                            value=value,
-                            unit=unit,
-                            pages_verified_on_node=buf.verified,
-                            placement=buf.placement,
-                        )
-                    )
+                bufs.append((node.id, _Buffer(this, node.id, cpus, machine)))
+            out = _rounds(bufs, dst, small, cpus, local_node, rounds, steps, span)
         finally:
+            for _, buf in bufs:
+                buf.close()
             dst.close()
     finally:
         os.sched_setaffinity(0, saved_cpus)
@@ -337,8 +353,34 @@ def _verify_pointer(addr: int, size: int, node: int) -> float:
     try:
         where = _kernel.move_pages(pages)
     except OSError:
+        where = []
+    share = _share_on(where, node)
+    return share if share is not None else _share_from_numa_maps(first, node)
+
+
+def _share_on(where: list[int], node: int) -> float | None:
+    """The share of pages on ``node`` among those move_pages could see; None when it saw
+    fewer than half.  (With NUMA balancing on it answers EFAULT for resident pages the
+    kernel has unmapped for hinting faults; numa_maps still counts those.)"""
+    seen = [w for w in where if w >= 0]
+    if not where or len(seen) * 2 < len(where):
+        return None
+    return sum(1 for w in seen if w == node) / len(seen)
+
+
+def _share_from_numa_maps(addr: int, node: int) -> float:
+    """The share of the pages of the mapping holding ``addr`` that are on ``node``."""
+    from ._procmaps import private_anon_regions
+
+    try:
+        regions = private_anon_regions()
+    except OSError:
         return 0.0
-    return sum(1 for w in where if w == node) / max(len(where), 1)
+    for r in regions:
+        if r.start <= addr < r.end:
+            total = sum(r.pages.values())
+            return r.pages.get(node, 0) / total if total else 0.0
+    return 0.0
 
 
 def verdict(results: list[Measurement]) -> tuple[str, float | None]:
@@ -347,6 +389,7 @@ def verdict(results: list[Measurement]) -> tuple[str, float | None]:
     trusted = [m for m in results if m.trusted]
     copies = {m.memory_node: m.value for m in trusted if m.kind == "copy"}
     lat = {m.memory_node: m.value for m in trusted if m.kind == "latency"}
+    samples = {(m.memory_node, m.kind): m.samples for m in trusted}
     local = results[0].from_node if results else None
     if local is None or local not in copies or len(copies) < 2:
         if results and not trusted:
@@ -358,6 +401,14 @@ def verdict(results: list[Measurement]) -> tuple[str, float | None]:
     lat_ratio = (lat[worst] / lat[local]) if lat.get(local) and lat.get(worst) else None
     if ratio is None:
         return "no measurable difference: copies to every node took the same time", None
+    # the best values can come from different moments; the same comparison made round by
+    # round (samples taken side by side) must agree before binding is said to pay
+    paired_copy = _paired(samples.get((local, "copy")), samples.get((worst, "copy")))
+    paired_lat = _paired(samples.get((worst, "latency")), samples.get((local, "latency")))
+    if paired_copy is not None:
+        ratio = min(ratio, paired_copy)
+    if lat_ratio is not None and paired_lat is not None:
+        lat_ratio = min(lat_ratio, paired_lat)
     worst_ratio = max(ratio, lat_ratio or 0.0)
     if worst_ratio < NO_DIFFERENCE:
         return (
@@ -369,6 +420,17 @@ def verdict(results: list[Measurement]) -> tuple[str, float | None]:
     if lat_ratio is not None and lat_ratio >= NO_DIFFERENCE:
         what += ("; " if what else "") + f"remote accesses take {lat_ratio:.1f}x as long"
     return f"{what} here (node {worst} from node {local}): binding pays", ratio
+
+
+def _paired(num: tuple[float, ...] | None, den: tuple[float, ...] | None) -> float | None:
+    """Median of the round-by-round ratios num[i] / den[i]; None without samples."""
+    if not num or not den or len(num) != len(den):
+        return None
+    ratios = sorted(a / b for a, b in zip(num, den) if b > 0)
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
 # --- the command ------------------------------------------------------------------------------
