@@ -20,18 +20,7 @@ import traceback
 from typing import Any
 
 PY = sys.executable
-PROBE = r"""
-import os
-aff = sorted(os.sched_getaffinity(0))
-from numabind import _kernel
-pol = _kernel.get_mempolicy()
-import json
-rank = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or os.environ.get("LOCAL_RANK") or "-"
-info = {"rank": rank, "affinity": aff, "policy": [pol[0], sorted(pol[1])]}
-# a file per rank: lines that several ranks print through mpirun can interleave
-with open(os.path.join(os.environ["PROBE_DIR"], f"{os.getpid()}.json"), "w") as f:
-    json.dump(info, f)
-"""
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probes", "launched.py")
 
 
 def launch(
@@ -64,7 +53,6 @@ def launch(
 def main() -> int:
     out_path = sys.argv[1]
     results: dict[str, Any] = {"errors": {}}
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)  # Open MPI talks over loopback
     mpirun = shutil.which("mpirun")
     numactl = shutil.which("numactl")
     results["have"] = {"mpirun": bool(mpirun), "numactl": bool(numactl)}
@@ -73,24 +61,24 @@ def main() -> int:
         base = [mpirun, "--allow-run-as-root", "--oversubscribe"]
         # -np 2 maps by core: both ranks pinned on node 0, but rank 1's GPU (index 1 of
         # CUDA_VISIBLE_DEVICES=0,2) is on node 1; rank 0's is on node 0.
-        cases["mpirun2"] = ([*base, "-np", "2", PY, "-c", PROBE], {"CUDA_VISIBLE_DEVICES": "2,0"})
+        cases["mpirun2"] = ([*base, "-np", "2", PY, PROBE], {"CUDA_VISIBLE_DEVICES": "2,0"})
         cases["mpirun2_respect"] = (
-            [*base, "-np", "2", PY, "-c", PROBE],
+            [*base, "-np", "2", PY, PROBE],
             {"CUDA_VISIBLE_DEVICES": "2,0", "NUMABIND": "respect"},
         )
         cases["mpirun2_bindto_core"] = (
-            [*base, "-np", "2", "--bind-to", "core", PY, "-c", PROBE],
+            [*base, "-np", "2", "--bind-to", "core", PY, PROBE],
             {"CUDA_VISIBLE_DEVICES": "0,1"},
         )
         # -np 4: round-robin by socket puts ranks 1 and 2 on the wrong socket for GPUs 1, 2
-        cases["mpirun4"] = ([*base, "-np", "4", PY, "-c", PROBE], {})
+        cases["mpirun4"] = ([*base, "-np", "4", PY, PROBE], {})
     if numactl:
         cases["numactl_inside"] = (
-            [numactl, "--physcpubind=3", "--membind=1", PY, "-c", PROBE],
+            [numactl, "--physcpubind=3", "--membind=1", PY, PROBE],
             {"LOCAL_RANK": "2"},
         )
         cases["numactl_outside"] = (
-            [numactl, "--cpunodebind=0", PY, "-c", PROBE],
+            [numactl, "--cpunodebind=0", PY, PROBE],
             {"LOCAL_RANK": "3"},
         )
     cases["inherited"] = (
@@ -100,7 +88,7 @@ def main() -> int:
             "0",
             PY,
             "-c",
-            "import subprocess, sys, os; subprocess.run([sys.executable, '-c', sys.argv[1]],"
+            "import subprocess, sys, os; subprocess.run([sys.executable, sys.argv[1]],"
             " env=dict(os.environ, LOCAL_RANK='3'))",
             PROBE,
         ],
