@@ -130,8 +130,8 @@ def nvml_answers() -> tuple[list[dict[str, Any]], str]:
                     gpu["mig_mode"] = None
                 gpus.append(gpu)
             return gpus, "pynvml"
-        except Exception as err:
-            print(f"device-check: pynvml failed ({err}); asking nvidia-smi", file=sys.stderr)
+        except Exception as failure:
+            print(f"device-check: pynvml failed ({failure}); asking nvidia-smi", file=sys.stderr)
     rc, out, err = sh(
         [
             "nvidia-smi",
