@@ -152,7 +152,11 @@ def test_engine_style_workers_each_on_their_gpus_node(two: str, tmp_path: Path, 
 RAY = """
 import json, os, sys, ray
 ray.init(num_gpus=int(sys.argv[2]), num_cpus=2, include_dashboard=False,
-         _temp_dir=sys.argv[1], object_store_memory=78 * 1024 * 1024, log_to_driver=False)
+         _temp_dir=sys.argv[1], object_store_memory=78 * 1024 * 1024, log_to_driver=False,
+         # the reuse case below needs its idle worker kept: no prestarted ones beside it,
+         # and no killing of idle workers beyond num_cpus (the holders count) after 1 s
+         _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False,
+                         "idle_worker_killing_time_threshold_ms": 600_000})
 
 @ray.remote(num_gpus=1)
 class Actor:
@@ -167,6 +171,16 @@ def task():
     return {"pid": os.getpid(), "now": sorted(os.sched_getaffinity(0)),
             "ids": ray.get_runtime_context().get_accelerator_ids()["GPU"]}
 
+@ray.remote(num_gpus=1, max_calls=0)
+def reusable():
+    return {"pid": os.getpid(), "now": sorted(os.sched_getaffinity(0)),
+            "ids": ray.get_runtime_context().get_accelerator_ids()["GPU"]}
+
+@ray.remote(num_gpus=1)
+class Holder:
+    def ready(self):
+        return True
+
 @ray.remote(num_gpus=2)
 class Pair:
     def where(self):
@@ -179,8 +193,19 @@ if sys.argv[3] == "one":
     out["actors"] = ray.get([a.where.remote() for a in actors])
     for a in actors:
         ray.kill(a)
-    # one at a time: Ray reuses its workers, whichever GPU the next task gets
+    # one at a time (Ray runs each GPU task in a fresh worker by default: max_calls=1)
     out["tasks"] = [ray.get(task.options(num_gpus=1).remote()) for _ in range(8)]
+    # the same idle worker given the other GPU.  Ray ends a GPU task's worker after one
+    # call unless max_calls says otherwise (0: reuse without limit); holders (their own
+    # runtime_env, so never the pooled task worker) steer which GPU each task gets; with
+    # ray.init's settings above the first task's worker is the only idle one, and stays
+    hold_a = Holder.options(runtime_env={"env_vars": {"NB_HOLD": "a"}}).remote()
+    ray.get(hold_a.ready.remote())
+    first = ray.get(reusable.remote())
+    hold_b = Holder.options(runtime_env={"env_vars": {"NB_HOLD": "b"}}).remote()
+    ray.get(hold_b.ready.remote())  # takes the GPU the first task just gave back
+    ray.kill(hold_a)
+    out["reuse"] = [first, ray.get(reusable.remote())]
 else:
     p = Pair.remote()
     out["pair"] = ray.get(p.where.remote())
@@ -224,10 +249,11 @@ def test_ray_actors_and_reused_task_workers_follow_their_gpu(two: str, tmp_path:
         assert a["init"] == [node] and a["now"] == [node], a
     tasks = data["tasks"]
     assert all(t["now"] == [int(t["ids"][0])] for t in tasks), tasks  # type: ignore[index]
-    reused = {}
-    for t in tasks:  # type: ignore[union-attr]
-        reused.setdefault(t["pid"], set()).add(t["ids"][0])
-    assert any(len(ids) == 1 for ids in reused.values()), "a worker ran several tasks"
+    first, second = data["reuse"]  # type: ignore[misc]
+    assert first["pid"] == second["pid"], "Ray started a new worker: reuse not exercised"
+    assert first["ids"] != second["ids"], data["reuse"]
+    for t in (first, second):  # the reused worker rebound for its next GPU
+        assert t["now"] == [int(t["ids"][0])], data["reuse"]
 
 
 @pytest.mark.ray

@@ -9,6 +9,7 @@ Usage (in the guest): python tests/vm/ray_scenarios.py OUT.json
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -38,6 +39,90 @@ def report(tag: str) -> dict[str, Any]:
     }
 
 
+def _patient_startup() -> None:
+    """Under software emulation the raylet takes longer to register than the 30 s ray.init
+    waits (hard-coded in ray/_private/node.py, Ray 2.60): keep asking, up to 10 minutes.
+    Only the driver's wait changes; numabind's code paths are Ray's own."""
+    from ray._private import services
+
+    original = services.get_node
+
+    def get_node(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + float(os.environ.get("RAY_VM_START_WAIT", "600"))
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+
+    services.get_node = get_node
+
+    # The raylet also aborts when its agents (Python processes that import much of Ray)
+    # have not written their port files within a fixed wait (Ray 2.60: "Timed out waiting
+    # for file .../metrics_agent_port_*"); with the ports given it does not wait for them.
+    import socket
+
+    from ray._private import parameter
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    init = parameter.RayParams.__init__
+
+    def with_ports(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in ("metrics_agent_port", "dashboard_agent_listen_port",
+                     "runtime_env_agent_port", "metrics_export_port"):  # fmt: skip
+            if not kwargs.get(name):
+                kwargs[name] = free_port()
+        init(self, *args, **kwargs)
+
+    parameter.RayParams.__init__ = with_ports  # type: ignore[method-assign]
+
+    # Even with the ports given, the raylet waits (~80 s, not configurable) for the agents
+    # to write them into port files, and the dashboard agent needs ~90 s to import under
+    # emulation.  The ports are known in advance, so write the files first; the agents
+    # rewrite them with the same values once they listen.
+    from ray import _raylet
+
+    start_raylet = services.start_raylet
+
+    def seeded_start_raylet(*args: Any, **kwargs: Any) -> Any:
+        given = inspect.signature(start_raylet).bind(*args, **kwargs).arguments
+        for name, key in (
+            (_raylet.METRICS_AGENT_PORT_NAME, "metrics_agent_port"),
+            (_raylet.METRICS_EXPORT_PORT_NAME, "metrics_export_port"),
+            (_raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME, "dashboard_agent_listen_port"),
+            (_raylet.RUNTIME_ENV_AGENT_PORT_NAME, "runtime_env_agent_port"),
+        ):
+            if given.get(key):
+                _raylet.persist_port(given["session_dir"], given["node_id"], name, given[key])
+        return start_raylet(*args, **kwargs)
+
+    services.start_raylet = seeded_start_raylet
+
+
+def _log_tails(tmp: str) -> dict[str, str]:
+    """The last lines of each Ray process's log (evidence when the cluster did not start)."""
+    out = {}
+    logs = os.path.join(tmp, "session_latest", "logs")
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if name.endswith((".out", ".err", ".log")):
+            with open(os.path.join(logs, name), errors="replace") as f:
+                text = f.read()
+            # the first lines say why a process died; the last, where it stopped
+            tail = text if len(text) <= 3000 else text[:1500] + "\n[...]\n" + text[-1500:]
+            # and the error lines (Ray's "[time E pid tid]" / "F": fatal) wherever they are
+            errors = [ln for ln in text.splitlines() if " E " in ln[:40] or " F " in ln[:40]]
+            tail += "".join(f"\n{ln}" for ln in errors[:20])
+            if tail.strip():
+                out[name] = tail
+    return out
+
+
 def main() -> int:
     out_path = sys.argv[1]
     results: dict[str, Any] = {"errors": {}}
@@ -46,6 +131,7 @@ def main() -> int:
     try:
         import ray
 
+        _patient_startup()
         ray.init(
             num_gpus=2,
             num_cpus=4,
@@ -53,6 +139,13 @@ def main() -> int:
             object_store_memory=80 * 1024 * 1024,
             _temp_dir=tmp,
             log_to_driver=False,
+            # the reuse case needs its idle worker kept: no prestarted workers beside it,
+            # no killing of idle workers beyond num_cpus (the holders count) after 1 s
+            _system_config={
+                "prestart_worker_first_driver": False,
+                "enable_worker_prestart": False,
+                "idle_worker_killing_time_threshold_ms": 3_600_000,
+            },
         )
         results["init_seconds"] = round(time.time() - t0, 1)
 
@@ -67,31 +160,44 @@ def main() -> int:
             def ready(self) -> bool:
                 return True
 
-        @ray.remote(num_gpus=1)
+        # Ray ends a GPU task's worker after one call unless max_calls says otherwise
+        @ray.remote(num_gpus=1, max_calls=0)
         def task() -> dict[str, Any]:
             return report("task")
+
+        @ray.remote(num_gpus=1)
+        class Holder:
+            def ready(self) -> bool:
+                return True
+
+        def hold(name: str) -> Any:
+            # its own runtime_env: a dedicated worker, never the pooled task worker
+            h = Holder.options(runtime_env={"env_vars": {"NB_HOLD": name}}).remote()
+            ray.get(h.ready.remote())
+            return h
 
         actors = [Actor.remote() for _ in range(2)]
         results["actors"] = ray.get([a.where.remote() for a in actors])
         for a in actors:
             ray.kill(a)
-        # a task worker reused with the other GPU: hold GPU 0, run a task (GPU 1), then
-        # hold GPU 1, free GPU 0 and run again (the idle worker gets GPU 0)
-        hold0 = Actor.remote()
-        ray.get(hold0.ready.remote())
+        # a task worker reused with the other GPU: hold one GPU, run a task (the other),
+        # hold that one once the task gives it back, free the first: the idle worker gets it
+        hold_a = hold("a")
         first = ray.get(task.remote())
-        hold1 = Actor.remote()
-        ray.get(hold1.ready.remote())
-        ray.kill(hold0)
-        time.sleep(2)
+        hold_b = hold("b")
+        ray.kill(hold_a)
         second = ray.get(task.remote())
-        ray.kill(hold1)
+        ray.kill(hold_b)
         results["tasks"] = [first, second]
         results["seconds"] = round(time.time() - t0, 1)
         ray.shutdown()
     except Exception:
         results["errors"]["ray"] = traceback.format_exc()
+        results["ray_logs"] = _log_tails(tmp)
     finally:
+        keep = os.environ.get("RAY_VM_KEEP_LOGS")  # debugging: a folder the host can read
+        if keep:
+            shutil.copytree(os.path.join(tmp, "session_latest", "logs"), keep, dirs_exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
