@@ -14,18 +14,11 @@ from pathlib import Path
 import pytest
 
 import synth
+from numabind._threads import VARIABLES as THREAD_VARS
 from support import clean_env
 
 HERE = Path(__file__).resolve().parent
 SECCOMP = [sys.executable, "-S", str(HERE / "seccomp_eperm.py")]
-THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
 SHOW_THREADS = (
     "import os, json; print(json.dumps({k: os.environ.get(k) for k in " + repr(THREAD_VARS) + "}))"
 )

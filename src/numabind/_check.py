@@ -29,6 +29,7 @@ from . import _registry, _sysfs
 from ._config import sysroot
 from ._procmaps import locality, pages_per_node, private_anon_regions, shared_pages
 from ._ranks import TRIGGER_VARIABLES, detect
+from ._threads import VARIABLES as THREAD_VARIABLES
 from ._topology import Machine
 
 TYPE_CHECKING = False
@@ -40,15 +41,6 @@ if TYPE_CHECKING:
 fmt = _sysfs.format_cpulist
 MIN_LOCALITY = 0.9
 ON_PLAN, OFF_PLAN, USAGE, VANISHED = 0, 1, 2, 3
-ENVIRON_CAP = 4 << 20
-THREAD_VARIABLES = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
 
 
 class Vanished(Exception):
@@ -58,16 +50,6 @@ class Vanished(Exception):
 def _alive(pid: int) -> bool:
     state = _registry.process_state(pid)
     return state is not None and state not in ("Z", "X")
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    raw = _sysfs.read_bytes(f"/proc/{pid}/environ", ENVIRON_CAP)
-    out = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return out
 
 
 def _threads(pid: int) -> dict[int, frozenset[int]]:
@@ -146,7 +128,7 @@ def expected_plan(
         return _entry_plan(entry), "registry"
     if environ is None:
         try:
-            environ = environ_of(pid)
+            environ = _sysfs.read_environ(pid)
         except FileNotFoundError as err:
             raise Vanished(pid) from err
         except OSError as err:
@@ -186,7 +168,7 @@ def _thread_settings(
                 out[k] = v
         return out
     try:
-        env = environ_of(pid) if entry_env is None else dict(entry_env)
+        env = _sysfs.read_environ(pid) if entry_env is None else dict(entry_env)
     except OSError:
         return {}
     return {k: env[k] for k in THREAD_VARIABLES if k in env}
@@ -448,7 +430,7 @@ def rank_pids() -> tuple[list[int], _registry.Scan]:
         if pid == me or pid in found:
             continue
         try:
-            env = environ_of(pid)
+            env = _sysfs.read_environ(pid)
         except OSError:
             continue
         if any(v in env for v in TRIGGER_VARIABLES[:6]):

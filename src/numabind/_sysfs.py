@@ -84,6 +84,20 @@ def read_bytes(path: str, cap: int = READ_CAP, *, nofollow: bool = False) -> byt
 _MISSING: object = object()
 
 
+ENVIRON_CAP = 4 << 20
+
+
+def read_environ(pid: int | str) -> dict[str, str]:
+    """A process's initial environment (``/proc/PID/environ``: what it was started with, not
+    what it has set since), capped like every other read; raises ``OSError``."""
+    out = {}
+    for item in read_bytes(f"/proc/{pid}/environ", ENVIRON_CAP).split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
 def read_text(path: str, fallback: str | object | None = _MISSING, cap: int = READ_CAP) -> str:
     """Read a kernel text file and strip it.
 

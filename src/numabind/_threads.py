@@ -45,20 +45,13 @@ VARIABLES = (
     "NUMEXPR_NUM_THREADS",
 )
 AFFINITY_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
-_ENV_CAP = 4 << 20
 
 
 def _initial_environ(pid: int | str) -> dict[str, str] | None:
     try:
-        raw = _sysfs.read_bytes(f"/proc/{pid}/environ", _ENV_CAP)
+        return _sysfs.read_environ(pid)
     except OSError:
         return None
-    out = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return out
 
 
 def owner_of(name: str, environ: Mapping[str, str], initial: Mapping[str, str] | None) -> str:
