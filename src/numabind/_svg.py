@@ -86,6 +86,17 @@ class _Canvas:
         self.parts: list[str] = []
         self.y = PAD
 
+    def document(self, title: str) -> str:
+        """The whole picture: as tall as what was drawn, on white, titled for viewers."""
+        width, height = self.width, self.y + PAD
+        head = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, '
+            f'sans-serif">\n<title>{escape(title)}</title>\n'
+            '<rect width="100%" height="100%" fill="white"/>\n'
+        )
+        return head + "\n".join(self.parts) + "\n</svg>\n"
+
     def text(self, x: float, y: float, text: str, size: float = FONT, bold: bool = False) -> None:
         weight = ' font-weight="bold"' if bold else ""
         self.parts.append(
@@ -250,14 +261,7 @@ def render(
     c.y += LINE
     c.rect(PAD, c.y - 10, 11, 11, DISALLOWED, stroke="#bbb")
     c.text(PAD + 16, c.y, "CPU outside this process's allowed set", FONT)
-    height = c.y + PAD
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, '
-        f'sans-serif">\n<title>{escape(title)}</title>\n'
-        '<rect width="100%" height="100%" fill="white"/>\n'
-    )
-    return head + "\n".join(c.parts) + "\n</svg>\n"
+    return c.document(title)
 
 
 def render_bench(report: dict[str, Any]) -> str:
@@ -304,11 +308,4 @@ def render_bench(report: dict[str, Any]) -> str:
         for line in wrap(f"from node {v.get('from_node')}: {v.get('verdict')}", width - 2 * PAD):
             c.text(PAD, c.y, line, FONT)
             c.y += LINE
-    height = c.y + PAD
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Helvetica, Arial, '
-        f'sans-serif">\n<title>{escape(title)}</title>\n'
-        '<rect width="100%" height="100%" fill="white"/>\n'
-    )
-    return head + "\n".join(c.parts) + "\n</svg>\n"
+    return c.document(title)
