@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 # Variables that would make a child a rank, point it at another machine or change what
 # numabind does; a test sets the ones it wants on top of this.
@@ -35,3 +37,11 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}
     env.update(extra)
     return env
+
+
+def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` in ``env``, behind an optional wrapper (``setpriv ...``,
+    ``unshare ...``, the seccomp launcher)."""
+    return subprocess.run(
+        [*pre, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import synth
-from support import clean_env
+from support import clean_env, py
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
@@ -22,12 +21,6 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> str:
     return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
-
-
-def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*pre, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
 
 
 def test_concurrent_apply_and_restore_never_mix_plans(two: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import synth
 from numabind._threads import VARIABLES as THREAD_VARS
-from support import clean_env
+from support import clean_env, py
 
 HERE = Path(__file__).resolve().parent
 SECCOMP = [sys.executable, "-S", str(HERE / "seccomp_eperm.py")]
@@ -33,12 +33,6 @@ def dgx(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> str:
     return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
-
-
-def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*pre, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
 
 
 def rank_env(root: str, **extra: str) -> dict[str, str]:
