@@ -21,13 +21,12 @@ import os
 
 from . import _kernel, _sysfs
 from ._output import say
+from ._threads import AFFINITY_VARIABLES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-WATCHED = ("torch", "numpy")
-AFFINITY_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 _said: set[str] = set()
 
 
