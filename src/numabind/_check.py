@@ -21,6 +21,7 @@ Exit status (also in ``numabind check --help`` and docs/cli.rst):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ from ._config import sysroot
 from ._procmaps import locality, pages_per_node, private_anon_regions, shared_pages
 from ._ranks import TRIGGER_VARIABLES, detect
 from ._threads import VARIABLES as THREAD_VARIABLES
+from ._threads import ThreadSettings
 from ._topology import Machine
 
 TYPE_CHECKING = False
@@ -161,12 +163,7 @@ def _thread_settings(
     environment."""
     given = (entry or {}).get("thread_env", "")
     if given:
-        out = {}
-        for item in given.split(",")[: len(THREAD_VARIABLES)]:
-            k, _, v = item.partition(":")
-            if k in THREAD_VARIABLES and v.isdigit() and len(v) < 7:
-                out[k] = v
-        return out
+        return ThreadSettings.from_registry(given)
     try:
         env = _sysfs.read_environ(pid) if entry_env is None else dict(entry_env)
     except OSError:
@@ -294,7 +291,7 @@ def _permitted() -> bool:
     try:
         _kernel.get_mempolicy()
     except OSError as err:
-        return err.errno != 1
+        return err.errno != errno.EPERM
     return True
 
 

@@ -134,6 +134,17 @@ class ThreadSettings:
             "thread_env": ",".join(f"{k}:{v}" for k, v in sorted(given.items())),
         }
 
+    @staticmethod
+    def from_registry(text: str) -> dict[str, str]:
+        """``registry_fields()``'s ``thread_env`` read back (an entry is input: only the known
+        variables, with plain numbers of at most six digits)."""
+        out = {}
+        for item in text.split(",")[: len(VARIABLES)]:
+            k, _, v = item.partition(":")
+            if k in VARIABLES and v.isdigit() and len(v) < 7:
+                out[k] = v
+        return out
+
     def notes(self, verbose: bool) -> list[str]:
         out: list[str] = []
         if verbose:
