@@ -308,3 +308,21 @@ print(json.dumps(after))
     env["NUMABIND_GUARD"] = "0"
     r = py(code, env)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [0], "the stand-in really pins"
+
+
+def test_registry_thread_env_reads_back_what_was_written_and_nothing_else() -> None:
+    from numabind._check import _thread_settings
+    from numabind._threads import ThreadSettings
+
+    s = ThreadSettings(3)
+    s.set = {"OMP_NUM_THREADS": ("1", "torchrun"), "MKL_NUM_THREADS": (None, "unset")}
+    s.kept = {"OPENBLAS_NUM_THREADS": "7"}
+    fields = s.registry_fields()
+    want = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "7"}
+    assert ThreadSettings.from_registry(fields["thread_env"]) == want
+    # check reads the entry, not the process's initial environment (pid 1 here)
+    assert _thread_settings(1, None, fields) == want
+    # an entry is input: unknown names, non-numbers, huge values, floods are dropped
+    hostile = "LD_PRELOAD:x,OMP_NUM_THREADS:-1,MKL_NUM_THREADS:9999999,BLIS_NUM_THREADS:²"
+    assert ThreadSettings.from_registry(hostile) == {}
+    assert ThreadSettings.from_registry("OMP_NUM_THREADS:2," * 100_000) == {"OMP_NUM_THREADS": "2"}

@@ -141,7 +141,7 @@ class ThreadSettings:
         out = {}
         for item in text.split(",")[: len(VARIABLES)]:
             k, _, v = item.partition(":")
-            if k in VARIABLES and v.isdigit() and len(v) < 7:
+            if k in VARIABLES and v.isascii() and v.isdigit() and len(v) < 7:  # not "²"
                 out[k] = v
         return out
 
