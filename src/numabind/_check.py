@@ -102,7 +102,7 @@ def _policy(pid: int) -> tuple[str, frozenset[int]] | None:
 def _entry_plan(entry: Mapping[str, str]) -> dict[str, Any]:
     def num(key: str) -> int | None:
         v = entry.get(key, "")
-        return int(v) if v.isdigit() else None
+        return int(v) if v.isascii() and v.isdigit() else None
 
     return {
         "local_rank": num("local_rank"),
@@ -398,7 +398,7 @@ def _thread_notes(settings: dict[str, str], expected: dict[str, Any], notes: lis
     cpus = len(expected["cpus"])
     budget = expected.get("threads")
     omp = settings.get("OMP_NUM_THREADS", "")
-    if omp.isdigit() and len(omp) < 7:
+    if omp.isascii() and omp.isdigit() and len(omp) < 7:
         n = int(omp)
         if n > cpus:
             notes.append(

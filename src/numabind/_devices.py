@@ -99,7 +99,9 @@ def reachable(
         var, minors = slurm
         cvd = environ.get("CUDA_VISIBLE_DEVICES", "")
         cvd_set = {
-            int(x) for x in cvd.split(",", 1024)[:1024] if x.strip().isdigit() and len(x) < 6
+            int(x)
+            for x in cvd.split(",", 1024)[:1024]
+            if x.strip().isascii() and x.strip().isdigit() and len(x) < 6  # not "²"
         }
         # Without a device cgroup Slurm sets CUDA_VISIBLE_DEVICES to the gres indices
         # themselves; with ConstrainDevices CUDA renumbers the granted GPUs from 0.

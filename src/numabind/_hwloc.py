@@ -125,7 +125,12 @@ class HwlocSource(Source):
                 package = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 7 else None
             elif t == "Core":
                 siblings = (self._mask(anc, "cpuset") or frozenset()) | {cpu}
-            elif t.startswith("L") and t.endswith("Cache") and t[1:-5].isdigit():
+            elif (
+                t.startswith("L")
+                and t.endswith("Cache")
+                and t[1:-5].isascii()  # "L²Cache" passes isdigit(), not int()
+                and t[1:-5].isdigit()
+            ):
                 level = int(t[1:-5])
                 if level > best:
                     best, cache = level, (self._mask(anc, "cpuset") or frozenset()) | {cpu}

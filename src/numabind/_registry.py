@@ -304,7 +304,8 @@ def parse_entry(data: bytes) -> dict[str, str] | None:
             return None
         if key in FIELDS:  # fields of a newer numabind are ignored, not fatal
             out[key] = value
-    if not out.get("pid", "").isdigit() or len(out["pid"]) > 10:
+    pid = out.get("pid", "")
+    if not (pid.isascii() and pid.isdigit()) or len(pid) > 10:
         return None
     for key in ("start", "local_rank", "local_world_size", "device_index", "numa_node", "threads"):
         v = out.get(key, "")
