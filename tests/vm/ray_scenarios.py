@@ -61,10 +61,21 @@ def _patient_startup() -> None:
 
     # The raylet also aborts when its agents (Python processes that import much of Ray)
     # have not written their port files within a fixed wait (Ray 2.60: "Timed out waiting
-    # for file .../metrics_agent_port_*"); with the ports given it does not wait for them.
+    # for file .../dashboard_agent_listen_port_*", ~80 s, not configurable), and under
+    # emulation the dashboard agent needs ~90 s to import.  So the agents get fixed free
+    # ports and their files are written before the raylet starts; the agents rewrite the
+    # same values once they listen.
     import socket
 
+    from ray import _raylet
     from ray._private import parameter
+
+    ports = {  # RayParams / start_raylet argument -> the port file's name
+        "metrics_agent_port": _raylet.METRICS_AGENT_PORT_NAME,
+        "metrics_export_port": _raylet.METRICS_EXPORT_PORT_NAME,
+        "dashboard_agent_listen_port": _raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME,
+        "runtime_env_agent_port": _raylet.RUNTIME_ENV_AGENT_PORT_NAME,
+    }
 
     def free_port() -> int:
         with socket.socket() as sock:
@@ -74,30 +85,18 @@ def _patient_startup() -> None:
     init = parameter.RayParams.__init__
 
     def with_ports(self: Any, *args: Any, **kwargs: Any) -> None:
-        for name in ("metrics_agent_port", "dashboard_agent_listen_port",
-                     "runtime_env_agent_port", "metrics_export_port"):  # fmt: skip
-            if not kwargs.get(name):
-                kwargs[name] = free_port()
+        for key in ports:
+            if not kwargs.get(key):
+                kwargs[key] = free_port()
         init(self, *args, **kwargs)
 
     parameter.RayParams.__init__ = with_ports  # type: ignore[method-assign]
-
-    # Even with the ports given, the raylet waits (~80 s, not configurable) for the agents
-    # to write them into port files, and the dashboard agent needs ~90 s to import under
-    # emulation.  The ports are known in advance, so write the files first; the agents
-    # rewrite them with the same values once they listen.
-    from ray import _raylet
 
     start_raylet = services.start_raylet
 
     def seeded_start_raylet(*args: Any, **kwargs: Any) -> Any:
         given = inspect.signature(start_raylet).bind(*args, **kwargs).arguments
-        for name, key in (
-            (_raylet.METRICS_AGENT_PORT_NAME, "metrics_agent_port"),
-            (_raylet.METRICS_EXPORT_PORT_NAME, "metrics_export_port"),
-            (_raylet.DASHBOARD_AGENT_LISTEN_PORT_NAME, "dashboard_agent_listen_port"),
-            (_raylet.RUNTIME_ENV_AGENT_PORT_NAME, "runtime_env_agent_port"),
-        ):
+        for key, name in ports.items():
             if given.get(key):
                 _raylet.persist_port(given["session_dir"], given["node_id"], name, given[key])
         return start_raylet(*args, **kwargs)
