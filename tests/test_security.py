@@ -301,6 +301,33 @@ def test_capture_directory_links_stay_inside(tmp_path: Path, secret: Path) -> No
     assert "TOPSECRET" not in p.stdout, "a link to a host file is the capture's own (absent) file"
 
 
+def test_a_remembered_directory_swapped_for_a_link_is_refused(tmp_path: Path, secret: Path) -> None:
+    """DirRoot remembers each resolved directory; a directory replaced by a link to the
+    host after that must not turn the next read into a read of the host's file."""
+    from numabind._roots import DirRoot
+    from numabind._sysfs import ReadError
+
+    root = tmp_path / "cap"
+    node = root / "sys/devices/system/node/node0"
+    node.mkdir(parents=True)
+    (node / "cpulist").write_text("0-3\n")
+    (node / "inside").symlink_to("cpulist")  # a link in the last component, inside
+    (node / "escape").symlink_to(secret)  # ... and one to the host
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cpulist").write_text(secret.read_text())
+    r = DirRoot(str(root))
+    assert r.read("/sys/devices/system/node/node0/cpulist") == "0-3"
+    assert r.read("/sys/devices/system/node/node0/inside") == "0-3"
+    assert r.opt("/sys/devices/system/node/node0/escape") is None
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        r.read("/sys/devices/system/node/node0/absent")
+    node.rename(tmp_path / "moved")
+    node.symlink_to(outside)
+    with pytest.raises(ReadError, match="resolves outside the capture"):
+        r.read("/sys/devices/system/node/node0/cpulist")
+
+
 @pytest.mark.parametrize(
     ("name", "make"),
     [

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import tarfile
     from typing import Any
 
+_PARENTS_CAP = 1 << 14  # directories remembered per root (a 1024-CPU capture needs ~3000)
 MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
 TAR_CAP = 64 << 20  # decompressed bytes of a capture tarball (hwloc's biggest: 9 MiB)
 TAR_MEMBERS = 50_000  # members of one (hwloc's biggest test capture has 11,495)
@@ -94,6 +95,7 @@ class _Resolver:
 
     def __init__(self) -> None:
         self._dirs: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._parents: dict[str, tuple[str, ...]] = {}
 
     def kind(self, parts: tuple[str, ...]) -> str | None:
         raise NotImplementedError
@@ -133,6 +135,26 @@ class _Resolver:
             done = cand
         return done
 
+    def parent(self, path: str, display: str) -> tuple[tuple[str, ...], str]:
+        """``path``'s directory, resolved (and remembered by its spelling), and the last
+        component, not yet looked at.  Every file of one PCI function or one CPU shares a
+        directory reached through the same links, so those links are followed once per
+        root, not once per file; the last component is the caller's to check."""
+        head, _, name = path.rpartition("/")
+        if name in ("", ".", ".."):
+            return self.resolve(path, display), ""
+        parts = self._parents.get(head)
+        if parts is None:
+            parts = self.resolve(head, display)
+            if self.kind(parts) != "dir":
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", display)
+            if len(self._parents) < _PARENTS_CAP:
+                self._parents[head] = parts
+        return parts, name
+
+
+_O_READ = _sysfs.OPEN_FLAGS | os.O_NOFOLLOW
+
 
 class DirRoot(Root, _Resolver):
     """A capture laid out as a directory (what ``hwloc-gather-topology`` writes, or a
@@ -160,8 +182,19 @@ class DirRoot(Root, _Resolver):
 
     def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
         display = _sysfs.join(self.description, path)
-        host = self._host(self.resolve(path, display))
-        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        parts, name = self.parent(path, display)
+        host = self._host((*parts, name) if name else parts)
+        try:
+            # O_NOFOLLOW refuses a link in the last component (ELOOP): only then is it
+            # resolved the slow way, inside the capture
+            fd = os.open(host, _O_READ)
+        except OSError as err:
+            if err.errno == errno.ENOENT:
+                raise FileNotFoundError(errno.ENOENT, "no such file", display) from None
+            if err.errno != errno.ELOOP:
+                raise
+            host = self._host(self.resolve(path, display))
+            fd = os.open(host, _O_READ)
         try:
             # The components were checked one by one; a directory swapped for a link
             # since then would show here, in the path the kernel actually opened.
@@ -244,7 +277,13 @@ class TarRoot(Root, _Resolver):
 
     def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
         display = f"{self.description}:{path}"
-        parts = self.resolve(path, display)
+        parts, name = self.parent(path, display)
+        if name:
+            parts = (*parts, name)
+            if self.kind(parts) == "link":
+                parts = self.resolve(path, display)
+            elif self.kind(parts) is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", display)
         m = self._index.get(parts)
         if m is not None and m.islnk():  # a hard link names another member
             m = self._index.get(tuple(_split(self.link(parts))))

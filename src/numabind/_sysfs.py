@@ -38,7 +38,8 @@ READ_CAP = 1 << 20
 # Entries listed from one directory (a PCI bus of a big host has ~1000 functions).
 LIST_CAP = 1 << 16
 
-_O_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+# how every input file is opened: never blocking (a FIFO), never a controlling terminal
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
 
 class ReadError(OSError):
@@ -74,7 +75,7 @@ def read_fd(fd: int, path: str, cap: int = READ_CAP) -> bytes:
 
 def read_bytes(path: str, cap: int = READ_CAP, *, nofollow: bool = False) -> bytes:
     """Read a whole small file, safely (see the module docstring).  Raises ``OSError``."""
-    fd = os.open(path, _O_READ | (os.O_NOFOLLOW if nofollow else 0))
+    fd = os.open(path, OPEN_FLAGS | (os.O_NOFOLLOW if nofollow else 0))
     try:
         return read_fd(fd, path, cap)
     finally:
