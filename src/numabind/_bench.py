@@ -16,7 +16,9 @@ How, without compiled code:
 * Copy bandwidth: ``memoryview`` slice assignment, which is one ``memcpy`` in C.
 * Latency: a random cyclic pointer chase over cache lines (each step depends on the last),
   timed against the same chase over a buffer that fits in the L1 cache: the difference per
-  step is the memory latency, the interpreter's own cost per step subtracted.
+  step is the memory latency, the interpreter's own cost per step subtracted.  Reported as
+  the median of the rounds: a difference of two noisy timings can come out at zero, and
+  the smallest round would then report noise as the latency (copies report the best).
 * Pinned host<->device copies (when torch with a CUDA GPU is present): a pinned buffer on
   the GPU's node against one on the farthest CPU node.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import os
 import random
+import statistics
 import time
 
 from . import _kernel, _sysfs
@@ -202,7 +205,7 @@ def _rounds(
     for n, buf in bufs:
         for kind, samples, unit, best in (
             ("copy", copies[n], "GB/s", max),
-            ("latency", lats[n], "ns", min),
+            ("latency", lats[n], "ns", statistics.median),
         ):
             out.append(
                 Measurement(
