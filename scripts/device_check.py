@@ -48,7 +48,7 @@ def sh(
 
 def normalize_pci(text: str) -> str | None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from numabind._pci import normalize_pci as norm
+    from numabind._sysfs import normalize_pci as norm
 
     return norm(text)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from numabind._nvml import NvmlBackend
-from numabind._pci import normalize_pci
+from numabind._sysfs import normalize_pci
 
 
 class RecordedNvml(NvmlBackend):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from numabind import _registry
-from numabind._apply import Binding
+from numabind import _registry, _registry_read
 from numabind._bind import bind, entry_of
+from numabind._binding import Binding
 from numabind._check import parse_policy
 from numabind._model import Accelerator
 from numabind._plan import Plan
@@ -61,14 +61,14 @@ def test_registry_round_trip_and_pruning(tmp_path: Path) -> None:
     d = tmp_path / f"numabind-{os.geteuid()}"
     assert d.stat().st_mode & 0o777 == 0o700, "a private per-user directory"
     assert oct((d / str(me)).stat().st_mode & 0o777) == "0o600"
-    entry = _registry.read(me, env)
+    entry = _registry_read.read(me, env)
     assert entry is not None and entry["cpus"] == "2-3" and entry["device"] == "0000:41:00.0"
-    assert _registry.registered_pids(env) == [me]
+    assert _registry_read.registered_pids(env) == [me]
     # a dead or reused pid is stale: pruned on read, and counted
     (d / "999999").write_text("pid=999999\nstart=1\n")
     stale = d / str(os.getppid())
     stale.write_text(f"pid={os.getppid()}\nstart=12\n")  # not its start time: pid reused
-    scan = _registry.scan(env, all_users=True)
+    scan = _registry_read.scan(env, all_users=True)
     assert list(scan.entries) == [me]
     assert not stale.exists() and not (d / "999999").exists()
     assert scan.ignored.get("stale", 0) + scan.ignored.get("malformed", 0) == 2

@@ -8,7 +8,7 @@ import pytest
 
 import synth
 from numabind._devices import resolve
-from numabind._pci import normalize_pci
+from numabind._sysfs import normalize_pci
 from numabind._topology import Machine
 from nvml_fake import RecordedNvml
 

@@ -160,7 +160,7 @@ def test_registry_refuses_a_loose_base(tmp_path: Path) -> None:
 
 
 def test_registry_entry_bounds(tmp_path: Path) -> None:
-    from numabind._registry import parse_entry
+    from numabind._registry_read import parse_entry
 
     assert parse_entry(b"pid=12\nstart=3\ncpus=0-3\nmemory_policy=bind\n") is not None
     assert parse_entry(b"pid=12\ncpus=0-99999999\n") is None

@@ -18,18 +18,18 @@ import os
 import sys
 
 from . import _kernel
-from ._apply import Binding
 from ._bind import bind
+from ._binding import Binding
 from ._config import config_from_env, sysroot
 from ._devices import Visible, resolve
 from ._errors import ConfigError
 from ._model import Record
 from ._modes import MODE_NAMES
 from ._output import report
-from ._pci import normalize_pci
 from ._plan import MEMORY_POLICIES, Plan, plan, request_for
 from ._procmaps import locality, pages_per_node, private_anon_regions
 from ._ranks import MAX_LOCAL, RankInfo, detect
+from ._sysfs import normalize_pci
 from ._topology import Machine
 
 TYPE_CHECKING = False

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import os
 
-from . import _apply, _registry, _sysfs
-from ._apply import ACTIVE, LOCK, Binding, apply_plan
-from ._errors import BindingError
-from ._existing import for_this_process
+from . import _binding, _sysfs
+from ._binding import ACTIVE, LOCK, Binding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,6 +52,11 @@ def bind(
         message: str | None = None
         why: str | None
         if plan.bound:
+            # the rule, the kernel layer and the registry load only when there is
+            # something to bind: a skip (one node, a bad variable) needs none of them
+            from ._apply import apply_plan
+            from ._existing import for_this_process
+
             node = machine.node(plan.numa_node) if machine and plan.numa_node is not None else None
             existing, decision = for_this_process(
                 plan.cpus,
@@ -68,21 +71,27 @@ def bind(
                 keep_policy = decision.memory_only_if_default
             rebind_inside = decision.rebind_inside
             message = decision.message
-        b = apply_plan(
-            plan,
-            migrate=migrate,
-            all_threads=all_threads,
-            keep_cpus=keep,
-            keep_policy=keep_policy,
-            rebind_inside=rebind_inside,
-        )
+            b = apply_plan(
+                plan,
+                migrate=migrate,
+                all_threads=all_threads,
+                keep_cpus=keep,
+                keep_policy=keep_policy,
+                rebind_inside=rebind_inside,
+            )
+        else:
+            b = Binding(plan)  # nothing to apply
         if message and b.existing is None and b.cpus_applied and b.threads_rebound:
             b.existing, b.existing_action = message, "replaced"
         if strict and (not plan.bound or b.errors or b.refused):
             what = "; ".join([*b.errors, *(f"{c} refused" for c in b.refused)])
             b.restore()
+            from ._errors import BindingError
+
             raise BindingError(plan.summary() + (f": {what}" if what else ""))
         if register and plan.bound and not b.errors:
+            from . import _registry
+
             path, why = _registry.register(entry_of(b, extra), env)
             b.registered = path
             if why and _verbose(env):
@@ -97,11 +106,13 @@ def _verbose(env: Mapping[str, str]) -> bool:
 def entry_of(b: Binding, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The registry entry of a binding (what ``numabind check`` compares against)."""
     p = b.plan
+    from . import _registry
+
     pid = os.getpid()
     cpus = b.kept_cpus if b.existing_action == "kept" and b.kept_cpus else p.cpus
     entry = {
         "pid": str(pid),
-        "start": _registry._start_time(pid) or "",
+        "start": _registry.start_time(pid) or "",
         "local_rank": "" if p.local_rank is None else str(p.local_rank),
         "rank_source": p.rank_source or "",
         "local_world_size": "" if p.local_world_size is None else str(p.local_world_size),
@@ -140,6 +151,8 @@ def intended_cpus() -> frozenset[int] | None:
 
 def _on_restore(b: Binding) -> None:
     """After a restore the registry describes the binding now on top, or nothing."""
+    from . import _registry
+
     top = next((x for x in reversed(ACTIVE) if x.plan.bound and not x.errors), None)
     if top is None:
         _registry.unregister()
@@ -147,4 +160,4 @@ def _on_restore(b: Binding) -> None:
         _registry.register(entry_of(top))
 
 
-_apply._after_restore_hooks.append(_on_restore)
+_binding._after_restore_hooks.append(_on_restore)

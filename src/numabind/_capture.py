@@ -22,8 +22,9 @@ import time
 from . import _sysfs
 from ._errors import CaptureError
 from ._ranks import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES
-from ._roots import DirRoot, Root, TarRoot
-from ._sources import READ_PATHS, SysfsSource
+from ._roots import DirRoot, Root
+from ._sources import SysfsSource, read_paths
+from ._tarroot import TarRoot
 from ._topology import Machine
 from ._vendors import VENDORS, VISIBILITY_VARIABLES
 
@@ -161,7 +162,7 @@ def open_capture(path: str) -> Capture:
 
 
 def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
-    """The concrete paths of one READ_PATHS pattern on this machine."""
+    """The concrete paths of one :func:`~numabind._sources.read_paths` pattern here."""
     if "{cgroup}" in pattern:
         if cgroup:
             yield pattern.replace("{cgroup}", cgroup)
@@ -191,10 +192,10 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
 
 
 def gather_paths(root: Root) -> list[str]:
-    """Every file the reader would open on this machine (READ_PATHS, expanded)."""
+    """Every file the reader would open on this machine (``read_paths()``, expanded)."""
     cgroup = SysfsSource(root).allowed(frozenset()).directory
     out: list[str] = []
-    for pattern in READ_PATHS:
+    for pattern in read_paths():
         out.extend(_expand(root, pattern, cgroup))
     return list(dict.fromkeys(out))
 

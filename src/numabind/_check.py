@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from . import _registry, _sysfs
+from . import _registry, _registry_read, _sysfs
 from ._config import sysroot
 from ._procmaps import locality, pages_per_node, private_anon_regions, shared_pages
 from ._ranks import TRIGGER_VARIABLES, detect
@@ -125,7 +125,7 @@ def expected_plan(
 ) -> tuple[dict[str, Any] | None, str]:
     """The plan a process should have: its registry entry, else planned from its initial
     environment (``environ`` given: that one).  Returns (plan as dict, where it came from)."""
-    entry = _registry.read(pid)
+    entry = _registry_read.read(pid)
     if entry is not None:
         return _entry_plan(entry), "registry"
     if environ is None:
@@ -216,7 +216,9 @@ def check_pid(
         problems.append(f"no plan to check against: {source}")
         result["ok"] = False
         return result
-    settings = _thread_settings(pid, environ, _registry.read(pid) if source == "registry" else None)
+    settings = _thread_settings(
+        pid, environ, _registry_read.read(pid) if source == "registry" else None
+    )
     result["thread_settings"] = settings
     if expected["status"] != "bound":
         result["status"] = "skipped"
@@ -414,10 +416,10 @@ def _thread_notes(settings: dict[str, str], expected: dict[str, Any], notes: lis
         notes.append("thread settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
 
-def rank_pids() -> tuple[list[int], _registry.Scan]:
+def rank_pids() -> tuple[list[int], _registry_read.Scan]:
     """Processes on this machine that are ranks: a rank variable in their initial
     environment, or an entry in numabind's registry."""
-    scan = _registry.scan(all_users=True)
+    scan = _registry_read.scan(all_users=True)
     found = set(scan.entries)
     me = os.getpid()
     for name in _sysfs.listdir("/proc", 1 << 22):

@@ -20,7 +20,6 @@ and the default is used.
 
 from __future__ import annotations
 
-from ._errors import ConfigError
 from ._model import Record
 from ._modes import MODE_NAMES
 from ._plan import MEMORY_POLICIES
@@ -30,11 +29,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ._errors import ConfigError
+
 ENABLE_VALUES = ("auto", "force", "respect", "0", "off")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 COSMETIC = ("NUMABIND_VERBOSE", "NUMABIND_GUARD")
 MAX_THREADS = 1 << 16
+
+
+def _invalid(message: str) -> ConfigError:
+    # numabind._errors is imported only when a value is bad: the hook's path stays short
+    from ._errors import ConfigError
+
+    return ConfigError(message)
 
 
 class Config(Record):
@@ -58,7 +66,7 @@ def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...], def
         return default
     value = raw.strip().lower()
     if value not in allowed:
-        raise ConfigError(f"{name}={short(raw)} is not one of {', '.join(allowed)}")
+        raise _invalid(f"{name}={short(raw)} is not one of {', '.join(allowed)}")
     return value
 
 
@@ -71,7 +79,7 @@ def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ConfigError(f"{name}={short(raw)} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+    raise _invalid(f"{name}={short(raw)} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
 def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
@@ -83,7 +91,7 @@ def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
         return "off" if value != "auto" else "auto"
     if value.isascii() and value.isdigit() and len(value) < 6 and 0 < int(value) < MAX_THREADS:
         return str(int(value))
-    raise ConfigError(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
+    raise _invalid(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
 
 
 def sysroot(environ: Mapping[str, str]) -> str:
@@ -98,7 +106,7 @@ def config_from_env(environ: Mapping[str, str]) -> Config:
     def cosmetic(name: str, default: bool) -> bool:
         try:
             return _flag(environ, name, default)
-        except ConfigError as err:
+        except ValueError as err:  # a ConfigError: _flag raises nothing else
             warnings.append(f"{err}; using {'1' if default else '0'}")
             return default
 

@@ -17,8 +17,7 @@ every message quotes values with ``repr``.
 from __future__ import annotations
 
 from ._model import Accelerator, Record
-from ._pci import pci_sort_key
-from ._sysfs import short
+from ._sysfs import pci_sort_key, short
 from ._vendors import BY_KEY, NVIDIA, VENDORS, Vendor, Visibility, selecting
 
 TYPE_CHECKING = False

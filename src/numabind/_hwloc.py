@@ -19,8 +19,8 @@ import xml.etree.ElementTree as ET
 from . import _sysfs
 from ._errors import CaptureError
 from ._model import Accelerator, Allowed, CpuInfo, Node
-from ._pci import normalize_pci, pci_sort_key
 from ._sources import Source
+from ._sysfs import normalize_pci, pci_sort_key
 from ._topology import Machine
 from ._vendors import classify
 

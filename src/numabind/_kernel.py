@@ -16,13 +16,14 @@ from __future__ import annotations
 import errno
 import os
 
-from ._errors import KernelError
 from ._sysfs import MAX_NODES, format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
+
+    from ._errors import KernelError
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED_MANY = range(6)
 MPOL_F_STATIC_NODES = 1 << 15
@@ -130,13 +131,20 @@ class _CTypesPackage:
         return kind * length
 
 
+def _error(call: str, err: int, asked: str) -> KernelError:
+    # numabind._errors is imported only when a call fails: the hook's path stays short
+    from ._errors import KernelError
+
+    return KernelError(call, err, asked)
+
+
 class _Libc:
     _instance: _Libc | None = None
 
     def __init__(self) -> None:
         machine = os.uname().machine
         if machine not in _SYSCALLS:
-            raise KernelError(
+            raise _error(
                 "syscall", errno.ENOSYS, f"memory-policy calls on {machine} are not supported"
             )
         self.numbers = _SYSCALLS[machine]
@@ -175,14 +183,14 @@ class _Libc:
         ct.set_errno(0)
         res = int(ct.syscall(ct.c_long(self.numbers[name]), *args))
         if res < 0:
-            raise KernelError(name, ct.get_errno(), asked)
+            raise _error(name, ct.get_errno(), asked)
         return res
 
     def mask(self, nodes: Iterable[int]) -> Any:
         arr = self.ctypes.array(self.ctypes.c_ulong, _WORDS)()
         for n in nodes:
             if not 0 <= n < MAX_NODES:
-                raise KernelError("nodemask", errno.EINVAL, f"node {n}")
+                raise _error("nodemask", errno.EINVAL, f"node {n}")
             arr[n // _WORD_BITS] |= 1 << (n % _WORD_BITS)
         return arr
 
@@ -331,7 +339,7 @@ def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:
     except OSError as err:
         if err.errno == errno.EINVAL:
             eligible = affinity_of(0) or frozenset()
-            raise KernelError(
+            raise _error(
                 "sched_setaffinity",
                 errno.EINVAL,
                 f"thread {tid}, CPUs {format_cpulist(cpus)}; this process may use "

@@ -13,7 +13,7 @@ form (``0000:3b:00.0``).
 
 from __future__ import annotations
 
-from ._pci import normalize_pci
+from ._sysfs import normalize_pci
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

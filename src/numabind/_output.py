@@ -16,7 +16,7 @@ from ._sysfs import clean_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._apply import Binding
+    from ._binding import Binding
 
 
 def say(message: str) -> None:

@@ -13,7 +13,6 @@ from . import _sysfs
 from ._model import Accelerator, Record
 from ._modes import MODE_NAMES, ModeInput, block_count, package_nodes, peers_on_node, spread_block
 from ._modes import MODES as MODE_TABLE
-from ._vendors import BY_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -144,6 +143,8 @@ def device_node(machine: Machine, dev: Accelerator) -> NodeChoice:
 
 
 def describe_device(dev: Accelerator, index: int | None) -> str:
+    from ._vendors import BY_KEY  # only a plan with a device names one
+
     label = BY_KEY[dev.vendor].label if dev.vendor in BY_KEY else dev.vendor
     where = f"{dev.pci}" if index is None else f"{index} ({dev.pci})"
     return f"{label} {where}"

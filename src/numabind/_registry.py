@@ -18,7 +18,8 @@ built like setuid code (threat model in docs/security.rst):
   with ``O_NOFOLLOW|O_NONBLOCK``; an entry is written to a fresh unpredictable name with
   ``O_CREAT|O_EXCL``, checked with ``fstat`` and renamed into place (atomic).  A planted
   symlink or FIFO is never opened.
-* **Readers that trust nothing.**  Root's ``check --all`` reads every user's directory
+* **Readers that trust nothing** (:mod:`numabind._registry_read`, which the startup hook
+  never loads).  Root's ``check --all`` reads every user's directory
   (the admin's audit); a user reads their own.  An entry is trusted only if its file is
   owned by the uid of the process it describes (or by root), the process is alive with
   the recorded start time, and every field parses within bounds.  Anything else is
@@ -60,9 +61,6 @@ FIELDS = (
     "threads",
     "thread_env",
 )
-_POLICIES = frozenset(
-    {"preferred", "preferred-many", "bind", "interleave", "local", "none", "not-permitted"}
-)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _registered: dict[str, object] = {}  # what this process wrote: path, pid
 
@@ -72,7 +70,7 @@ def base_dir(environ: Mapping[str, str] | None = None) -> str:
     return env.get("NUMABIND_REGISTRY") or DEFAULT_BASE
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     text = _sysfs.read_opt(f"/proc/{pid}/stat", 4096)
     if text is None:
         return None
@@ -81,7 +79,7 @@ def _start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
-def _process_uids(pid: int) -> set[int] | None:
+def process_uids(pid: int) -> set[int] | None:
     """The real and effective uid of a live process, None if it is gone."""
     text = _sysfs.read_opt(f"/proc/{pid}/status", 16384)
     if text is None:
@@ -115,9 +113,7 @@ def _base_ok(fd: int, uid: int) -> str | None:
     return None
 
 
-def _private_dir(
-    parent_fd: int, name: str, uid: int, create: bool
-) -> tuple[int | None, str | None]:
+def private_dir(parent_fd: int, name: str, uid: int, create: bool) -> tuple[int | None, str | None]:
     """Open (creating with mode 0700 when asked) a directory ``name`` under ``parent_fd``
     that ``uid`` owns and nobody else may write; (fd, None) or (None, why not)."""
     if create:
@@ -144,7 +140,7 @@ def _private_dir(
     return fd, None
 
 
-def _candidates(environ: Mapping[str, str], uid: int) -> Iterator[tuple[str, str, str]]:
+def candidates(environ: Mapping[str, str], uid: int) -> Iterator[tuple[str, str, str]]:
     """(parent directory, name, label) where uid's registry may live, best first: the
     shared base, then the user's runtime directory ($XDG_RUNTIME_DIR for this process's
     own uid, /run/user/UID for others, as systemd makes it)."""
@@ -160,7 +156,7 @@ def _open_user_dir(
 ) -> tuple[int | None, str | None, list[str]]:
     """The first usable registry directory of ``uid``: (fd, its path, why others failed)."""
     why: list[str] = []
-    for parent, name, label in _candidates(environ, uid):
+    for parent, name, label in candidates(environ, uid):
         try:
             pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as err:
@@ -177,7 +173,7 @@ def _open_user_dir(
                 if bad:
                     why.append(f"{parent} is {bad}")
                     continue
-            fd, bad = _private_dir(pfd, name, uid, create)
+            fd, bad = private_dir(pfd, name, uid, create)
             if fd is not None:
                 return fd, label, why
             why.append(f"{label} {bad}")
@@ -263,7 +259,7 @@ def unregister() -> None:
     except OSError:
         return
     try:
-        fd, _ = _private_dir(pfd, name, os.geteuid(), create=False)
+        fd, _ = private_dir(pfd, name, os.geteuid(), create=False)
         if fd is not None:
             try:
                 os.unlink(str(pid), dir_fd=fd)
@@ -274,189 +270,3 @@ def unregister() -> None:
     finally:
         os.close(pfd)
     _registered.clear()
-
-
-# --- reading ---------------------------------------------------------------------------------
-
-
-class Scan:
-    """What a reader found: trusted entries by pid, and counts of what it ignored."""
-
-    def __init__(self) -> None:
-        self.entries: dict[int, dict[str, str]] = {}
-        self.ignored: dict[str, int] = {}
-        self.notes: list[str] = []
-
-    def ignore(self, why: str) -> None:
-        self.ignored[why] = self.ignored.get(why, 0) + 1
-
-
-def parse_entry(data: bytes) -> dict[str, str] | None:
-    """An entry's fields, each within bounds; None if anything is off."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep or key in out:
-            return None
-        if key in FIELDS:  # fields of a newer numabind are ignored, not fatal
-            out[key] = value
-    pid = out.get("pid", "")
-    if not (pid.isascii() and pid.isdigit()) or len(pid) > 10:
-        return None
-    for key in ("start", "local_rank", "local_world_size", "device_index", "numa_node", "threads"):
-        v = out.get(key, "")
-        if v and not (v.isascii() and v.isdigit() and len(v) < 20):
-            return None
-    try:
-        _sysfs.parse_cpulist(out.get("cpus", ""))
-        _sysfs.parse_nodelist(out.get("memory_nodes", ""))
-    except ValueError:
-        return None
-    if out.get("memory_policy", "none") not in _POLICIES:
-        return None
-    return out
-
-
-def _read_dir(fd: int, owner: int, scan: Scan, prune: bool, want: int | None = None) -> None:
-    names: list[str] = []
-    try:
-        with os.scandir(fd) as it:
-            for e in it:
-                names.append(e.name)
-                if len(names) >= DIR_CAP:
-                    scan.notes.append(
-                        f"more than {DIR_CAP} entries in one directory; the rest ignored"
-                    )
-                    break
-    except OSError:
-        scan.ignore("unreadable directory")
-        return
-    for name in names:
-        if want is not None and name != str(want):
-            continue
-        if not (name.isascii() and name.isdigit() and len(name) < 11):
-            scan.ignore("temporary" if name.startswith(".") else "special")
-            continue
-        pid = int(name)
-        try:
-            efd = os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
-            )
-        except OSError:
-            scan.ignore("special")  # a link, a socket, gone
-            continue
-        try:
-            st = os.fstat(efd)
-            if not stat.S_ISREG(st.st_mode):
-                scan.ignore("special")
-                continue
-            if st.st_uid not in (owner, 0):
-                scan.ignore("foreign")
-                continue
-            try:
-                data = _sysfs.read_fd(efd, name, ENTRY_CAP)
-            except OSError:
-                scan.ignore("malformed")
-                continue
-        finally:
-            os.close(efd)
-        entry = parse_entry(data)
-        if entry is None or entry["pid"] != name:
-            scan.ignore("malformed")
-            if prune and _process_uids(pid) is None:
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            continue
-        uids = _process_uids(pid)
-        if uids is None or _start_time(pid) != entry.get("start"):
-            scan.ignore("stale")
-            if prune:
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            continue
-        if st.st_uid != 0 and st.st_uid not in uids:
-            scan.ignore("foreign")  # uid U may describe only U's own processes
-            continue
-        scan.entries[pid] = entry
-
-
-def _registry_uids(environ: Mapping[str, str]) -> list[int]:
-    """Every uid with a registry directory (root's audit): names in the base and in
-    /run/user, bounded."""
-    found: set[int] = {0}
-    for name in _sysfs.listdir(base_dir(environ), DIR_CAP):
-        rest = name[len(PREFIX) :]
-        if name.startswith(PREFIX) and rest.isascii() and rest.isdigit() and len(rest) < 11:
-            found.add(int(rest))
-    for name in _sysfs.listdir("/run/user", DIR_CAP):
-        if name.isascii() and name.isdigit() and len(name) < 11:
-            found.add(int(name))
-    return sorted(found)
-
-
-def scan(
-    environ: Mapping[str, str] | None = None,
-    *,
-    all_users: bool = False,
-    uids: list[int] | None = None,
-    pid: int | None = None,
-) -> Scan:
-    """Read the registry: every user's directories as root with ``all_users``, the
-    given ``uids`` (root only; others read their own), else this user's own; only pid
-    ``pid``'s entry when given."""
-    env = os.environ if environ is None else environ
-    me = os.geteuid()
-    out = Scan()
-    if me != 0:
-        wanted = [me]
-    elif uids is not None:
-        wanted = sorted(set(uids))
-    elif all_users:
-        wanted = _registry_uids(env)
-    else:
-        wanted = [me]
-    for uid in wanted:
-        for parent, name, label in _candidates(env, uid):
-            try:
-                pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                fd, bad = _private_dir(pfd, name, uid, create=False)
-            finally:
-                os.close(pfd)
-            if fd is None:
-                if bad and "cannot be opened" not in bad:
-                    out.ignore("squatted directory")
-                    if uid == me:
-                        out.notes.append(
-                            f"{label} {bad}: registrations of uid {uid} may be missing"
-                        )
-                continue
-            try:
-                _read_dir(fd, uid, out, prune=me in (0, uid), want=pid)
-            finally:
-                os.close(fd)
-    return out
-
-
-def read(pid: int, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
-    """The trusted registry entry of ``pid``, or None."""
-    env = os.environ if environ is None else environ
-    uids = _process_uids(pid)
-    if uids is None:
-        return None
-    return scan(env, uids=sorted(uids | {0}), pid=pid).entries.get(pid)
-
-
-def registered_pids(environ: Mapping[str, str] | None = None) -> list[int]:
-    """Every pid with a trusted, current entry (stale entries are pruned on the way)."""
-    return sorted(scan(environ, all_users=True).entries)

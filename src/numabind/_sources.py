@@ -6,16 +6,18 @@ interface for hwloc XML.  A malformed *optional* fact (a cache domain, a device'
 locality) becomes "unknown" plus a line in :attr:`Source.warnings` that names the file
 and the value; nothing here raises on bad input.
 
-:data:`READ_PATHS` lists every file this reader may open, as patterns; ``numabind
+:func:`read_paths` lists every file this reader may open, as patterns; ``numabind
 gather`` writes exactly those, so a capture holds what the reader reads, by construction.
+
+The vendor table and the cgroup reader load on first use: a one-node machine, where the
+startup hook reads neither devices nor cpusets, pays for neither.
 """
 
 from __future__ import annotations
 
-from . import _cgroup, _sysfs
+from . import _sysfs
 from ._model import Accelerator, Allowed, CpuInfo, Node
-from ._pci import normalize_pci, pci_sort_key
-from ._vendors import BY_KEY, BY_PCI, NVIDIA, VENDORS
+from ._sysfs import normalize_pci, pci_sort_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,42 +28,48 @@ SYS_CPU = "/sys/devices/system/cpu"
 SYS_PCI = "/sys/bus/pci/devices"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 
-# Every file the reader opens ({node}, {cpu}, {index}, {bdf}, {driver} are listed
-# directories; {cgroup} is the cpuset directory found).  gather copies these.
-READ_PATHS: tuple[str, ...] = (
-    f"{SYS_CPU}/online",
-    f"{SYS_CPU}/present",
-    f"{SYS_CPU}/possible",
-    f"{SYS_NODE}/online",
-    f"{SYS_NODE}/possible",
-    f"{SYS_NODE}/has_cpu",
-    f"{SYS_NODE}/{{node}}/cpulist",
-    f"{SYS_NODE}/{{node}}/cpumap",
-    f"{SYS_NODE}/{{node}}/meminfo",
-    f"{SYS_NODE}/{{node}}/distance",
-    f"{SYS_CPU}/{{cpu}}/topology/physical_package_id",
-    f"{SYS_CPU}/{{cpu}}/topology/core_cpus_list",
-    f"{SYS_CPU}/{{cpu}}/topology/thread_siblings_list",
-    f"{SYS_CPU}/{{cpu}}/cache/{{index}}/level",
-    f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
-    f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
-    f"{SYS_PCI}/{{bdf}}/vendor",
-    f"{SYS_PCI}/{{bdf}}/device",
-    f"{SYS_PCI}/{{bdf}}/class",
-    f"{SYS_PCI}/{{bdf}}/numa_node",
-    f"{SYS_PCI}/{{bdf}}/local_cpulist",
-    f"{SYS_PCI}/{{bdf}}/local_cpus",
-    *(f"{SYS_PCI}/{{bdf}}/{v.uuid_file}" for v in VENDORS if v.uuid_file),
-    f"{NVIDIA.driver_dir}/{{driver}}/information",
-    f"{NVIDIA.driver_dir}/{{driver}}/numa_status",
-    "/proc/self/cgroup",
-    "/proc/self/cpuset",
-    "/proc/self/mounts",
-    "/proc/self/status",
-    "/proc/sys/kernel/osrelease",
-    NUMA_BALANCING,
-    *(f"{{cgroup}}/{name}" for name in _cgroup.CPUSET_FILES),
-)
+
+def read_paths() -> tuple[str, ...]:
+    """Every file the reader opens, as patterns: ``{node}``, ``{cpu}``, ``{index}``,
+    ``{bdf}`` and ``{driver}`` are listed directories, ``{cgroup}`` is the cpuset directory
+    found.  ``gather`` copies these."""
+    from . import _cgroup
+    from ._vendors import NVIDIA, VENDORS
+
+    return (
+        f"{SYS_CPU}/online",
+        f"{SYS_CPU}/present",
+        f"{SYS_CPU}/possible",
+        f"{SYS_NODE}/online",
+        f"{SYS_NODE}/possible",
+        f"{SYS_NODE}/has_cpu",
+        f"{SYS_NODE}/{{node}}/cpulist",
+        f"{SYS_NODE}/{{node}}/cpumap",
+        f"{SYS_NODE}/{{node}}/meminfo",
+        f"{SYS_NODE}/{{node}}/distance",
+        f"{SYS_CPU}/{{cpu}}/topology/physical_package_id",
+        f"{SYS_CPU}/{{cpu}}/topology/core_cpus_list",
+        f"{SYS_CPU}/{{cpu}}/topology/thread_siblings_list",
+        f"{SYS_CPU}/{{cpu}}/cache/{{index}}/level",
+        f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
+        f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
+        f"{SYS_PCI}/{{bdf}}/vendor",
+        f"{SYS_PCI}/{{bdf}}/device",
+        f"{SYS_PCI}/{{bdf}}/class",
+        f"{SYS_PCI}/{{bdf}}/numa_node",
+        f"{SYS_PCI}/{{bdf}}/local_cpulist",
+        f"{SYS_PCI}/{{bdf}}/local_cpus",
+        *(f"{SYS_PCI}/{{bdf}}/{v.uuid_file}" for v in VENDORS if v.uuid_file),
+        f"{NVIDIA.driver_dir}/{{driver}}/information",
+        f"{NVIDIA.driver_dir}/{{driver}}/numa_status",
+        "/proc/self/cgroup",
+        "/proc/self/cpuset",
+        "/proc/self/mounts",
+        "/proc/self/status",
+        "/proc/sys/kernel/osrelease",
+        NUMA_BALANCING,
+        *(f"{{cgroup}}/{name}" for name in _cgroup.CPUSET_FILES),
+    )
 
 
 class Source:
@@ -276,6 +284,8 @@ class SysfsSource(Source):
 
     # --- what this process may use
     def allowed(self, online: frozenset[int]) -> Allowed:
+        from . import _cgroup
+
         return _cgroup.cpuset(self.root, online)
 
     # --- accelerators
@@ -297,6 +307,8 @@ class SysfsSource(Source):
     def _accelerator(self, bdf: str, driver_listed: bool) -> Accelerator | None:
         if bdf in self._pci_cache:
             return self._pci_cache[bdf]
+        from ._vendors import BY_PCI, NVIDIA
+
         base = f"{SYS_PCI}/{bdf}"
         vendor_id = _sysfs.parse_int(self._read(f"{base}/vendor"))
         vendor = BY_PCI.get(vendor_id) if vendor_id is not None else None
@@ -353,6 +365,8 @@ class SysfsSource(Source):
 
     def _driver_information(self, vendor: str, bdf: str) -> dict[str, str]:
         if bdf not in self._driver_info:
+            from ._vendors import BY_KEY
+
             out: dict[str, str] = {}
             text = self._read(f"{BY_KEY[vendor].driver_dir}/{bdf}/information") or ""
             for line in text.splitlines()[:64]:
@@ -364,6 +378,8 @@ class SysfsSource(Source):
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         if vendor not in self._driver_gpus:
+            from ._vendors import BY_KEY
+
             d = BY_KEY[vendor].driver_dir
             found: tuple[str, ...] | None = None
             if d is not None and self.root.isdir(d):

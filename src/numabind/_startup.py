@@ -1,8 +1,9 @@
 """The startup hook: bind a rank process before any user import.
 
 ``_numabind_hook.pth`` decides with one dictionary test whether a trigger variable is
-present; only then is ``_numabind_start`` imported, which imports this module and calls
-:func:`run`.  Rules for this path:
+present; only then does it import this module and call :func:`run` (the PEP 829 entry and
+the ``sitecustomize`` form, which run in every interpreter, go through the same check in
+``_numabind_start`` first).  Rules for this path:
 
 * cheap: no ``dataclasses``, ``json``, ``typing``, ``re``, ``logging``, ``warnings`` or
   ``threading`` (``-X importtime`` guards it in the tests); ctypes only once a plan says
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from types import ModuleType
 
-    from ._apply import Binding
+    from ._binding import Binding
     from ._config import Config
     from ._ranks import RankInfo
 
@@ -88,11 +89,10 @@ def _truthy(env: Mapping[str, str], name: str) -> bool:
 
 def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     from ._config import config_from_env
-    from ._errors import ConfigError
 
     try:
         cfg = config_from_env(env)
-    except ConfigError as err:
+    except ValueError as err:  # a ConfigError (its module loads only when one is raised)
         _fail(f"{err}; numabind left this process unbound", strict)
         return None
     if cfg.disabled:

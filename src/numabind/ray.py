@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ._apply import Binding
+    from ._binding import Binding
 
 TESTED_RAY = ("2.60",)  # major.minor versions whose internals the tests run against
 _state: dict[str, Any] = {}

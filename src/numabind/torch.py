@@ -213,7 +213,7 @@ def _on_select(what: str, device: Any) -> None:
             _say_second(what, index)
         return
     _selected["first"], _selected["checked"] = index, {index}
-    from ._apply import ACTIVE
+    from ._binding import ACTIVE
 
     bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
     if bound is not None:
