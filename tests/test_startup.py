@@ -81,6 +81,47 @@ def test_active_hook_stays_off_heavy_modules(dgx_root: str) -> None:
     assert not (added & FORBIDDEN), added & FORBIDDEN
 
 
+def test_a_rank_with_nothing_to_bind_loads_no_kernel_layer(tmp_path: Path) -> None:
+    """On a one-node machine (a workstation, a one-GPU cloud VM) the hook only plans: the
+    apply, kernel, registry and device layers, ctypes and the error classes stay unloaded
+    (each module costs the rank ~0.2 ms of interpreter start here)."""
+    one = synth.Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[synth.Gpu("0000:01:00.0", 0)])
+    root = synth.write(one, str(tmp_path / "one"))
+    base = set(py(SHOW_MODULES, clean_env()).stdout.split())
+    r = py(
+        SHOW_MODULES,
+        clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=root, NUMABIND_VERBOSE="1"),
+    )
+    assert r.returncode == 0 and "nothing to bind" in r.stderr, r.stderr
+    added = set(r.stdout.split()) - base
+    assert "numabind._plan" in added and "numabind._binding" in added
+    heavy = {
+        "numabind._apply",
+        "numabind._kernel",
+        "numabind._procmaps",
+        "numabind._registry",
+        "numabind._existing",
+        "numabind._devices",
+        "numabind._errors",
+        "numabind._cgroup",
+        "numabind._importhook",
+        "_ctypes",
+    }
+    assert not (added & heavy), sorted(added & heavy)
+
+
+def test_a_bound_rank_loads_no_reader_it_does_not_run(dgx_root: str) -> None:
+    """Binding from sysfs needs neither the tarball reader nor check's registry reader
+    (rank 3: GPU 3's node 0 holds this host's CPUs 0-1, so the binding succeeds and
+    registers)."""
+    base = set(py(SHOW_MODULES, clean_env()).stdout.split())
+    r = py(SHOW_MODULES, clean_env(LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=dgx_root))
+    added = set(r.stdout.split()) - base
+    assert "numabind._apply" in added and "numabind._registry" in added
+    idle = {"numabind._tarroot", "numabind._registry_read", "numabind._errors", "tarfile"}
+    assert not (added & idle), sorted(added & idle)
+
+
 def test_hook_is_quiet_on_success_and_verbose_on_request(dgx_root: str) -> None:
     quiet = py("pass", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root))
     assert quiet.returncode == 0 and quiet.stderr == ""
