@@ -105,9 +105,9 @@ def _verbose(env: Mapping[str, str]) -> bool:
 
 def entry_of(b: Binding, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The registry entry of a binding (what ``numabind check`` compares against)."""
-    p = b.plan
     from . import _registry
 
+    p = b.plan
     pid = os.getpid()
     cpus = b.kept_cpus if b.existing_action == "kept" and b.kept_cpus else p.cpus
     entry = {
