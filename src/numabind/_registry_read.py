@@ -78,19 +78,13 @@ def parse_entry(data: bytes) -> dict[str, str] | None:
 
 
 def _read_dir(fd: int, owner: int, scan: Scan, prune: bool, want: int | None = None) -> None:
-    names: list[str] = []
     try:
-        with os.scandir(fd) as it:
-            for e in it:
-                names.append(e.name)
-                if len(names) >= DIR_CAP:
-                    scan.notes.append(
-                        f"more than {DIR_CAP} entries in one directory; the rest ignored"
-                    )
-                    break
+        names, cut = _sysfs.entries(fd, DIR_CAP)
     except OSError:
         scan.ignore("unreadable directory")
         return
+    if cut:
+        scan.notes.append(f"more than {DIR_CAP} entries in one directory; the rest ignored")
     for name in names:
         if want is not None and name != str(want):
             continue

@@ -124,18 +124,26 @@ def read_opt(path: str, cap: int = READ_CAP) -> str | None:
     return data.decode("utf-8", "replace").strip()
 
 
+def entries(where: str | int, cap: int = LIST_CAP) -> tuple[list[str], bool]:
+    """A directory's entry names (a path or an open descriptor), at most ``cap`` of them,
+    and whether the cap was reached; raises ``OSError``.  The one bounded directory walk:
+    a directory of a million entries costs ``cap``, never more."""
+    out: list[str] = []
+    with os.scandir(where) as it:
+        for entry in it:
+            out.append(entry.name)
+            if len(out) >= cap:
+                return out, True
+    return out, False
+
+
 def listdir(path: str, cap: int = LIST_CAP) -> list[str]:
     """Sorted directory entries (at most ``cap``), or [] when it cannot be read."""
-    out: list[str] = []
     try:
-        with os.scandir(path) as it:
-            for entry in it:
-                out.append(entry.name)
-                if len(out) >= cap:
-                    break
+        names, _ = entries(path, cap)
     except OSError:
         return []
-    return sorted(out)
+    return sorted(names)
 
 
 # --- parsers -----------------------------------------------------------------------------
