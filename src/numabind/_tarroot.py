@@ -82,9 +82,10 @@ class TarRoot(Root, Resolver):
         parts, name = self.parent(path, display)
         if name:
             parts = (*parts, name)
-            if self.kind(parts) == "link":
+            what = self.kind(parts)
+            if what == "link":
                 parts = self.resolve(path, display)
-            elif self.kind(parts) is None:
+            elif what is None:
                 raise FileNotFoundError(errno.ENOENT, "no such file", display)
         m = self._index.get(parts)
         if m is not None and m.islnk():  # a hard link names another member
