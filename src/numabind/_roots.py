@@ -22,10 +22,6 @@ import stat
 
 from . import _sysfs
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    pass
-
 _PARENTS_CAP = 1 << 14  # directories remembered per root (a 1024-CPU capture needs ~3000)
 MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
 
