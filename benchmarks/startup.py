@@ -139,9 +139,8 @@ def main() -> int:
         root = synth.write(synth.dgx_h100(), str(tmp / "dgx"))
         live = clean_env(LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND="force")
         capture = dict(live, NUMABIND_SYSROOT=root)
-        one = synth.Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[synth.Gpu("0000:01:00.0", 0)])
         one_node = clean_env(
-            LOCAL_RANK="0", NUMABIND_SYSROOT=synth.write(one, str(tmp / "one-node"))
+            LOCAL_RANK="0", NUMABIND_SYSROOT=synth.write(synth.one_node(), str(tmp / "one-node"))
         )
         quiet = clean_env()
         namespace, why_not = _namespace(root)

@@ -284,3 +284,9 @@ def two_nodes(gpus: int = 2) -> Spec:
         memory_gib=1,
         gpus=[Gpu(f"0000:{i + 1:02x}:00.0", i % 2) for i in range(gpus)],
     )
+
+
+def one_node() -> Spec:
+    """A workstation or a one-GPU cloud VM: one node holding CPUs 0-1 and one GPU, where
+    a rank has nothing to bind."""
+    return Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[Gpu("0000:01:00.0", 0)])

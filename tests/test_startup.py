@@ -85,8 +85,7 @@ def test_a_rank_with_nothing_to_bind_loads_no_kernel_layer(tmp_path: Path) -> No
     """On a one-node machine (a workstation, a one-GPU cloud VM) the hook only plans: the
     apply, kernel, registry and device layers, ctypes and the error classes stay unloaded
     (each module costs the rank ~0.2 ms of interpreter start here)."""
-    one = synth.Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[synth.Gpu("0000:01:00.0", 0)])
-    root = synth.write(one, str(tmp_path / "one"))
+    root = synth.write(synth.one_node(), str(tmp_path / "one"))
     base = set(py(SHOW_MODULES, clean_env()).stdout.split())
     r = py(
         SHOW_MODULES,
