@@ -6,16 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from numabind._capture import open_capture
 from numabind._devices import Visible, resolve
-from numabind._hwloc import load
 from numabind._plan import Request, plan
 from numabind._sysfs import parse_cpulist
 from numabind._topology import Machine
 
 
 def _tar(path: str) -> Machine:
-    return open_capture(path).machine
+    return Machine.from_capture(path)
 
 
 def cl(text: str) -> frozenset[int]:
@@ -43,7 +41,7 @@ def plans(m: Machine, n: int, mode: str = "node", env: dict[str, str] | None = N
 
 
 def test_dgx2_xml(hwloc_dir: Path) -> None:
-    m = load(str(hwloc_dir / "nvidiaDGX2.xml"))
+    m = Machine.from_capture(str(hwloc_dir / "nvidiaDGX2.xml"))
     assert [n.id for n in m.nodes] == [0, 1]
     assert m.node(0).cpus == cl("0-1") and m.node(1).cpus == cl("24-25")
     gpus = m.accelerators
@@ -57,7 +55,7 @@ def test_dgx2_xml(hwloc_dir: Path) -> None:
 
 
 def test_power8_pci_domain_carries_locality(hwloc_dir: Path) -> None:
-    m = load(str(hwloc_dir / "power8gpudistances.xml"))
+    m = Machine.from_capture(str(hwloc_dir / "power8gpudistances.xml"))
     ps = plans(m, 4)
     assert [p.device.pci for p in ps] == [
         "0002:01:00.0",
@@ -71,7 +69,7 @@ def test_power8_pci_domain_carries_locality(hwloc_dir: Path) -> None:
 
 
 def test_even_odd_numbering_and_bmc_vga(hwloc_dir: Path) -> None:
-    m = load(str(hwloc_dir / "24em64t-2n6c2t-pci.xml"))
+    m = Machine.from_capture(str(hwloc_dir / "24em64t-2n6c2t-pci.xml"))
     assert [a.pci for a in m.accelerators] == ["0000:06:00.0", "0000:11:00.0", "0000:14:00.0"], (
         "the ATI ES1000 BMC VGA (1002:515e) is not a compute GPU"
     )
@@ -81,7 +79,7 @@ def test_even_odd_numbering_and_bmc_vga(hwloc_dir: Path) -> None:
 
 
 def test_disallowed_node_is_reported_not_bound_elsewhere(hwloc_dir: Path) -> None:
-    m = load(str(hwloc_dir / "irregulargroups-disallowed.xml"))
+    m = Machine.from_capture(str(hwloc_dir / "irregulargroups-disallowed.xml"))
     assert m.allowed.cpus == cl("0-15") and m.allowed.mems == cl("0-1")
     gpus = m.accelerators
     assert [(g.pci, g.numa_node) for g in gpus] == [("0002:01:00.0", 4), ("0004:01:00.0", 7)]

@@ -116,11 +116,11 @@ def test_device_check_agrees_with_a_faithful_fake(tmp_path: Path) -> None:
     text = json.dumps(recording)
     assert synth._uuid(3) not in text, "UUIDs are scrubbed"
     # the recording replays through the NVML fake, against its own scrubbed capture
-    from numabind._capture import open_capture
     from numabind._devices import resolve
+    from numabind._topology import Machine
 
     nvml = RecordedNvml({"gpus": [{**g, "pci": g["pci"]} for g in recording["gpus"]]})
-    machine = open_capture(str(fixture.with_suffix(".tar.gz"))).machine
+    machine = Machine.from_capture(str(fixture.with_suffix(".tar.gz")))
     uuid = recording["gpus"][5]["uuid"]
     assert (
         resolve(machine, {"CUDA_VISIBLE_DEVICES": uuid}, nvml).devices[0].pci == synth.DGX_BDFS[5]

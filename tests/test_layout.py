@@ -118,7 +118,8 @@ def test_leaf_modules_stay_leaves() -> None:
     """_sysfs and _output are imported by everything, including the .pth's first steps:
     they import nothing of numabind's but each other."""
     g = _graph()
-    assert g["numabind._sysfs"] == set()
+    assert g["numabind._sysfs"] <= {"numabind._errors"}
+    assert g["numabind._errors"] == set()
     assert g["numabind._output"] <= {"numabind._sysfs", "numabind._binding"}
     assert g["numabind._model"] == set()
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import synth
-from numabind._capture import open_capture
 from numabind._plan import device_node
 from numabind._show import plans_for
 from numabind._svg import DISALLOWED, PALETTE, render, text_width
@@ -35,7 +34,7 @@ GENERATED: dict[str, Callable[[], synth.Spec]] = {
 def _machine(name: str, tmp: Path) -> Machine:
     if name in GENERATED:
         return Machine.from_root(synth.write(GENERATED[name](), str(tmp / name)))
-    return open_capture(str(HWLOC / name)).machine
+    return Machine.from_capture(str(HWLOC / name))
 
 
 def _texts(root: ET.Element) -> list[tuple[float, float, float, float, str]]:

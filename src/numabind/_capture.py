@@ -13,19 +13,19 @@ environment is only the variables numabind records, each bounded.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
-import tarfile
+import stat
 import time
 
 from . import _sysfs
 from ._errors import CaptureError
 from ._ranks import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES
 from ._roots import DirRoot, Root
-from ._sources import SysfsSource, read_paths
-from ._tarroot import TarRoot
-from ._topology import Machine
+from ._sources import Source, SysfsSource, read_paths
+from ._tarroot import TarRoot, is_tar, read_file
 from ._vendors import VENDORS, VISIBILITY_VARIABLES
 
 TYPE_CHECKING = False
@@ -52,24 +52,6 @@ RECORDED_VARIABLES = (
 _VALUE_CAP = 4096
 
 
-class Capture:
-    """An opened capture: the machine and, if it recorded one, the environment."""
-
-    def __init__(self, machine: Machine, environ: dict[str, str] | None, path: str) -> None:
-        self.machine = machine
-        self.environ = environ
-        self.path = path
-
-    def close(self) -> None:
-        self.machine.close()
-
-    def __enter__(self) -> Capture:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class _Prefixed(Root):
     """A root one directory down (hwloc tarballs wrap the tree in one top directory)."""
 
@@ -77,6 +59,7 @@ class _Prefixed(Root):
         self.inner = inner
         self.prefix = prefix
         self.description = description
+        self.budget = inner.budget
 
     def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
         return self.inner.read(self.prefix + path, cap)
@@ -104,11 +87,13 @@ def _find_root(root: Root, path: str) -> Root:
 
 def parse_env(text: str, where: str) -> dict[str, str]:
     """The recorded environment: only the variables numabind records, each a bounded
-    string (a local world size of 10^11 in it is then the designed message, not a hang)."""
+    string (a local world size of 10^11 in it is then the designed message, not a hang;
+    a document nested a million deep is refused, not a RecursionError)."""
     try:
         data = json.loads(text)
-    except ValueError as err:
-        raise CaptureError(f"{where}: not JSON ({err})") from err
+    except (ValueError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise CaptureError(f"{where}: not JSON ({why})") from None
     env = data.get("environ") if isinstance(data, dict) else None
     if not isinstance(env, dict):
         raise CaptureError(f"{where}: no 'environ' object")
@@ -129,33 +114,65 @@ def _read_env(root: Root, path: str) -> dict[str, str] | None:
     return parse_env(text, f"{path}: {ENV_FILE}")
 
 
-def open_capture(path: str) -> Capture:
-    """Open a capture for reading (raises :class:`~numabind.CaptureError`, one line)."""
+def looks_like_xml(data: bytes) -> bool:
+    """Whether a file's content is XML (of any encoding: the hwloc reader then says
+    which encodings it reads)."""
+    head = data[:64].lstrip(b" \t\r\n")
+    return head.startswith(
+        (b"<", b"\xef\xbb\xbf<", b"\xfe\xff", b"\xff\xfe", b"\x00\x00\xfe\xff")
+    ) or (head[:2] == b"\x00<")
+
+
+def open_source(path: str) -> Source:
+    """Open a capture for reading (raises :class:`~numabind.CaptureError`, one line): the
+    :class:`~numabind._sources.Source` of its machine, with the environment it recorded
+    (``source.environ``; None when it recorded none).
+
+    What the path holds is told from its content, never its name: a directory, a tar
+    archive (plain, gzip, bzip2 or xz) or an hwloc XML export (plain or compressed, so
+    ``.XML`` and ``.xml.gz`` read too).  A file is opened once, without blocking."""
     if not path:
         raise CaptureError("--input needs a path (a capture directory, tarball or .xml file)")
-    if not os.path.exists(path):
-        raise CaptureError(f"{path}: no such file or directory")
-    if os.path.isdir(path):
-        root = _find_root(DirRoot(path), path)
-    elif path.endswith(".xml"):
-        from ._hwloc import load
-
-        return Capture(load(path), None, path)
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            raise CaptureError(f"{path}: no such file or directory") from None
+        raise CaptureError(f"{path}: not readable ({err.strerror or err})") from None
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            root = _find_root(DirRoot(path), path)
+        except OSError as err:
+            raise CaptureError(f"{path}: not readable ({err.strerror or err})") from None
     else:
         try:
-            tar_root = TarRoot.open(path)
+            data = read_file(path)
         except OSError as err:
+            why = str(err) if isinstance(err, _sysfs.ReadError) else f"{path}: {err.strerror}"
+            raise CaptureError(why) from None
+        if is_tar(data):
+            try:
+                tar_root = TarRoot(data, path)
+            except OSError as err:
+                raise CaptureError(str(err)) from None
+            root = _find_root(tar_root, path)
+        elif looks_like_xml(data):
+            from ._hwloc import HwlocSource
+
+            return HwlocSource(data, path)
+        else:
             raise CaptureError(
-                f"{path}: neither a capture directory, a tarball nor an hwloc .xml file ({err})"
-            ) from err
-        tar_root.description = path
-        root = _find_root(tar_root, path)
+                f"{path}: neither a capture directory, a tar archive nor an hwloc XML export "
+                "(by its content)"
+            )
     try:
         environ = _read_env(root, path)
     except CaptureError:
         root.close()
         raise
-    return Capture(Machine(SysfsSource(root)), environ, path)
+    source = SysfsSource(root)
+    source.environ = environ
+    return source
 
 
 # --- gather -----------------------------------------------------------------------------
@@ -201,6 +218,8 @@ def gather_paths(root: Root) -> list[str]:
 
 
 def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
+    import tarfile  # writing what numabind made itself: no input is parsed here
+
     count = 0
     prefix = "numabind-capture"
     now = int(time.time())

@@ -5,35 +5,180 @@ There is no sysfs in such a file: a PCI device's locality is its nearest non-I/O
 capture time is the root object's ``allowed_cpuset``/``allowed_nodeset``.  Bitmaps use
 the kernel mask format (32-bit hex words, most significant first).
 
-The file is input: it is read with a size cap, refused if it declares entities (the
-"billion laughs" expansion), and every attribute numabind uses is checked, so a malformed
-one (``os_index="abc"``, ``cpuset="0xzz"``, a 5000-digit mask) is one :class:`HwlocError`
-naming the object and the value, never a traceback.  Not on the startup path, so
-ElementTree is fine here.
+The file is input, and the parser refuses rather than expands:
+
+* only UTF-8 (or ASCII) documents are read: a UTF-16/32 byte-order mark or another
+  declared encoding is one line, and expat is told the encoding, so no Python codec
+  (``utf-7``, ``rot13``, ``idna``...) ever runs on the input;
+* hwloc's own ``<!DOCTYPE topology SYSTEM "hwloc2.dtd">`` is accepted (never fetched),
+  but an internal DTD subset, an entity or notation declaration and an external entity
+  reference are refused by the parser's own callbacks, not by matching bytes;
+* at most :data:`MAX_ELEMENTS` elements, nested at most :data:`MAX_DEPTH` deep, and
+  attributes and texts of bounded length; each object's ``cpuset`` is parsed once, and a
+  CPU's package, core and cache are handed down the tree as it is walked, so a chain of
+  63 nested objects costs each PU one step, not 63 mask parses.
+
+A malformed attribute (``os_index="abc"``, ``cpuset="0xzz"``, a 5000-digit mask) is one
+:class:`HwlocError` naming the object and the value, never a traceback.  Not on the
+startup path.
 """
 
 from __future__ import annotations
-
-import xml.etree.ElementTree as ET
 
 from . import _sysfs
 from ._errors import CaptureError
 from ._model import Accelerator, Allowed, CpuInfo, Node
 from ._sources import Source
 from ._sysfs import normalize_pci, pci_sort_key
-from ._topology import Machine
-from ._vendors import classify
+from ._vendors import HWLOC_UUID_KEYS, classify
 
 XML_CAP = 64 << 20
+MAX_DEPTH = 64
+MAX_ELEMENTS = 1 << 20  # hwloc's largest test topology has ~40,000
+ATTR_CAP = 1 << 16  # characters of one attribute value (a 16,384-CPU mask is ~5,600)
+TEXT_CAP = 1 << 20  # characters of text kept per element (a 1,024-node distance matrix)
 _IO_TYPES = {"Bridge", "PCIDev", "OSDev", "Misc"}
-_MAX_DEPTH = 64
+_TEXT_TAGS = {"indexes", "u64values"}
+_ENCODINGS = {"utf-8", "utf8", "us-ascii", "ascii"}
 
 
 class HwlocError(CaptureError):
     """The file is not an hwloc topology numabind can read."""
 
 
-def _index(obj: ET.Element, attr: str, path: str, limit: int) -> int:
+class _El:
+    """One element, as much of it as numabind reads."""
+
+    __slots__ = ("attrs", "children", "tag", "text")
+
+    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
+        self.tag = tag
+        self.attrs = attrs
+        self.children: list[_El] = []
+        self.text: list[str] = []
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.attrs.get(name, default)
+
+    def findall(self, tag: str) -> list[_El]:
+        return [c for c in self.children if c.tag == tag]
+
+
+def _check_encoding(data: bytes, where: str) -> bytes:
+    """The document without a UTF-8 byte-order mark; refuses anything but UTF-8/ASCII."""
+    for bom, name in (
+        (b"\x00\x00\xfe\xff", "UTF-32"),
+        (b"\xff\xfe\x00\x00", "UTF-32"),
+        (b"\xfe\xff", "UTF-16"),
+        (b"\xff\xfe", "UTF-16"),
+    ):
+        if data.startswith(bom):
+            raise HwlocError(f"{where}: encoded as {name}; hwloc writes UTF-8, not read")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if b"\x00" in data[:64]:
+        raise HwlocError(f"{where}: not UTF-8 text (NUL bytes); hwloc writes UTF-8, not read")
+    if data.startswith(b"<?xml"):
+        end = data.find(b"?>", 0, 512)
+        decl = data[: end if end > 0 else 512].decode("ascii", "replace")
+        _, found, rest = decl.partition("encoding")
+        if found:
+            value = rest.lstrip(" \t\r\n").removeprefix("=").lstrip(" \t\r\n")
+            quote = value[:1]
+            if quote in ("'", '"'):
+                text = value[1:].split(quote, 1)[0]
+            else:
+                text = (value.split(None, 1) or [""])[0]
+            if text.strip().lower() not in _ENCODINGS:
+                raise HwlocError(
+                    f"{where}: declares encoding {_sysfs.short(text)}; hwloc writes UTF-8, not read"
+                )
+    return data
+
+
+def parse(data: bytes, where: str) -> _El:
+    """Parse an hwloc XML document into :class:`_El` elements, refusing (one
+    :class:`HwlocError`) whatever hwloc itself never writes; see the module docstring."""
+    from xml.parsers import expat
+
+    data = _check_encoding(data, where)
+
+    def refuse(what: str) -> HwlocError:
+        return HwlocError(f"{where}: {what}; hwloc exports never do, not read")
+
+    parser = expat.ParserCreate(encoding="UTF-8")
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    root: list[_El] = []
+    stack: list[_El] = []
+    count = [0]
+
+    def doctype(name: str, system: str | None, public: str | None, internal: int) -> None:
+        if internal:
+            raise refuse("declares an internal DTD subset")
+
+    def entity(*_: object) -> None:
+        raise refuse("declares XML entities")
+
+    def notation(*_: object) -> None:
+        raise refuse("declares XML notations")
+
+    def external(*_: object) -> int:
+        raise refuse("references an external entity")
+
+    def skipped(name: str, is_parameter: int) -> None:
+        # an entity the document uses but never declares (its DTD is external): expat
+        # would skip it silently; hwloc never writes one
+        raise refuse(f"references the undeclared entity {_sysfs.short(name)}")
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        count[0] += 1
+        if count[0] > MAX_ELEMENTS:
+            raise HwlocError(f"{where}: more than {MAX_ELEMENTS} elements; not read")
+        if len(stack) >= MAX_DEPTH:
+            raise HwlocError(f"{where}: objects nested deeper than {MAX_DEPTH}; not read")
+        for value in attrs.values():
+            if len(value) > ATTR_CAP:
+                raise HwlocError(f"{where}: an attribute of {len(value)} characters; not read")
+        el = _El(tag, attrs)
+        if stack:
+            stack[-1].children.append(el)
+        else:
+            root.append(el)
+        stack.append(el)
+
+    def end(tag: str) -> None:
+        stack.pop()
+
+    def chars(text: str) -> None:
+        if stack and stack[-1].tag in _TEXT_TAGS:
+            kept = stack[-1].text
+            if sum(map(len, kept)) + len(text) > TEXT_CAP:
+                raise HwlocError(f"{where}: a text of more than {TEXT_CAP} characters; not read")
+            kept.append(text)
+
+    parser.StartDoctypeDeclHandler = doctype
+    parser.EntityDeclHandler = entity
+    parser.UnparsedEntityDeclHandler = entity
+    parser.NotationDeclHandler = notation
+    parser.ExternalEntityRefHandler = external
+    parser.SkippedEntityHandler = skipped
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
+    parser.CharacterDataHandler = chars
+    try:
+        parser.Parse(data, True)
+    except HwlocError:
+        raise
+    except expat.ExpatError as err:
+        raise HwlocError(f"{where}: not well-formed XML ({err})") from None
+    except Exception as err:  # nothing a document holds may end in a traceback
+        raise HwlocError(f"{where}: not readable XML ({type(err).__name__}: {err})") from None
+    if not root:
+        raise HwlocError(f"{where}: no elements: not an hwloc XML export")
+    return root[0]
+
+
+def _index(obj: _El, attr: str, path: str, limit: int) -> int:
     raw = obj.get(attr)
     if raw is None:
         raise HwlocError(f"{path}: a {obj.get('type', '?')} object has no {attr}")
@@ -45,24 +190,42 @@ def _index(obj: ET.Element, attr: str, path: str, limit: int) -> int:
     return int(raw)
 
 
+class _Context:
+    """What an object hands down to the objects inside it: package, core siblings and the
+    highest cache level with its CPUs, each computed once where the object is met."""
+
+    __slots__ = ("cache", "level", "package", "siblings")
+
+    def __init__(
+        self,
+        package: int | None = None,
+        siblings: frozenset[int] | None = None,
+        level: int = -1,
+        cache: frozenset[int] | None = None,
+    ) -> None:
+        self.package = package
+        self.siblings = siblings
+        self.level = level
+        self.cache = cache
+
+
+def _cache_level(kind: str) -> int | None:
+    digits = kind[1:-5]
+    if kind.startswith("L") and kind.endswith("Cache") and digits.isascii() and digits.isdigit():
+        return int(digits) if len(digits) < 3 else None  # "L²Cache" passes isdigit()
+    return None
+
+
 class HwlocSource(Source):
-    def __init__(self, path: str) -> None:
+    def __init__(self, data: bytes, description: str) -> None:
         super().__init__()
-        self.description = path
-        self._path = path
-        try:
-            data = _sysfs.read_bytes(path, XML_CAP)
-        except OSError as err:
-            raise HwlocError(f"{path}: not readable ({err.strerror or err})") from err
-        if b"<!ENTITY" in data:
-            raise HwlocError(f"{path}: declares XML entities; hwloc exports never do, not read")
-        try:
-            root = ET.fromstring(data)
-        except ET.ParseError as err:
-            raise HwlocError(f"{path}: not well-formed XML ({err})") from err
-        machine = root.find("object")
+        self.description = description
+        self._path = description
+        self._masks: dict[tuple[str, int], frozenset[int]] = {}
+        root = parse(data, description)
+        machine = next(iter(root.findall("object")), None)
         if root.tag != "topology" or machine is None:
-            raise HwlocError(f"{path}: no <topology><object> root: not an hwloc XML export")
+            raise HwlocError(f"{description}: no <topology><object> root: not an hwloc XML export")
         self._online = self._mask(machine, "cpuset") or frozenset()
         self._allowed_cpus = self._mask(machine, "allowed_cpuset")
         self._allowed_mems = self._mask(machine, "allowed_nodeset", _sysfs.MAX_NODES)
@@ -70,75 +233,82 @@ class HwlocSource(Source):
         self._cpu: dict[int, CpuInfo] = {}
         self._accs: list[Accelerator] = []
         self._gpu_mem: dict[str, int] = {}
-        self._walk(machine, [])
+        self._walk(machine, [], _Context())
         self._distances = self._read_distances(root)
 
     def _mask(
-        self, obj: ET.Element | None, attr: str, limit: int = _sysfs.MAX_CPUS
+        self, obj: _El | None, attr: str, limit: int = _sysfs.MAX_CPUS
     ) -> frozenset[int] | None:
+        """An object's bitmap attribute, parsed once per distinct text (hwloc repeats the
+        same masks on every level of a branch)."""
         if obj is None:
             return None
         text = obj.get(attr)
         if text is None:
             return None
-        try:
-            return _sysfs.parse_cpumask(text, limit, "node" if limit == _sysfs.MAX_NODES else "CPU")
-        except ValueError as err:
-            raise HwlocError(f"{self._path}: {obj.get('type', '?')} {attr}: {err}") from err
+        key = (text, limit)
+        found = self._masks.get(key)
+        if found is None:
+            try:
+                found = _sysfs.parse_cpumask(
+                    text, limit, "node" if limit == _sysfs.MAX_NODES else "CPU"
+                )
+            except ValueError as err:
+                raise HwlocError(f"{self._path}: {obj.get('type', '?')} {attr}: {err}") from err
+            self._masks[key] = found
+        return found
 
-    def _walk(self, obj: ET.Element, ancestors: list[ET.Element]) -> None:
-        if len(ancestors) > _MAX_DEPTH:
-            raise HwlocError(f"{self._path}: objects nested deeper than {_MAX_DEPTH}")
-        kind = obj.get("type", "")
-        chain = [*ancestors, obj]
+    def _walk(self, obj: _El, ancestors: list[_El], ctx: _Context) -> None:
+        kind = obj.get("type", "") or ""
+        if kind == "Package":
+            raw = obj.get("os_index", "") or ""
+            pkg = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 7 else None
+            ctx = _Context(pkg, ctx.siblings, ctx.level, ctx.cache)
+        elif kind == "Core":
+            ctx = _Context(
+                ctx.package, self._mask(obj, "cpuset") or frozenset(), ctx.level, ctx.cache
+            )
+        else:
+            level = _cache_level(kind)
+            if level is not None and level > ctx.level:
+                mask = self._mask(obj, "cpuset") or frozenset()
+                ctx = _Context(ctx.package, ctx.siblings, level, mask)
         if kind == "NUMANode":
-            os_index = _index(obj, "os_index", self._path, _sysfs.MAX_NODES)
-            cpus = self._mask(obj, "cpuset") or frozenset()
-            mem_raw = obj.get("local_memory")
-            mem = _sysfs.parse_int(mem_raw) if mem_raw else None
-            infos = {i.get("name"): i.get("value") for i in obj.findall("info")}
-            bus = infos.get("PCIBusID")
-            if obj.get("subtype") == "GPUMemory" or bus:
-                cpus = frozenset()
-                if bus:
-                    norm = normalize_pci(bus)
-                    if norm:
-                        self._gpu_mem[norm] = os_index
-            self._nodes[os_index] = (cpus, mem if mem is not None and mem >= 0 else None)
+            self._add_node(obj)
         elif kind == "PU":
-            self._add_pu(obj, chain)
+            cpu = _index(obj, "os_index", self._path, _sysfs.MAX_CPUS)
+            self._cpu[cpu] = CpuInfo(
+                cpu=cpu,
+                package=ctx.package,
+                siblings=(ctx.siblings or frozenset()) | {cpu},
+                cache=ctx.cache | {cpu} if ctx.cache is not None else None,
+            )
         elif kind == "PCIDev":
             self._add_pci(obj, ancestors)
-        for child in obj.findall("object"):
-            self._walk(child, chain)
+        children = obj.findall("object")
+        if children:
+            ancestors.append(obj)
+            for child in children:
+                self._walk(child, ancestors, ctx)
+            ancestors.pop()
 
-    def _add_pu(self, pu: ET.Element, chain: list[ET.Element]) -> None:
-        cpu = _index(pu, "os_index", self._path, _sysfs.MAX_CPUS)
-        package = None
-        siblings = frozenset({cpu})
-        cache: frozenset[int] | None = None
-        best = -1
-        for anc in chain:
-            t = anc.get("type", "")
-            if t == "Package":
-                raw = anc.get("os_index", "")
-                package = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 7 else None
-            elif t == "Core":
-                siblings = (self._mask(anc, "cpuset") or frozenset()) | {cpu}
-            elif (
-                t.startswith("L")
-                and t.endswith("Cache")
-                and t[1:-5].isascii()  # "L²Cache" passes isdigit(), not int()
-                and t[1:-5].isdigit()
-            ):
-                level = int(t[1:-5])
-                if level > best:
-                    best, cache = level, (self._mask(anc, "cpuset") or frozenset()) | {cpu}
-        self._cpu[cpu] = CpuInfo(cpu=cpu, package=package, siblings=siblings, cache=cache)
+    def _add_node(self, obj: _El) -> None:
+        os_index = _index(obj, "os_index", self._path, _sysfs.MAX_NODES)
+        cpus = self._mask(obj, "cpuset") or frozenset()
+        mem_raw = obj.get("local_memory")
+        mem = _sysfs.parse_int(mem_raw) if mem_raw else None
+        infos = {i.get("name"): i.get("value") for i in obj.findall("info")}
+        bus = infos.get("PCIBusID")
+        if obj.get("subtype") == "GPUMemory" or bus:
+            cpus = frozenset()
+            norm = normalize_pci(bus) if bus else None
+            if norm:
+                self._gpu_mem[norm] = os_index
+        self._nodes[os_index] = (cpus, mem if mem is not None and mem >= 0 else None)
 
-    def _add_pci(self, obj: ET.Element, ancestors: list[ET.Element]) -> None:
-        busid = normalize_pci(obj.get("pci_busid", ""))
-        ptype = obj.get("pci_type", "").split()
+    def _add_pci(self, obj: _El, ancestors: list[_El]) -> None:
+        busid = normalize_pci(obj.get("pci_busid", "") or "")
+        ptype = (obj.get("pci_type", "") or "").split()
         if busid is None or len(ptype) < 2:
             return
         try:
@@ -149,11 +319,16 @@ class HwlocSource(Source):
                 f"{self._path}: PCI device {busid}: pci_type {_sysfs.short(ptype[1])} ignored"
             )
             return
+        if len(self._accs) >= _sysfs.MAX_ACCELERATORS:
+            self.warn(
+                f"{self._path}: more than {_sysfs.MAX_ACCELERATORS} accelerators; the rest ignored"
+            )
+            return
         infos: dict[str, str] = {}
         for osdev in obj.findall("object"):
             if osdev.get("type") == "OSDev":
                 for info in osdev.findall("info"):
-                    infos.setdefault(info.get("name", ""), info.get("value", ""))
+                    infos.setdefault(info.get("name", "") or "", info.get("value", "") or "")
         vendor = classify(vendor_id, device_id, cls)
         if vendor is None:
             return
@@ -161,7 +336,7 @@ class HwlocSource(Source):
         cpus = self._mask(locality, "cpuset") if locality is not None else None
         nodes = self._mask(locality, "nodeset", _sysfs.MAX_NODES) if locality is not None else None
         numa = next(iter(nodes)) if nodes is not None and len(nodes) == 1 else None
-        uuid = infos.get("NVIDIAUUID") or infos.get("AMDUUID")
+        uuid = next((infos[k] for k in HWLOC_UUID_KEYS if infos.get(k)), None)
         model = infos.get("GPUModel")
         self._accs.append(
             Accelerator(
@@ -177,18 +352,24 @@ class HwlocSource(Source):
             )
         )
 
-    def _read_distances(self, root: ET.Element) -> dict[int, tuple[tuple[int, int], ...]]:
+    def _read_distances(self, root: _El) -> dict[int, tuple[tuple[int, int], ...]]:
+        """The NUMA distance matrix (hwloc 2: ``distances2``, its indexes and values split
+        over several elements of ten values each), latencies preferred."""
+        found = [d for d in root.findall("distances2") if d.get("type") == "NUMANode"]
+        found.sort(key=lambda d: "Latency" not in (d.get("name") or ""))
         out: dict[int, tuple[tuple[int, int], ...]] = {}
-        for dist in root.iter("distances2"):
-            if dist.get("type") != "NUMANode":
-                continue
-            idx_el = dist.find("indexes")
-            val_el = dist.find("u64values")
-            if idx_el is None or val_el is None or not idx_el.text or not val_el.text:
-                continue
-            ids = [_sysfs.parse_int(x) for x in idx_el.text.split()[: _sysfs.MAX_NODES]]
-            vals = [_sysfs.parse_int(x) for x in val_el.text.split()[: len(ids) ** 2 + 1]]
-            if None in ids or None in vals or len(vals) != len(ids) * len(ids):
+        for dist in found:
+            idx_text = " ".join("".join(e.text) for e in dist.findall("indexes"))
+            val_text = " ".join("".join(e.text) for e in dist.findall("u64values"))
+            ids = [_sysfs.parse_int(x) for x in idx_text.split()[: _sysfs.MAX_NODES + 1]]
+            vals = [_sysfs.parse_int(x) for x in val_text.split()[: len(ids) ** 2 + 1]]
+            if (
+                not ids
+                or len(ids) > _sysfs.MAX_NODES
+                or None in ids
+                or None in vals
+                or len(vals) != len(ids) * len(ids)
+            ):
                 self.warn(f"{self._path}: NUMA distance matrix malformed; ignored")
                 continue
             for i, a in enumerate(ids):
@@ -231,6 +412,12 @@ class HwlocSource(Source):
         return tuple(sorted(out, key=lambda a: pci_sort_key(a.pci)))
 
 
-def load(path: str) -> Machine:
-    """A :class:`Machine` from an hwloc XML export (raises :class:`HwlocError`)."""
-    return Machine(HwlocSource(path))
+def load(path: str) -> HwlocSource:
+    """The source of an hwloc XML export, compressed or not (raises :class:`HwlocError`)."""
+    from ._tarroot import read_file
+
+    try:
+        data = read_file(path, XML_CAP)
+    except OSError as err:
+        raise HwlocError(f"{path}: not readable ({err.strerror or err})") from err
+    return HwlocSource(data, path)

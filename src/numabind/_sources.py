@@ -79,6 +79,9 @@ class Source:
 
     def __init__(self) -> None:
         self.warnings: list[str] = []
+        self.budget = _sysfs.Budget(self.description)
+        # the environment a capture recorded with its machine (numabind gather), if any
+        self.environ: dict[str, str] | None = None
 
     def warn(self, message: str) -> None:
         if message not in self.warnings and len(self.warnings) < 50:
@@ -152,6 +155,10 @@ class SysfsSource(Source):
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._cpu_limit: int | None = None
         self._node_limit: int | None = None
+        # identical lists (every CPU of a core, of an L3, every GPU of a node) are parsed
+        # once: what a list costs is charged to the budget only the first time
+        self._lists: dict[tuple[str, bool], frozenset[int]] = {}
+        self.budget = root.budget
 
     def _read(self, path: str) -> str | None:
         return self.root.opt(path)
@@ -180,27 +187,35 @@ class SysfsSource(Source):
             self._node_limit = self._limit(f"{SYS_NODE}/possible", _sysfs.MAX_NODES)
         return self._node_limit
 
+    def _parse(self, path: str, text: str, mask: bool) -> frozenset[int] | None:
+        key = (text, mask)
+        found = self._lists.get(key)
+        if found is not None:
+            return found
+        try:
+            parse = _sysfs.parse_cpumask if mask else _sysfs.parse_cpulist
+            found = parse(text, self.cpu_limit)
+        except ValueError as err:
+            self.warn(f"{_sysfs.join(self.description, path)}: {err}; ignored")
+            return None
+        self.budget.charge(items=len(found) + 1)
+        if len(self._lists) < 1 << 16:
+            self._lists[key] = found
+        return found
+
     def cpulist(self, path: str, text: str | None = None) -> frozenset[int] | None:
         """A CPU list file, bounded; a malformed one is a warning and None."""
         if text is None:
             text = self._read(path)
         if text is None:
             return None
-        try:
-            return _sysfs.parse_cpulist(text, self.cpu_limit)
-        except ValueError as err:
-            self.warn(f"{_sysfs.join(self.description, path)}: {err}; ignored")
-            return None
+        return self._parse(path, text, mask=False)
 
     def cpumask(self, path: str) -> frozenset[int] | None:
         text = self._read(path)
         if text is None:
             return None
-        try:
-            return _sysfs.parse_cpumask(text, self.cpu_limit)
-        except ValueError as err:
-            self.warn(f"{_sysfs.join(self.description, path)}: {err}; ignored")
-            return None
+        return self._parse(path, text, mask=True)
 
     # --- CPUs and nodes
     def online_cpus(self) -> frozenset[int]:
@@ -269,9 +284,8 @@ class SysfsSource(Source):
         base = f"{SYS_CPU}/cpu{cpu}/cache"
         cache: frozenset[int] | None = None
         best = -1
-        for index in self.root.listdir(base, 64):
-            if not index.startswith("index"):
-                continue
+        names = [n for n in self.root.listdir(base, 256) if n.startswith("index")]
+        for index in sorted(names, key=lambda n: (len(n), n))[: _sysfs.MAX_CACHE_INDEXES]:
             level = _sysfs.parse_int(self._read(f"{base}/{index}/level"))
             kind = self._read(f"{base}/{index}/type") or ""
             if level is None or kind == "Instruction" or level <= best:
@@ -292,11 +306,17 @@ class SysfsSource(Source):
     def accelerators(self) -> tuple[Accelerator, ...]:
         found: list[Accelerator] = []
         driver = set(self.driver_gpus("nvidia") or ())
-        for bdf in self.root.listdir(SYS_PCI):
+        for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
             if normalize_pci(bdf) != bdf:
                 continue  # not a PCI address: nothing the kernel would write here
             acc = self._accelerator(bdf, bdf in driver)
             if acc is not None:
+                if len(found) >= _sysfs.MAX_ACCELERATORS:
+                    self.warn(
+                        f"{self.description}: more than {_sysfs.MAX_ACCELERATORS} accelerators;"
+                        " the rest ignored"
+                    )
+                    break
                 found.append(acc)
         found.sort(key=lambda a: pci_sort_key(a.pci))
         return tuple(found)
@@ -383,8 +403,14 @@ class SysfsSource(Source):
             d = BY_KEY[vendor].driver_dir
             found: tuple[str, ...] | None = None
             if d is not None and self.root.isdir(d):
-                entries = self.root.listdir(d)
+                entries = self.root.listdir(d, _sysfs.PCI_LIST_CAP)
                 out = {n for n in (normalize_pci(e) for e in entries) if n is not None}
+                if len(out) > _sysfs.MAX_ACCELERATORS:
+                    self.warn(
+                        f"{self.description}: {d} lists more than {_sysfs.MAX_ACCELERATORS} "
+                        "GPUs; the rest ignored"
+                    )
+                    out = set(sorted(out, key=pci_sort_key)[: _sysfs.MAX_ACCELERATORS])
                 found = tuple(sorted(out, key=pci_sort_key)) or None
             self._driver_gpus[vendor] = found
         return self._driver_gpus[vendor]

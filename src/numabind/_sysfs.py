@@ -273,11 +273,66 @@ def parse_int(text: str | None) -> int | None:
 
 def clean_line(text: str, limit: int = 2000) -> str:
     """One printable line: control characters (a newline in an environment value, an
-    escape sequence in a capture) become spaces, and the length is capped."""
+    escape sequence in a capture) become spaces, and the length is capped.  For values
+    numabind stores (a registry field); text shown to a person goes through
+    :func:`escape`, which keeps what was there visible."""
     if text.isprintable() and len(text) <= limit:
         return text
     out = "".join(c if c.isprintable() else " " for c in text[:limit])
     return out + (" ..." if len(text) > limit else "")
+
+
+def escape(text: str, limit: int = 8000) -> str:
+    r"""``text`` as one line a terminal shows as it is: every character that is not
+    printable (a newline, an escape sequence, a bidirectional override) is written the way
+    ``repr`` writes it (``\n``, ``\x1b``, ``\u202e``), and the length is capped.  The one
+    function every line numabind prints goes through (:mod:`numabind._output`): a field
+    another user controls can neither start a second line nor drive the terminal."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return out + (f" ... ({len(text)} characters)" if len(text) > limit else "")
+
+
+# --- the work of reading one machine ----------------------------------------------------------
+# Every number numabind accepts is capped, but links let a small crafted tree claim the cap
+# everywhere (2N CPU directories linked to two templates, each listing 16,384 CPUs).  So
+# the work of reading one machine is counted, not timed, against what the largest machine
+# numabind accepts costs: MAX_CPUS CPUs with MAX_CACHE_INDEXES caches each, MAX_NODES
+# nodes, MAX_ACCELERATORS accelerators and a PCI bus of PCI_LIST_CAP functions.  A real
+# machine reads a small fraction of it (docs/security.rst has the figures).
+MAX_ACCELERATORS = 64  # accelerators read per machine (an 8-way HGX has 8; 64 is generous)
+MAX_CACHE_INDEXES = 16  # cache indexes read per CPU (real CPUs have 4-5)
+PCI_LIST_CAP = 16384  # PCI functions listed (a large host has 1,000-2,000)
+BUDGET_FILES = MAX_CPUS * (4 + 3 * MAX_CACHE_INDEXES) + MAX_NODES * 4 + PCI_LIST_CAP + 4096
+BUDGET_BYTES = 256 << 20
+BUDGET_ITEMS = 64 * MAX_CPUS  # CPU and node numbers parsed (identical lists parsed once)
+
+
+class Budget:
+    """What reading one machine has cost so far: files opened, bytes read, list items
+    parsed.  :meth:`charge` raises :class:`~numabind.CaptureError` (never an ``OSError``,
+    which readers turn into "absent") once a limit is passed."""
+
+    __slots__ = ("bytes", "files", "items", "where")
+
+    def __init__(self, where: str = "?") -> None:
+        self.files = self.bytes = self.items = 0
+        self.where = where
+
+    def charge(self, files: int = 0, nbytes: int = 0, items: int = 0) -> None:
+        self.files += files
+        self.bytes += nbytes
+        self.items += items
+        if self.files > BUDGET_FILES or self.bytes > BUDGET_BYTES or self.items > BUDGET_ITEMS:
+            from ._errors import CaptureError
+
+            raise CaptureError(
+                f"{self.where}: reading it costs more than the largest machine numabind "
+                f"accepts ({self.files} files, {self.bytes} bytes, {self.items} CPU/node "
+                f"numbers so far; limits {BUDGET_FILES}, {BUDGET_BYTES}, {BUDGET_ITEMS}): "
+                "not a real machine, not read further"
+            )
 
 
 # --- PCI addresses ----------------------------------------------------------------------

@@ -46,11 +46,44 @@ class Machine:
     @classmethod
     def from_root(cls, root: str = "/") -> Machine:
         """The machine under ``root``, a directory laid out like ``/`` (``/`` itself: this
-        one), read inside it only."""
+        one), read inside it only.  Raises :class:`~numabind.CaptureError` when ``root``
+        is missing, not a directory, or holds no ``sys/`` (a tarball or an hwloc XML
+        file: :meth:`from_capture` reads those)."""
         from ._roots import for_path
         from ._sources import SysfsSource
 
-        return cls(SysfsSource(for_path(root)))
+        try:
+            tree = for_path(root)
+        except OSError as err:
+            from ._errors import CaptureError
+
+            what = "not a directory" if isinstance(err, NotADirectoryError) else None
+            raise CaptureError(
+                f"{root}: {what or err.strerror or err}"
+                + ("; Machine.from_capture reads a tarball or an hwloc XML file" if what else "")
+            ) from None
+        if not tree.live and not tree.isdir("/sys"):
+            tree.close()
+            from ._errors import CaptureError
+
+            raise CaptureError(f"{root}: no sys/ directory: not a machine laid out like /")
+        return cls(SysfsSource(tree))
+
+    @classmethod
+    def from_capture(cls, path: str) -> Machine:
+        """The machine in a capture: a directory laid out like ``/`` (or holding one such
+        directory), a tarball of one (``numabind gather``, ``hwloc-gather-topology``) or an
+        hwloc XML export, told apart by content.  Raises :class:`~numabind.CaptureError`."""
+        from ._capture import open_source
+
+        return cls(open_source(path))
+
+    @property
+    def recorded_environ(self) -> dict[str, str] | None:
+        """The rank and device variables a capture recorded with its machine
+        (``numabind gather``), so that a plan shown elsewhere is the plan that process
+        would get; None for the live system and captures that recorded none."""
+        return self.source.environ
 
     @property
     def description(self) -> str:
@@ -108,9 +141,15 @@ class Machine:
         return None
 
     def cpu_info(self, cpu: int) -> CpuInfo:
-        """Package, SMT siblings and largest cache domain of ``cpu`` at once."""
+        """Package, SMT siblings and largest cache domain of ``cpu`` at once (each fact
+        read once, whichever way it was asked for first)."""
         if cpu not in self._cpu:
-            self._cpu[cpu] = self.source.cpu_info(cpu)
+            self._cpu[cpu] = CpuInfo(
+                cpu=cpu,
+                package=self.package_of(cpu),
+                siblings=self.siblings_of(cpu),
+                cache=self.cache_of(cpu),
+            )
         return self._cpu[cpu]
 
     def package_of(self, cpu: int) -> int | None:

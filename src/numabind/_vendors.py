@@ -45,6 +45,7 @@ class Vendor(Record):
     uuid_prefix: str  # written before that attribute's value to form the list token
     driver_dir: str | None  # the driver's per-GPU directory (reachable GPUs, UUIDs, memory node)
     runtime: str | None  # optional Python module that answers what files cannot
+    hwloc_uuid_key: str | None = None  # the OS device info an hwloc XML export names it by
 
     def is_compute(self, device_id: int | None, pci_class: int | None) -> bool:
         """Whether a PCI function of this vendor is a compute device.
@@ -77,6 +78,7 @@ NVIDIA = Vendor(
     uuid_prefix="",
     driver_dir="/proc/driver/nvidia/gpus",
     runtime="pynvml",
+    hwloc_uuid_key="NVIDIAUUID",
 )
 AMD = Vendor(
     key="amd",
@@ -102,6 +104,7 @@ AMD = Vendor(
     uuid_prefix="GPU-",
     driver_dir=None,
     runtime=None,
+    hwloc_uuid_key="AMDUUID",
 )
 INTEL = Vendor(
     key="intel",
@@ -120,6 +123,7 @@ INTEL = Vendor(
 VENDORS: tuple[Vendor, ...] = (NVIDIA, AMD, INTEL)  # also the order tried with no variable
 BY_KEY = {v.key: v for v in VENDORS}
 BY_PCI = {v.pci_vendor: v for v in VENDORS}
+HWLOC_UUID_KEYS: tuple[str, ...] = tuple(v.hwloc_uuid_key for v in VENDORS if v.hwloc_uuid_key)
 VISIBILITY_VARIABLES: tuple[str, ...] = tuple(
     dict.fromkeys(vis.variable for v in VENDORS for vis in v.visibility)
 )

@@ -252,16 +252,15 @@ def _show(args: argparse.Namespace) -> int:
         folder = os.path.dirname(os.path.abspath(args.svg))
         if not args.svg or not os.path.isdir(folder):
             raise UsageError(f"numabind show: --svg {args.svg!r}: no such folder {folder!r}")
-    capture = None
     if args.input is not None:
-        from ._capture import open_capture
+        from ._topology import Machine
 
         try:
-            capture = open_capture(args.input)
+            machine = Machine.from_capture(args.input)
         except CaptureError as err:
             raise UsageError(f"numabind show: {err}") from err
-        machine = capture.machine
-        environ: Any = capture.environ if capture.environ is not None else os.environ
+        recorded = machine.recorded_environ
+        environ: Any = recorded if recorded is not None else os.environ
     else:
         from ._topology import Machine
 
@@ -299,7 +298,7 @@ def _show(args: argparse.Namespace) -> int:
             sys.stdout.write(show_text(machine, visible, plans, source, mode, memory))
             if this is not None:
                 sys.stdout.write(f"\nThis process (pid {os.getpid()}): {this['summary']}\n")
-    except OSError as err:
+    except (OSError, CaptureError) as err:
         raise UsageError(f"numabind show: {err}") from err
     finally:
         machine.close()
