@@ -66,7 +66,7 @@ def alloc():
     keep.append(b"\x02" * ((MB // 20) << 20))
 ts = [threading.Thread(target=alloc) for _ in range(4)]
 [t.start() for t in ts]; [t.join() for t in ts]
-from numabind._procmaps import pages_per_node, private_anon_regions
+from numabind._kernel import pages_per_node, private_anon_regions
 print("RESULT " + json.dumps(pages_per_node(private_anon_regions())))
 """
 

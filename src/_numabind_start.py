@@ -1,16 +1,18 @@
 """The startup entry: ``start()`` decides, from the environment alone, whether numabind
 has anything to do in this interpreter, and only then imports the numabind package.
 
-Called by the ``.pth`` line (which has already seen a trigger variable, with the cheapest
-test Python offers: one dictionary intersection, compiled at every start of every
-interpreter), by PEP 829's ``_numabind_hook.start`` (Python 3.15+, which has not) and by
-the ``sitecustomize`` form.  Kept top-level and tiny; it must never raise.
+The one start path of all three hook forms: the ``.pth`` line (which has already seen a
+trigger variable, with the cheapest test Python offers: one dictionary intersection,
+compiled at every start of every interpreter), PEP 829's ``_numabind_hook.start`` (Python
+3.15+, which has not) and the ``sitecustomize`` form.  ``NUMABIND=0``/``off`` is checked
+here, before anything of numabind is imported.  Kept top-level and tiny; it must never
+raise.
 """
 
 import os
 
-# the rank variables of numabind._ranks.RANK_VARIABLES, then the framework switches; the
-# .pth line spells the same list (a test keeps the three in step)
+# numabind._environ.TRIGGER_VARIABLES: the rank variables of numabind._model's table, then
+# the framework switches; the .pth line spells the same list (a test keeps the three in step)
 TRIGGERS = (
     "LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -21,6 +23,17 @@ TRIGGERS = (
     "NUMABIND_TORCH",
     "NUMABIND_RAY",
 )
+# the one line a hook that cannot load says (the .pth and sitecustomize carry the same text
+# for when this module itself cannot be imported; a test keeps them in step)
+FAILED = "numabind: startup hook failed to load (%r); this process runs unbound\n"
+
+
+def failed(err: BaseException) -> None:
+    """Say that the hook could not load, in one write(2) whose errors are ignored."""
+    try:
+        os.write(2, (FAILED % (err,)).encode("utf-8", "replace"))
+    except Exception:
+        pass
 
 
 def start() -> None:
@@ -34,8 +47,4 @@ def start() -> None:
 
         _startup.run()
     except Exception as err:
-        try:
-            line = f"startup hook failed to load ({err!r}); this process runs unbound"
-            os.write(2, f"numabind: {line}\n".encode("utf-8", "replace"))
-        except Exception:
-            pass
+        failed(err)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from numabind import _registry, _registry_read
-from numabind._bind import bind, entry_of
-from numabind._binding import Binding
-from numabind._check import parse_policy
-from numabind._model import Accelerator
+from numabind import _kernel, _registry
+from numabind._apply import Binding, enter
+from numabind._environ import Config
+from numabind._model import Accelerator, parse_numa_maps_policy
 from numabind._plan import Plan
+from numabind._sysfs import parse_nodelist
 from support import clean_env
 
 
@@ -33,7 +33,8 @@ from support import clean_env
     ],
 )
 def test_numa_maps_policy_field(line: str, expected: tuple[str, frozenset[int]]) -> None:
-    assert parse_policy(line.split()) == expected
+    name, nodes = parse_numa_maps_policy(line.split())
+    assert (name, parse_nodelist(nodes)) == expected
 
 
 def _plan() -> Plan:
@@ -55,20 +56,20 @@ def _plan() -> Plan:
 
 def test_registry_round_trip_and_pruning(tmp_path: Path) -> None:
     env = {"NUMABIND_REGISTRY": str(tmp_path)}
-    path, why = _registry.register(entry_of(Binding(_plan())), env)
+    path, why = _registry.register(Binding(_plan()).entry(), env)
     me = os.getpid()
     assert why is None and path == f"{tmp_path}/numabind-{os.geteuid()}/{me}"
     d = tmp_path / f"numabind-{os.geteuid()}"
     assert d.stat().st_mode & 0o777 == 0o700, "a private per-user directory"
     assert oct((d / str(me)).stat().st_mode & 0o777) == "0o600"
-    entry = _registry_read.read(me, env)
-    assert entry is not None and entry["cpus"] == "2-3" and entry["device"] == "0000:41:00.0"
-    assert _registry_read.registered_pids(env) == [me]
+    entry = _registry.read(me, env)
+    assert entry is not None and entry.cpus == {2, 3} and entry.device == "0000:41:00.0"
+    assert _registry.registered_pids(env) == [me]
     # a dead or reused pid is stale: pruned on read, and counted
     (d / "999999").write_text("pid=999999\nstart=1\n")
     stale = d / str(os.getppid())
     stale.write_text(f"pid={os.getppid()}\nstart=12\n")  # not its start time: pid reused
-    scan = _registry_read.scan(env, all_users=True)
+    scan = _registry.scan(env, all_users=True)
     assert list(scan.entries) == [me]
     assert not stale.exists() and not (d / "999999").exists()
     assert scan.ignored.get("stale", 0) + scan.ignored.get("malformed", 0) == 2
@@ -78,7 +79,8 @@ def test_registry_round_trip_and_pruning(tmp_path: Path) -> None:
 
 def test_unbound_plans_are_not_registered(tmp_path: Path) -> None:
     skipped = Plan(local_rank=0, rank_source="LOCAL_RANK", reason="one node")
-    b = bind(skipped, None, environ={"NUMABIND_REGISTRY": str(tmp_path)})
+    env = {"NUMABIND_REGISTRY": str(tmp_path)}
+    b = enter(skipped, None, Config.from_env(env), environ=env, report=False)
     assert b.registered is None and not (tmp_path / f"numabind-{os.geteuid()}").exists()
 
 
@@ -110,7 +112,7 @@ def test_check_vanished_pid_exits_3() -> None:
 def test_check_zombie_is_vanished_not_ok() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.time() + 30
-    while _registry.process_state(child.pid) != "Z" and time.time() < deadline:
+    while _kernel.process_state(child.pid) != "Z" and time.time() < deadline:
         time.sleep(0.05)
     try:
         p = run_check("--pid", str(child.pid), "--json")
@@ -137,8 +139,8 @@ def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:
     """NUMA balancing unmaps pages for hinting faults and move_pages answers EFAULT for
     them (Linux 6.1, measured in the VM): those must still count as shared, on the nodes
     numa_maps gives their region, not turn into "own pages left remote"."""
-    from numabind._check import _apportion, _place_shared
-    from numabind._procmaps import Region
+    from numabind._kernel import Region
+    from numabind.cli._check import _apportion, _place_shared
 
     page = 4096
     a = Region(
@@ -162,9 +164,10 @@ def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:
     out = _place_shared([b, a], addrs, where)
     # a: 10 seen on node 0 + 90 unseen, all of the region on node 0; b: 5 seen on node 1,
     # 15 unseen split over b's other pages (node 0: 10, node 1: 35) -> 3 and 12
-    assert out["nodes"] == {0: 103, 1: 17}
-    assert "105 pages placed from numa_maps" in out["how"]
-    assert _place_shared([a], addrs[:100], [0] * 100) == {"nodes": {0: 100}, "how": "pagemap"}
+    assert out.nodes == {0: 103, 1: 17} and out.pages == 120
+    assert "105 pages placed from numa_maps" in out.how
+    whole = _place_shared([a], addrs[:100], [0] * 100)
+    assert (whole.nodes, whole.how) == ({0: 100}, "pagemap")
     assert _apportion(7, {0: 10, 1: 10}) in ({0: 4, 1: 3}, {0: 3, 1: 4})
     assert _apportion(9, {0: 2}) == {0: 2}  # never more than numa_maps counts
     assert _apportion(3, {}) == {}
@@ -173,8 +176,8 @@ def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:
 def test_fork_child_shared_pages_found_on_a_real_process() -> None:
     """pagemap's exclusive bit on this machine's kernel: a child's inherited 20 MB buffer is
     reported shared (and where), its own 8 MB is not."""
-    from numabind._check import _shared
-    from numabind._procmaps import pages_per_node, private_anon_regions
+    from numabind._kernel import pages_per_node, private_anon_regions
+    from numabind.cli._check import _shared
 
     code = (
         "import os, sys\n"
@@ -207,6 +210,6 @@ def test_fork_child_shared_pages_found_on_a_real_process() -> None:
         assert p.stdin is not None
         p.stdin.close()
         p.wait(timeout=30)
-    assert shared["how"].startswith("pagemap"), shared
-    count = sum(shared["nodes"].values())
+    assert shared.how.startswith("pagemap"), shared
+    count = sum(shared.nodes.values())
     assert 5120 <= count < total - 2048, (count, total)  # the buffer, not the child's own

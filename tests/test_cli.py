@@ -176,16 +176,19 @@ def test_help_describes_everything(capsys: pytest.CaptureFixture[str]) -> None:
         "run",
         "check",
         "exclusive",
-        "core-complex",
-        "interleave",
+        "NUMABIND_MODE",
+        "NUMABIND_SYSROOT",
         "exit status",
     ):
         assert word in out, word
+    rc, out, _ = run_main(capsys, "show", "--help")
+    assert "core-complex" in out and "interleave" in out
     for sub in ("show", "gather", "run", "check"):
         rc, out, _ = run_main(capsys, sub, "--help")
         assert rc == 0 and "usage: numabind " + sub in out
     rc, out, _ = run_main(capsys, "check", "--help")
-    assert "3  check --pid" in out and "--all" in out
+    assert "3   check --pid" in out and "--all" in out and "--deadline" in out
+    assert "interleave" not in out, "check takes no memory policy: its help lists none"
 
 
 def test_gather_to_stdout(
@@ -219,8 +222,11 @@ def test_gather_replaces_a_planted_link(
     out = tmp_path / "cap.tar.gz"
     out.symlink_to(victim)
     rc, _, err = run_main(capsys, "gather", str(out))
+    assert rc == 2 and "exists; --force replaces it" in err, "checked before any work"
+    assert victim.read_text() == "precious" and out.is_symlink()
+    rc, _, err = run_main(capsys, "gather", "--force", str(out))
     assert rc == 0, err
-    assert victim.read_text() == "precious" and not out.is_symlink()
+    assert victim.read_text() == "precious" and not out.is_symlink(), "replaced, not followed"
 
 
 def test_show_names_the_capture_given(capsys: pytest.CaptureFixture[str], hwloc_dir: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from numabind._existing import assess, decide, launcher_default
+from numabind._apply import assess, decide, launcher_default
 
 ALL = frozenset(range(8))
 NODE1 = frozenset(range(4, 8))

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import synth
 from numabind._devices import resolve
-from numabind._plan import MEMORY_POLICIES, MODES, Plan, Request, plan
+from numabind._model import MODE_NAMES as MODES
+from numabind._plan import MEMORY_POLICIES, Plan, Request, plan
 from numabind._topology import Machine
 
 MakeMachine = Callable[[synth.Spec], Machine]

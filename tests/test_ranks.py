@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from numabind._ranks import detect, launcher_of
+from numabind._environ import detect, launcher_of
 
 
 @pytest.mark.parametrize(

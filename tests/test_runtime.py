@@ -311,18 +311,29 @@ print(json.dumps(after))
 
 
 def test_registry_thread_env_reads_back_what_was_written_and_nothing_else() -> None:
-    from numabind._check import _thread_settings
+    from numabind._registry import Entry
     from numabind._threads import ThreadSettings
+    from numabind.cli._check import _thread_settings
 
     s = ThreadSettings(3)
     s.set = {"OMP_NUM_THREADS": ("1", "torchrun"), "MKL_NUM_THREADS": (None, "unset")}
     s.kept = {"OPENBLAS_NUM_THREADS": "7"}
-    fields = s.registry_fields()
     want = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "7"}
-    assert ThreadSettings.from_registry(fields["thread_env"]) == want
+    entry = Entry(pid=1, start="1", thread_env=s.registry_env())
+    back = Entry.parse(entry.encode())
+    assert back is not None and dict(back.thread_env) == want
     # check reads the entry, not the process's initial environment (pid 1 here)
-    assert _thread_settings(1, None, fields) == want
-    # an entry is input: unknown names, non-numbers, huge values, floods are dropped
-    hostile = "LD_PRELOAD:x,OMP_NUM_THREADS:-1,MKL_NUM_THREADS:9999999,BLIS_NUM_THREADS:²"
-    assert ThreadSettings.from_registry(hostile) == {}
-    assert ThreadSettings.from_registry("OMP_NUM_THREADS:2," * 100_000) == {"OMP_NUM_THREADS": "2"}
+    assert _thread_settings(1, None, back) == want
+    # an entry is input: non-numbers and huge values refuse the whole entry; names it does
+    # not know are kept out of what check reports
+    base = b"pid=1\nstart=1\nthread_env="
+    for hostile in (
+        b"OMP_NUM_THREADS:-1",
+        b"MKL_NUM_THREADS:9999999",
+        b"BLIS_NUM_THREADS:\xc2\xb2",
+    ):
+        assert Entry.parse(base + hostile + b"\n") is None, hostile
+    odd = Entry.parse(base + b"LD_PRELOAD:1,OMP_NUM_THREADS:2\n")
+    assert odd is not None and _thread_settings(1, None, odd) == {"OMP_NUM_THREADS": "2"}
+    flood = Entry.parse(base + b"OMP_NUM_THREADS:2," * 100_000 + b"\n")
+    assert flood is None, "more than an entry holds: not read"

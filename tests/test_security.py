@@ -160,15 +160,17 @@ def test_registry_refuses_a_loose_base(tmp_path: Path) -> None:
 
 
 def test_registry_entry_bounds(tmp_path: Path) -> None:
-    from numabind._registry_read import parse_entry
+    from numabind._registry import Entry
 
+    parse_entry = Entry.parse
     assert parse_entry(b"pid=12\nstart=3\ncpus=0-3\nmemory_policy=bind\n") is not None
-    assert parse_entry(b"pid=12\ncpus=0-99999999\n") is None
-    assert parse_entry(b"pid=12\nlocal_rank=\xb2\n") is None
-    assert parse_entry(b"pid=12\nmemory_policy=everything\n") is None
-    assert parse_entry(b"pid=12\npid=13\n") is None, "a key given twice"
+    assert parse_entry(b"pid=12\nstart=3\ncpus=0-99999999\n") is None
+    assert parse_entry(b"pid=12\nstart=3\nlocal_rank=\xb2\n") is None
+    assert parse_entry(b"pid=12\nstart=3\nmemory_policy=everything\n") is None
+    assert parse_entry(b"pid=12\npid=13\nstart=3\n") is None, "a key given twice"
     assert parse_entry(b"\xff\xfe") is None
-    assert parse_entry(b"pid=12\nfuture_field=1\n") is not None, "newer fields are ignored"
+    assert parse_entry(b"pid=12\n") is None, "no start time: no identity"
+    assert parse_entry(b"pid=12\nstart=3\nfuture_field=1\n") is not None, "newer fields"
 
 
 # --- captures ----------------------------------------------------------------------------------
@@ -446,11 +448,10 @@ VARIABLES = [
 @example(env={"SLURM_STEP_GPUS": "0", "CUDA_VISIBLE_DEVICES": "٣,²"})
 def test_environment_parsers_never_raise(env: dict[str, str]) -> None:
     """In-process: detection, devices, config and the plan on a DGX for any environment."""
-    from numabind._config import config_from_env
     from numabind._devices import resolve
+    from numabind._environ import config_from_env, detect
     from numabind._errors import ConfigError
     from numabind._plan import plan, request_for
-    from numabind._ranks import detect
 
     env = {k: v.replace("\0", "") for k, v in env.items()}
     info = detect(env)

@@ -14,9 +14,9 @@ import pytest
 
 import synth
 from numabind._plan import device_node
-from numabind._show import plans_for
-from numabind._svg import DISALLOWED, PALETTE, render, text_width
 from numabind._topology import Machine
+from numabind.cli._show import plans_for
+from numabind.cli._svg import DISALLOWED, PALETTE, render, text_width
 
 NS = "{http://www.w3.org/2000/svg}"
 HWLOC = Path(__file__).resolve().parent / "data" / "hwloc"

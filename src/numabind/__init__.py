@@ -12,7 +12,7 @@ __version__ = "0.2.0"  # the one place the version lives (hatch reads it here)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._api import State, apply, current, numa_bound, plan_for
-    from ._binding import Binding
+    from ._apply import Binding
     from ._children import child_binding, spawn
     from ._errors import (
         BindingError,
@@ -53,7 +53,7 @@ _LAZY = {
     "numa_bound": "_api",
     "plan_for": "_api",
     "State": "_api",
-    "Binding": "_binding",
+    "Binding": "_apply",
     "child_binding": "_children",
     "spawn": "_children",
     "BindingError": "_errors",

@@ -18,19 +18,16 @@ import os
 import sys
 
 from . import _kernel
-from ._bind import bind
-from ._binding import Binding
-from ._config import config_from_env, sysroot
-from ._devices import Visible, resolve
+from ._apply import Binding, enter
+from ._devices import find_device, resolve
+from ._environ import MAX_LOCAL, Config, RankInfo, detect
 from ._errors import ConfigError
-from ._model import Record
-from ._modes import MODE_NAMES
-from ._output import report
-from ._plan import MEMORY_POLICIES, Plan, plan, request_for
-from ._procmaps import locality, pages_per_node, private_anon_regions
-from ._ranks import MAX_LOCAL, RankInfo, detect
-from ._sysfs import normalize_pci
+from ._kernel import locality, pages_per_node, private_anon_regions
+from ._model import MODE_NAMES, USER_POLICIES, Record
+from ._plan import Plan, plan, request_for
 from ._topology import Machine
+
+MEMORY_POLICIES = USER_POLICIES
 
 TYPE_CHECKING = False
 if not TYPE_CHECKING:  # typing.overload without importing typing (~4 ms) at run time
@@ -42,6 +39,8 @@ if not TYPE_CHECKING:  # typing.overload without importing typing (~4 ms) at run
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, TypeVar, overload
+
+    from ._model import Accelerator
 
     F = TypeVar("F", bound="Callable[..., Any]")
 
@@ -108,8 +107,22 @@ def plan_for(
     mode = _check_choice("mode", mode, MODE_NAMES)
     memory = _check_choice("memory", memory, MEMORY_POLICIES)
     env = os.environ if environ is None else environ
-    cfg = config_from_env(env)
-    m = machine if machine is not None else Machine.from_root(sysroot(env))
+    cfg = Config.from_env(env)
+    m = machine if machine is not None else Machine.from_root(cfg.sysroot)
+    return _plan(m, env, cfg, local_rank, device, mode, memory, local_world_size)
+
+
+def _plan(
+    m: Machine,
+    env: Mapping[str, str],
+    cfg: Config,
+    local_rank: int | None,
+    device: int | str | Accelerator | None,
+    mode: str | None,
+    memory: str | None,
+    local_world_size: int | None,
+    source: str = "device argument",
+) -> Plan:
     if local_rank is not None:
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
@@ -124,38 +137,18 @@ def plan_for(
         if local_world_size is not None:
             info = info.replace(local_world_size=local_world_size, size_source="argument")
     visible = resolve(m, env)
+    chosen: Accelerator | None = None
     if device is not None:
-        visible = _pick(visible, device, m)
-        if visible.problem is None and info.local_rank is None:
-            info = RankInfo(local_rank=0, local_world_size=1, rank_source="device argument")
+        if isinstance(device, (int, str)):
+            chosen, why = find_device(device, visible, m)
+            if chosen is None:
+                visible = visible.replace(devices=(), problem=why)
+        else:
+            chosen = device
+        if chosen is not None and info.local_rank is None:
+            info = RankInfo(rank_source=source)
     request = request_for(info, visible, mode or cfg.mode, memory or cfg.memory)
-    return plan(m, request)
-
-
-def _pick(visible: Visible, device: int | str, machine: Machine) -> Visible:
-    devs = visible.devices
-    if isinstance(device, int):
-        if 0 <= device < len(devs):
-            return Visible(
-                devices=(devs[device],), vendor=visible.vendor, source=f"device={device}"
-            )
-        return Visible(
-            devices=(),
-            vendor=visible.vendor,
-            source=f"device={device}",
-            problem=f"device index {device} is not visible ({len(devs)} are)",
-        )
-    pci = normalize_pci(device)
-    want = device.strip().lower()
-    for acc in (*devs, *machine.accelerators):
-        if acc.pci == pci or (acc.uuid and acc.uuid.lower().startswith(want)):
-            return Visible(devices=(acc,), vendor=acc.vendor, source=f"device={device}")
-    return Visible(
-        devices=(),
-        vendor=visible.vendor,
-        source=f"device={device}",
-        problem=f"no accelerator {device!r} on this machine",
-    )
+    return plan(m, request.replace(device=chosen))
 
 
 def apply(
@@ -190,41 +183,60 @@ def apply(
         raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
     if strict is not None and not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool or None, not {type(strict).__name__}")
-    cfg = config_from_env(os.environ)
-    machine = Machine.from_root(sysroot(os.environ))
+    return bind(
+        local_rank,
+        device=_check_device(device),
+        mode=_check_choice("mode", mode, MODE_NAMES),
+        memory=_check_choice("memory", memory, MEMORY_POLICIES),
+        migrate=migrate,
+        strict=strict,
+        local_world_size=_check_count("local_world_size", local_world_size, 1),
+        report=False,
+    )
+
+
+def bind(
+    local_rank: int | None = None,
+    *,
+    device: int | str | Accelerator | None = None,
+    mode: str | None = None,
+    memory: str | None = None,
+    migrate: bool = True,
+    strict: bool | None = None,
+    local_world_size: int | None = None,
+    threads: str | None = "runtime",
+    report: bool = True,
+    prefix: str = "",
+    source: str = "device argument",
+) -> Binding:
+    """Plan this process's binding from ``os.environ`` and enter it through the one
+    protocol (:func:`numabind._apply.enter`); the guards are armed for a binding that
+    took.  What :func:`apply`, the children, torch's device selection, Ray and ``numabind
+    run`` share (``device`` may be a device itself; ``source`` names who chose it)."""
+    local_rank = _check_count("local_rank", local_rank, 0)
+    cfg = Config.from_env(os.environ)
+    machine = Machine.from_root(cfg.sysroot)
     try:
-        p = plan_for(
-            local_rank,
-            device=device,
-            mode=mode,
-            memory=memory,
-            local_world_size=local_world_size,
-            machine=machine,
+        p = _plan(
+            machine, os.environ, cfg, local_rank, device, mode, memory, local_world_size, source
         )
-        binding = bind(
+        binding = enter(
             p,
             machine,
-            enable=cfg.enable,
-            environ=os.environ,
+            cfg,
             migrate=migrate,
-            strict=cfg.strict if strict is None else strict,
+            strict=strict,
+            threads=threads,
+            report=report,
+            prefix=prefix,
         )
     finally:
         machine.close()
-    _apply_threads_late(binding, cfg)
+    if cfg.guard and binding.ok:
+        from ._guard import arm
+
+        arm()
     return binding
-
-
-def _apply_threads_late(binding: Binding, cfg: Any) -> None:
-    """``NUMABIND_THREADS`` on late binding: size the pools already loaded."""
-    if cfg.threads == "off" or not binding.plan.bound:
-        return
-    from ._threads import apply_runtime
-
-    notes, warning = apply_runtime(binding.plan, cfg.threads)
-    binding.notes.extend(notes)
-    if warning:
-        binding.warnings.append(warning)
 
 
 def _rank_from_call(
@@ -292,9 +304,8 @@ def numa_bound(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rank = _rank_from_call(rank_arg, args, kwargs)
-            binding = apply(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
+            binding = bind(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
             wrapper.binding = binding  # type: ignore[attr-defined]
-            report(binding, config_from_env(os.environ).verbose)
             return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

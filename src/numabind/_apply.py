@@ -1,43 +1,562 @@
-"""Apply a :class:`~numabind._plan.Plan` to the running process: the kernel calls.
+"""Applying a :class:`~numabind._plan.Plan` to the running process: the one protocol every
+entry point calls (:func:`enter`), what a binding did (:class:`Binding`), the rule for a
+CPU mask already in place, and the kernel calls.
 
-What "the process" means differs per resource, and the difference is the whole story of
-late binding:
+**The protocol.**  The startup hook, :func:`numabind.apply`, ``@numa_bound``, children
+started by numabind or ``numabind.torch``, device selection, ``numabind run`` and the Ray
+integration all plan, then call :func:`enter`, which runs the same steps:
+
+1. **threads**: size the thread pools to the rank's budget (``NUMABIND_THREADS``):
+   variables before any runtime loads (the hook, ``run``), pools already loaded when
+   binding late;
+2. **bind**: judge the CPU mask already in place and apply the plan under the
+   process-wide lock; in strict mode a failure restores and raises;
+3. **record**: register the process for ``numabind check --all`` (:mod:`numabind._registry`,
+   with the thread settings it was given) and keep the result as the process's *intended
+   binding*, which the guards read;
+4. **report**: one line when the rule says so (:meth:`Binding.report`);
+5. **guard**: the entry point arms the guards for a binding that took
+   (:func:`numabind._guard.arm`).
+
+A plan that skips (one NUMA node, a launcher's own process, a bad variable) stops after
+step 1's check: no kernel layer, no ctypes, no registry is loaded for it.
+
+Bindings nest like ``with`` blocks: one process-wide lock serialises every apply and
+restore, and a restore out of order raises :class:`~numabind.BindingError` instead of
+putting back a state that a later binding replaced; restoring puts the registry back to
+the binding now on top (or removes the entry).
+
+**The rule.**  Launchers bind by default and know nothing of GPUs: Open MPI pins each rank
+to a core (round-robin by socket beyond two ranks, so alternate ranks sit on the wrong
+socket), Slurm's task/affinity pins tasks to cores, and a torchrun agent pinned by ``srun
+-n1`` passes its pin to every worker.  Keeping such a binding is the bug numabind exists to
+fix.  A user's ``numactl``/``taskset`` wrapper, ``mpirun --bind-to``, Slurm's explicit
+``--cpu-bind`` or DeepSpeed's ``--bind_cores_to_rank`` are deliberate choices
+(docs/how-it-works.rst has the rule as a table):
+
+==========================================  =====================  ==================
+current CPU mask                            NUMABIND=auto          respect / force
+==========================================  =====================  ==================
+not narrower than the cgroup allows         apply the plan         apply / apply
+narrower, same as the parent's (inherited)  apply, say so          keep / apply
+narrower, set by a launcher by default      apply, say so          keep / apply
+narrower, deliberate, inside GPU's node     keep CPUs; memory      keep / apply
+                                            policy only if none
+narrower, deliberate, outside GPU's node    apply, say so          keep / apply
+==========================================  =====================  ==================
+
+``force`` applies the plan exactly, even to a mask that already lies inside it.
+
+**The calls.**  What "the process" means differs per resource, and the difference is the
+whole story of late binding:
 
 * CPU affinity is per thread.  Every thread in /proc/self/task whose mask is not already
   inside the plan is rebound; a thread created afterwards inherits its creator's mask.
 * Memory policy is per thread and can only be set by the thread itself: the calling thread
   gets it (and every thread and child it starts later).  Threads that already exist keep
   their own policy; their future allocations are the one gap late binding cannot close.
-* Pages already placed stay where they are unless moved.  With ``migrate`` the private
-  anonymous pages off the plan's nodes are moved in bounded batches (1 GiB of address
-  space per ``mbind`` call: long migrations have stalled processes for minutes
-  elsewhere), and what ``mbind`` leaves behind (pages busy at that instant) is retried
-  page by page with ``move_pages``; what still cannot move is counted by reason.
-
-What was done is a :class:`~numabind._binding.Binding` (its own module, with the lock
-and the stack of bindings in force, and ``restore``).
+* Pages already placed stay where they are unless moved: with ``migrate`` the private
+  anonymous pages off the plan's nodes are moved (:func:`numabind._kernel.migrate_private`)
+  and what could not move is counted by reason.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 
-from . import _kernel, _sysfs
-from ._binding import ACTIVE, LOCK, Binding
-from ._procmaps import anon_pages_outside, pages_per_node, private_anon_regions
+from . import _sysfs
+from ._model import POLICIES, Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._plan import Plan
-    from ._procmaps import Region
+    from collections.abc import Mapping
+    from types import TracebackType
+    from typing import Literal
 
-_BATCH = 1 << 30
-_MOVE_BATCH = 16384  # pages per move_pages call (64 MiB of 4 KiB pages)
-_QUERY_LIMIT = 1 << 22  # pages of address space queried in all (16 GiB of 4 KiB pages)
+    from ._environ import Config
+    from ._plan import Plan
+    from ._registry import Entry
+    from ._topology import Machine
+
+    ExistingAction = Literal["kept", "replaced"]
+    Origin = Literal["none", "launcher", "inherited", "deliberate"]
+    Action = Literal["apply", "keep"]
+
 fmt = _sysfs.format_cpulist
 
-__all__ = ["apply_plan", "set_thread_policy"]
+LOCK = _thread.RLock()
+ACTIVE: list[Binding] = []  # applied and not restored, oldest first
+
+
+# --- what a binding did ------------------------------------------------------------------------
+
+
+class Binding:
+    """What was applied to this process, what was skipped and why; restorable.
+
+    ``str(binding)`` is one readable line.  ``restore()`` (or leaving the ``with`` block)
+    puts back the CPU masks and the calling thread's memory policy seen before; pages that
+    were migrated stay where they went.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.cpus_applied = False
+        self.threads_rebound = 0
+        self.threads_kept = 0
+        self.policy_applied: str | None = None
+        self.policy_nodes: frozenset[int] = frozenset()
+        self.pages_moved = 0
+        self.pages_failed = 0
+        self.not_moved: dict[str, int] = {}  # why -> pages (move_pages' answers)
+        self.errors: list[str] = []
+        self.refused: list[str] = []  # system calls refused with EPERM (seccomp, no caps)
+        self.notes: list[str] = []
+        self.warnings: list[str] = []  # notes the rules promise to say, verbose or not
+        self.existing: str | None = None  # what happened to a CPU binding found in place
+        self.existing_action: ExistingAction | None = None
+        self.registered: str | None = None
+        self.kept_cpus: frozenset[int] | None = None
+        self.thread_env: tuple[tuple[str, str], ...] = ()  # thread variables it was given
+        self._previous_affinity: dict[int, frozenset[int]] = {}
+        self._previous_policy: tuple[str, frozenset[int]] | None = None
+        self._restored = False
+
+    @property
+    def ok(self) -> bool:
+        """The plan was bound and no kernel call failed."""
+        return self.plan.bound and not self.errors
+
+    @property
+    def failed(self) -> bool:
+        """A call failed, or the plan skipped because of bad input or a forbidding machine
+        (a benign skip, such as a one-node machine, is not a failure).  Memory-policy calls
+        refused by a seccomp filter are not a failure: the CPUs are bound and pages first
+        touched on them are local (the refusal is said once, see ``worth_a_line``)."""
+        return bool(self.errors) or (not self.plan.bound and self.plan.problem is not None)
+
+    def worth_a_line(self, verbose: bool) -> bool:
+        """Whether an entry point should print this binding: always for a failure, a
+        replaced CPU mask, a refused call or a warning (the rules promise one line saying
+        so), else only when ``verbose``."""
+        return (
+            self.failed
+            or self.existing_action == "replaced"
+            or bool(self.refused)
+            or bool(self.warnings)
+            or verbose
+        )
+
+    @property
+    def cpus(self) -> frozenset[int]:
+        """The CPUs this process is meant to run on: the plan's, or the mask kept."""
+        if self.existing_action == "kept" and self.kept_cpus:
+            return self.kept_cpus
+        return self.plan.cpus
+
+    def __str__(self) -> str:
+        p = self.plan
+        if not p.bound:
+            return " ".join([p.summary(), *(f"[{w}]" for w in self.warnings)])
+        parts = [p.who() + ":"]
+        if self.cpus_applied:
+            threads = "thread" if self.threads_rebound == 1 else "threads"
+            parts.append(
+                f"CPUs {fmt(p.cpus)} ({self.threads_rebound} {threads} rebound, "
+                f"{self.threads_kept} kept)"
+            )
+        if self.policy_applied:
+            nodes = f" {fmt(self.policy_nodes)}" if self.policy_nodes else ""
+            parts.append(f"memory {self.policy_applied}{nodes}")
+        if self.pages_moved or self.pages_failed:
+            parts.append(f"{self.pages_moved} pages moved, {self.pages_failed} not")
+        parts.append(f"({p.reason})")
+        if self.existing:
+            parts.append(f"[{self.existing}]")
+        for e in self.errors:
+            parts.append(f"[error: {e}]")
+        for n in (*p.notes, *self.notes, *self.warnings):
+            parts.append(f"[{n}]")
+        return " ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<Binding {self}>"
+
+    def report(self, verbose: bool, prefix: str = "") -> None:
+        """The rule for printing a binding, at every entry point: a failure, a replaced
+        CPU mask or a refused call always get their line; anything else only when
+        ``verbose``.  ``prefix`` goes before the line (``torch.cuda.set_device(1): ``)."""
+        if self.worth_a_line(verbose):
+            from ._output import say
+
+            say(prefix + str(self))
+
+    def to_dict(self) -> dict[str, object]:
+        """The binding as JSON-ready data (what ``numabind show`` reports of the hook)."""
+        return {
+            "plan": self.plan.to_dict(),
+            "cpus_applied": self.cpus_applied,
+            "threads_rebound": self.threads_rebound,
+            "policy": self.policy_applied,
+            "policy_nodes": sorted(self.policy_nodes),
+            "pages_moved": self.pages_moved,
+            "pages_failed": self.pages_failed,
+            "not_moved": dict(self.not_moved),
+            "errors": list(self.errors),
+            "refused": list(self.refused),
+            "existing": self.existing,
+            "existing_action": self.existing_action,
+            "registered": self.registered,
+        }
+
+    def entry(self) -> Entry:
+        """The registry entry of this binding: the plan as applied (what ``numabind
+        check`` compares against), with the thread settings it was given."""
+        from ._kernel import start_time
+        from ._model import NOT_PERMITTED
+        from ._registry import Entry
+
+        p = self.plan
+        pid = os.getpid()
+        refused_policy = "set_mempolicy" in self.refused or "get_mempolicy" in self.refused
+        policy = self.policy_applied or (NOT_PERMITTED if refused_policy else p.memory_policy)
+        nodes = (
+            frozenset()
+            if self.refused and not self.policy_applied
+            else (self.policy_nodes or p.memory_nodes)
+        )
+        return Entry(
+            pid=pid,
+            start=start_time(pid) or "0",
+            local_rank=p.local_rank,
+            rank_source=p.rank_source or "",
+            local_world_size=p.local_world_size,
+            device=p.device.pci if p.device else "",
+            device_index=p.device_index,
+            numa_node=p.numa_node,
+            cpus=self.cpus,
+            memory_policy=policy,
+            memory_nodes=nodes,
+            mode=p.mode,
+            reason=p.reason,
+            threads=p.threads,
+            thread_env=self.thread_env,
+        )
+
+    @property
+    def active(self) -> bool:
+        """Applied and not restored yet (the guards and the registry follow it)."""
+        return self in ACTIVE
+
+    def restore(self) -> None:
+        """Put back the CPU masks and the calling thread's memory policy seen before.
+
+        Bindings nest: restoring one while a later binding of this process is still
+        active raises :class:`~numabind.BindingError` (restore the later one first)."""
+        with LOCK:
+            if self._restored:
+                return
+            if self in ACTIVE and ACTIVE[-1] is not self:
+                from ._errors import BindingError
+
+                later = ACTIVE[-1]
+                raise BindingError(
+                    f"restore() out of order: a later binding ({later.plan.summary()}) is "
+                    "still active; restore it first (bindings nest like with-blocks)"
+                )
+            self._restored = True
+            if self in ACTIVE:
+                ACTIVE.remove(self)
+            if self._previous_affinity or self._previous_policy is not None:
+                self._put_back()
+            if self.registered:
+                self._register_top()
+
+    def _put_back(self) -> None:
+        from . import _kernel
+
+        for tid, cpus in self._previous_affinity.items():
+            try:
+                _kernel.set_thread_affinity(tid, cpus)
+            except OSError:
+                pass  # the thread has exited
+        if self._previous_policy is not None:
+            policy, nodes = self._previous_policy
+            try:
+                _kernel.set_mempolicy(policy, nodes)
+            except OSError as err:
+                self.errors.append(str(err))
+
+    @staticmethod
+    def _register_top() -> None:
+        """After a restore the registry describes the binding now on top, or nothing."""
+        from . import _registry
+
+        top = next((x for x in reversed(ACTIVE) if x.registered), None)
+        if top is None:
+            _registry.unregister()
+        else:
+            _registry.register(top.entry())
+
+    def __enter__(self) -> Binding:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+
+def intended_cpus() -> frozenset[int] | None:
+    """The CPUs this process is meant to run on: those of its latest active binding
+    (a kept mask counts as intended), None when numabind has not bound it."""
+    with LOCK:
+        for b in reversed(ACTIVE):
+            if b.cpus_applied or b.existing_action == "kept":
+                return b.cpus
+    return None
+
+
+def enter(
+    plan: Plan,
+    machine: Machine | None,
+    cfg: Config,
+    *,
+    environ: Mapping[str, str] | None = None,
+    migrate: bool = True,
+    strict: bool | None = None,
+    threads: str | None = "runtime",
+    register: bool = True,
+    report: bool = True,
+    prefix: str = "",
+) -> Binding:
+    """The one way into binding (see the module docstring): bind this process as
+    ``plan`` says and return what was done.
+
+    ``machine`` gives the GPU node's CPUs and the cgroup's for the keep/replace rule (None:
+    the plan is applied exactly, as with ``NUMABIND=force``).  ``threads`` is how
+    ``NUMABIND_THREADS`` applies: ``"env"`` (set the variables: nothing is loaded yet),
+    ``"runtime"`` (resize the pools already loaded) or None.  ``strict`` (default:
+    ``cfg.strict``) restores and raises :class:`~numabind.BindingError` on a failure or a
+    refused call; a benign skip (one NUMA node) is never a failure.  ``report`` prints the
+    one line the rules call for, ``prefix`` before it."""
+    env = os.environ if environ is None else environ
+    strict = cfg.strict if strict is None else strict
+    if not plan.bound:
+        b = Binding(plan)
+        b.warnings.extend(cfg.warnings)
+        if strict and b.failed:
+            from ._errors import BindingError
+
+            raise BindingError(plan.summary())
+        if report:
+            b.report(cfg.verbose, prefix)
+        return b
+    settings = None
+    if cfg.threads != "off" and threads == "env":
+        from ._threads import apply_env
+
+        settings = apply_env(plan, cfg.threads, env)
+    with LOCK:
+        b = apply_with_rule(plan, machine, cfg.enable, env, migrate=migrate)
+        if strict and (b.errors or b.refused):
+            what = "; ".join([*b.errors, *(f"{c} refused" for c in b.refused)])
+            b.restore()
+            from ._errors import BindingError
+
+            raise BindingError(plan.summary() + (f": {what}" if what else ""))
+        if cfg.threads != "off" and threads == "runtime":
+            from ._threads import apply_runtime
+
+            settings, notes = apply_runtime(plan, cfg.threads)
+            b.notes.extend(notes)
+        if settings is not None:
+            b.thread_env = settings.registry_env()
+            b.notes.extend(settings.notes(cfg.verbose))
+            if settings.affinity_warning:
+                b.warnings.append(settings.affinity_warning)
+        if register and not b.errors:
+            from . import _registry
+
+            path, why = _registry.register(b.entry(), env)
+            b.registered = path
+            if why and cfg.verbose:
+                b.notes.append(why)
+    b.warnings.extend(cfg.warnings)
+    if cfg.verbose:
+        b.notes.extend(cfg.notes)
+    if report:
+        b.report(cfg.verbose, prefix)
+    return b
+
+
+# --- the rule for a mask already in place ------------------------------------------------------
+
+
+class Existing(Record):
+    """The CPU mask found on the process and what it is judged to be."""
+
+    current: frozenset[int]
+    parent: frozenset[int] | None
+    narrower: bool
+    kind: Origin
+    launcher: str | None = None  # the launcher whose default binding it is
+
+    @property
+    def deliberate(self) -> bool:
+        return self.kind == "deliberate"
+
+    @property
+    def origin(self) -> str:
+        """One phrase: who set the mask."""
+        if self.kind == "launcher":
+            return self.launcher or "a launcher's default binding"
+        if self.kind == "inherited":
+            return "inherited from the parent process"
+        if self.kind == "deliberate":
+            return "set for this process (numactl, taskset or a launcher option)"
+        return "no narrower binding"
+
+
+class Decision(Record):
+    """What to do with the CPU mask in place: ``apply`` the plan or ``keep`` it; whether
+    the memory policy may replace one already set; whether threads whose masks lie inside
+    the plan are rebound anyway; and the line to print, if any."""
+
+    action: Action
+    memory_only_if_default: bool = False
+    rebind_inside: bool = False
+    message: str | None = None
+
+
+def launcher_default(environ: Mapping[str, str]) -> str | None:
+    """Name the launcher whose *automatic* binding this is, or None.
+
+    Open MPI marks a rank it bound with ``OMPI_MCA_orte_bound_at_launch=1``; a binding the
+    user asked for (``--bind-to``) also sets ``OMPI_MCA_hwloc_base_binding_policy``.
+
+    Slurm (22.05, measured with real srun): the default task/affinity binding and an
+    explicit ``--cpu-bind=cores`` (or sockets, threads, ldoms) leave byte-identical task
+    environments, ``SLURM_CPU_BIND_TYPE=mask_cpu:`` with masks Slurm computed itself, always
+    written ``0x...``.  Masks or CPU maps the user typed arrive verbatim (``map_cpu:1,0``,
+    ``mask_cpu:1``).  So ``mask_cpu:`` with only 0x-masks counts as Slurm's automatic,
+    GPU-unaware binding; ``NUMABIND=respect`` keeps it for users who chose it on purpose.
+    """
+    if environ.get("OMPI_MCA_orte_bound_at_launch") == "1" and not environ.get(
+        "OMPI_MCA_hwloc_base_binding_policy"
+    ):
+        return "Open MPI's default core binding"
+    if "SLURM_STEP_ID" in environ and environ.get("SLURM_CPU_BIND_TYPE", "") == "mask_cpu:":
+        text = environ.get("SLURM_CPU_BIND_LIST", "")
+        masks = [m for m in text.split(",", 8192)[:8192] if m] if len(text) < 1 << 17 else []
+        if masks and all(m.lower().startswith("0x") for m in masks):
+            return "Slurm's automatic task/affinity binding"
+    return None
+
+
+def assess(
+    current: frozenset[int],
+    allowed: frozenset[int],
+    parent: frozenset[int] | None,
+    environ: Mapping[str, str],
+) -> Existing:
+    narrower = bool(current) and not (allowed <= current)
+    if not narrower:
+        return Existing(current=current, parent=parent, narrower=False, kind="none")
+    launcher = launcher_default(environ)
+    if launcher is not None:
+        return Existing(
+            current=current, parent=parent, narrower=True, kind="launcher", launcher=launcher
+        )
+    if parent is not None and parent == current:
+        return Existing(current=current, parent=parent, narrower=True, kind="inherited")
+    return Existing(current=current, parent=parent, narrower=True, kind="deliberate")
+
+
+def decide(
+    existing: Existing,
+    plan_cpus: frozenset[int],
+    node_cpus: frozenset[int] | None,
+    enable: str,
+) -> Decision:
+    """Apply the rule above.  ``node_cpus`` are the GPU's node's CPUs (None: unknown)."""
+    if enable == "force":
+        return Decision(action="apply", rebind_inside=True)  # the plan, exactly
+    if not existing.narrower or existing.current == plan_cpus:
+        return Decision(action="apply")  # nothing in place, or already the plan
+    if enable == "respect":
+        return Decision(action="keep", memory_only_if_default=True)
+    inside = node_cpus is not None and existing.current <= node_cpus
+    if existing.deliberate and inside:
+        return Decision(action="keep", memory_only_if_default=True)
+    where = "outside the GPU's node" if existing.deliberate else existing.origin
+    # a mask judged not to be this process's choice is replaced even where it lies inside
+    # the plan (Open MPI's core pin inside the right node still wastes the node's other cores)
+    return Decision(
+        action="apply",
+        rebind_inside=True,
+        message=f"replaced CPU mask {fmt(existing.current)} ({where}) with {fmt(plan_cpus)}; "
+        "NUMABIND=respect keeps such masks",
+    )
+
+
+def judge(
+    plan_cpus: frozenset[int],
+    node_cpus: frozenset[int] | None,
+    allowed: frozenset[int],
+    enable: str,
+    environ: Mapping[str, str],
+) -> tuple[Existing, Decision]:
+    """Assess this process's current mask against its parent's and decide."""
+    from ._kernel import cpus_allowed
+
+    current = frozenset(os.sched_getaffinity(0))
+    existing = assess(current, allowed, cpus_allowed(os.getppid()), environ)
+    return existing, decide(existing, plan_cpus, node_cpus, enable)
+
+
+def apply_with_rule(
+    plan: Plan,
+    machine: Machine | None,
+    enable: str,
+    environ: Mapping[str, str],
+    *,
+    migrate: bool = True,
+    all_threads: bool = True,
+) -> Binding:
+    """Judge the mask in place (``machine`` None: apply the plan exactly, as ``force``)
+    and apply ``plan`` accordingly; the caller holds the lock."""
+    node = machine.node(plan.numa_node) if machine and plan.numa_node is not None else None
+    existing, decision = judge(
+        plan.cpus,
+        node.cpus if node is not None else None,
+        machine.allowed.cpus if machine is not None else frozenset(),
+        enable if machine is not None else "force",
+        environ,
+    )
+    keep: str | None = None
+    if decision.action == "keep":
+        why = "NUMABIND=respect" if enable == "respect" else existing.origin
+        keep = f"kept CPU mask {fmt(existing.current)} ({why})"
+    b = apply_plan(
+        plan,
+        migrate=migrate,
+        all_threads=all_threads,
+        keep_cpus=keep,
+        keep_policy=decision.memory_only_if_default,
+        rebind_inside=decision.rebind_inside,
+    )
+    if decision.message and b.existing is None and b.cpus_applied and b.threads_rebound:
+        b.existing, b.existing_action = decision.message, "replaced"
+    return b
+
+
+# --- the kernel calls --------------------------------------------------------------------------
 
 
 def apply_plan(
@@ -77,6 +596,8 @@ def apply_plan(
 
 
 def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_inside: bool) -> None:
+    from . import _kernel
+
     tids = _kernel.thread_ids() if all_threads else [0]
     self_tid = getattr(os, "gettid", lambda: os.getpid())()
     for tid in tids:
@@ -113,15 +634,17 @@ _RESTORE_HINT = (
 )
 
 
-def _refused(b: Binding, err: OSError, what: str) -> bool:
-    """An EPERM from a memory-policy call: a seccomp filter or missing CAP_SYS_NICE.
-    Recorded once as a note (never an error: the CPUs are bound and pages first touched
-    on them are local anyway)."""
-    if err.errno != errno.EPERM:
-        return False
-    from ._errors import KernelError
-
-    call = err.call if isinstance(err, KernelError) else what
+def _refused(b: Binding, refusal: OSError | str, what: str = "") -> bool:
+    """An EPERM from a memory-policy call (``refusal``: the error, or the name of a call
+    already known to be refused): a seccomp filter or missing CAP_SYS_NICE.  Recorded once
+    as a note (never an error: the CPUs are bound and pages first touched on them are
+    local anyway)."""
+    if isinstance(refusal, str):
+        call = refusal
+    else:
+        if refusal.errno != errno.EPERM:
+            return False
+        call = getattr(refusal, "call", None) or what
     if call not in b.refused:
         b.refused.append(call)
         b.notes.append(
@@ -133,28 +656,34 @@ def _refused(b: Binding, err: OSError, what: str) -> bool:
 
 def set_thread_policy(plan: Plan) -> tuple[str, frozenset[int], str | None]:
     """Set the calling thread's memory policy as ``plan`` says: the one place that knows
-    a kernel without MPOL_PREFERRED_MANY (before 5.15) refuses it with EINVAL, and falls
-    back to preferring the GPU's node.  Returns (policy set, its nodes, a note or None);
-    raises ``OSError`` when the kernel refuses."""
+    a kernel without a policy (MPOL_PREFERRED_MANY before 5.15) refuses it with EINVAL,
+    and falls back as the policy table says (preferring the GPU's node).  Returns (policy
+    set, its nodes, a note or None); raises ``OSError`` when the kernel refuses."""
+    from . import _kernel
+
     policy, nodes = plan.memory_policy, plan.memory_nodes
     if policy == "local":
         nodes = frozenset()
     try:
         _kernel.set_mempolicy(policy, nodes)
     except OSError as err:
-        if policy != "preferred-many" or err.errno != errno.EINVAL:
+        fallback = POLICIES[policy].fallback
+        if fallback is None or err.errno != errno.EINVAL:
             raise
         first = plan.numa_node if plan.numa_node in nodes else min(nodes)
-        _kernel.set_mempolicy("preferred", frozenset({first}))
+        _kernel.set_mempolicy(fallback, frozenset({first}))
         return (
-            "preferred",
+            fallback,
             frozenset({first}),
-            (f"kernel refused MPOL_PREFERRED_MANY: preferring node {first}"),
+            f"kernel refused MPOL_{policy.upper().replace('-', '_')}: "
+            + (f"preferring node {first}" if fallback == "preferred" else f"{fallback} {first}"),
         )
     return policy, nodes, None
 
 
 def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
+    from . import _kernel
+
     try:
         b._previous_policy = _kernel.get_mempolicy()
     except OSError as err:
@@ -177,112 +706,18 @@ def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
 
 
 def _migrate(b: Binding, plan: Plan) -> None:
-    """Move private anonymous pages that lie off the plan's nodes onto them.
+    """Move the private anonymous pages off the plan's nodes onto them, under the policy
+    the table says moves pages for the policy applied."""
+    from ._kernel import migrate_private
 
-    mbind(MPOL_MF_MOVE) walks only the resident pages of a range, so a huge, mostly
-    empty reservation costs little; a second mbind(MPOL_DEFAULT) without a move flag then
-    clears the range policy again, so future allocations follow the thread's policy and a
-    later restore() is not contradicted by leftover range policies.  Pages mbind left
-    (busy at that instant, or mbind refused) get a page-by-page move_pages pass.
-    """
     target = plan.memory_nodes
-    policy = b.policy_applied or "preferred"
-    move_policy = "bind" if policy in ("preferred", "preferred-many", "local") else policy
-    try:
-        if anon_pages_outside(target) == 0:
-            return
-        before = private_anon_regions()
-    except OSError as err:
-        b.notes.append(f"page migration skipped: {err}")
+    move_as = POLICIES[b.policy_applied or "preferred"].migrate_as or "bind"
+    dest = min(target, key=lambda n: (n != plan.numa_node, n))
+    done = migrate_private(target, move_as, dest)
+    if done is None:
         return
-    off_before = sum(c for n, c in pages_per_node(before).items() if n not in target)
-    if off_before == 0:
-        return
-    mbind_refused = False
-    for region in before:
-        if mbind_refused or not any(n not in target for n in region.pages):
-            continue
-        start = region.start
-        while start < region.end:
-            length = min(_BATCH, region.end - start)
-            try:
-                _kernel.mbind(start, length, move_policy, target, _kernel.MPOL_MF_MOVE)
-            except OSError as err:
-                if _refused(b, err, "mbind"):
-                    mbind_refused = True
-                    break
-                if err.errno not in (errno.EFAULT, errno.EIO):  # unmapped meanwhile; busy
-                    b.notes.append(f"migration of {region.name} stopped: {err}")
-                    break
-            finally:
-                if not mbind_refused:
-                    try:
-                        _kernel.mbind(start, length, "default", (), 0)
-                    except OSError:
-                        pass
-            start += length
-    try:
-        after = private_anon_regions()
-    except OSError:
-        return
-    if any(n not in target for r in after for n in r.pages):
-        _move_leftovers(b, after, target)
-        try:
-            after = private_anon_regions()
-        except OSError:
-            return
-    off_after = sum(c for n, c in pages_per_node(after).items() if n not in target)
-    b.pages_failed = off_after
-    b.pages_moved = max(off_before - off_after, 0)
-    if off_after and not b.not_moved:
-        b.not_moved["unknown"] = off_after
-
-
-_WHY = {
-    errno.EACCES: "shared with another process",
-    errno.EBUSY: "busy (locked or under I/O)",
-    errno.EFAULT: "zero page or special mapping",
-    errno.ENOMEM: "target node full",
-    errno.EIO: "not migratable",
-    errno.EINVAL: "not migratable",
-}
-
-
-def _move_leftovers(b: Binding, regions: list[Region], target: frozenset[int]) -> None:
-    """Ask where each page of the regions still holding remote pages lives (move_pages
-    with no nodes) and move the remote ones, in batches; bounded in all by _QUERY_LIMIT."""
-    dest = min(target, key=lambda n: (n != b.plan.numa_node, n))
-    budget = _QUERY_LIMIT
-    for region in regions:
-        if not any(n not in target for n in region.pages):
-            continue
-        page, start, end = region.page_size, region.start, region.end
-        addr = start
-        while addr < end and budget > 0:
-            n = min(_MOVE_BATCH, (end - addr) // page, budget)
-            if n <= 0:
-                break
-            batch = [addr + i * page for i in range(n)]
-            budget -= n
-            addr += n * page
-            try:
-                where = _kernel.move_pages(batch)
-            except OSError as err:
-                if _refused(b, err, "move_pages"):
-                    return
-                b.notes.append(f"move_pages: {err}")
-                return
-            remote = [a for a, w in zip(batch, where) if w >= 0 and w not in target]
-            if not remote:
-                continue
-            try:
-                status = _kernel.move_pages(remote, [dest] * len(remote))
-            except OSError as err:
-                if _refused(b, err, "move_pages"):
-                    return
-                b.notes.append(f"move_pages: {err}")
-                return
-            for s in status:
-                if s < 0:
-                    why = _WHY.get(-s, os.strerror(-s))
-                    b.not_moved[why] = b.not_moved.get(why, 0) + 1
+    b.pages_moved, b.pages_failed = done.moved, done.failed
+    b.not_moved.update(done.not_moved)
+    b.notes.extend(done.notes)
+    for call in done.refused:
+        _refused(b, call)

@@ -1,5 +1,5 @@
-"""Captures of other machines: open one for ``numabind show --input``, write one with
-``numabind gather``.
+"""Captures of other machines, opened for ``numabind show --input`` and
+:meth:`numabind.Machine.from_capture` (``numabind gather`` writes them: numabind.cli._gather).
 
 A capture is a directory mirroring ``/`` (what ``hwloc-gather-topology`` writes), a tarball
 of one, or an hwloc XML export.  ``numabind gather`` also records the rank and device
@@ -14,24 +14,16 @@ environment is only the variables numabind records, each bounded.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import stat
-import time
 
 from . import _sysfs
 from ._errors import CaptureError
-from ._ranks import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES
-from ._roots import DirRoot, Root
-from ._sources import Source, SysfsSource, read_paths
+from ._model import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES, VISIBILITY_VARIABLES
+from ._roots import DirRoot
+from ._sources import Root, Source, SysfsSource
 from ._tarroot import TarRoot, is_tar, read_file
-from ._vendors import VENDORS, VISIBILITY_VARIABLES
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
-    from typing import IO
 
 ENV_FILE = "numabind-env.json"
 ENV_CAP = 1 << 20
@@ -173,108 +165,3 @@ def open_source(path: str) -> Source:
     source = SysfsSource(root)
     source.environ = environ
     return source
-
-
-# --- gather -----------------------------------------------------------------------------
-
-
-def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
-    """The concrete paths of one :func:`~numabind._sources.read_paths` pattern here."""
-    if "{cgroup}" in pattern:
-        if cgroup:
-            yield pattern.replace("{cgroup}", cgroup)
-        return
-    fields: dict[str, tuple[str, str]] = {
-        "{node}": ("/sys/devices/system/node", "node"),
-        "{cpu}": ("/sys/devices/system/cpu", "cpu"),
-        "{bdf}": ("/sys/bus/pci/devices", ""),
-        "{driver}": (VENDORS[0].driver_dir or "", ""),
-    }
-    head, _, rest = pattern.partition("{")
-    if not rest:
-        yield pattern
-        return
-    key = "{" + rest.split("}", 1)[0] + "}"
-    tail = rest.split("}", 1)[1]
-    if key == "{index}":
-        base = head.rstrip("/")
-        for idx in root.listdir(base, 64):
-            if idx.startswith("index"):
-                yield from _expand(root, f"{base}/{idx}{tail}", cgroup)
-        return
-    base, prefix = fields[key]
-    for name in root.listdir(base):
-        if not prefix or (name.startswith(prefix) and name[len(prefix) :].isdigit()):
-            yield from _expand(root, f"{base}/{name}{tail}", cgroup)
-
-
-def gather_paths(root: Root) -> list[str]:
-    """Every file the reader would open on this machine (``read_paths()``, expanded)."""
-    cgroup = SysfsSource(root).allowed(frozenset()).directory
-    out: list[str] = []
-    for pattern in read_paths():
-        out.extend(_expand(root, pattern, cgroup))
-    return list(dict.fromkeys(out))
-
-
-def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
-    import tarfile  # writing what numabind made itself: no input is parsed here
-
-    count = 0
-    prefix = "numabind-capture"
-    now = int(time.time())
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for path in gather_paths(root):
-            text = root.opt(path)
-            if text is None:
-                continue
-            data = (text + "\n").encode()
-            info = tarfile.TarInfo(prefix + path)
-            info.size = len(data)
-            info.mtime = now
-            tar.addfile(info, io.BytesIO(data))
-            count += 1
-        env = {k: environ[k] for k in RECORDED_VARIABLES if k in environ}
-        data = json.dumps({"environ": env}, indent=1, sort_keys=True).encode()
-        info = tarfile.TarInfo(f"{prefix}/{ENV_FILE}")
-        info.size = len(data)
-        info.mtime = now
-        tar.addfile(info, io.BytesIO(data))
-    return count
-
-
-def gather(out_path: str, environ: Mapping[str, str], root_path: str = "/") -> int:
-    """Write a tarball of the files numabind reads, plus the rank/device environment, to
-    ``out_path`` (``-``: standard output).  Returns how many files it holds.
-
-    The file is written under a fresh name in the target's directory (``O_EXCL``, never
-    through a link) and renamed over the target, so a symlink planted at the output path
-    is replaced, not followed."""
-    from ._roots import for_path
-
-    root = for_path(root_path)
-    if out_path == "-":
-        import sys
-
-        buf = io.BytesIO()
-        n = _write_tar(buf, root, environ)
-        sys.stdout.flush()
-        sys.stdout.buffer.write(buf.getvalue())
-        sys.stdout.buffer.flush()
-        return n
-    directory = os.path.dirname(os.path.abspath(out_path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(2, "no such directory", directory)
-    tmp = os.path.join(directory, f".{os.path.basename(out_path)}.{os.urandom(6).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            n = _write_tar(f, root, environ)
-        os.replace(tmp, out_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return n

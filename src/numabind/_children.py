@@ -26,9 +26,7 @@ import os
 import threading
 
 from . import _kernel
-from ._apply import set_thread_policy
-from ._config import config_from_env, sysroot
-from ._output import report, say
+from ._output import say
 from ._plan import Plan
 
 TYPE_CHECKING = False
@@ -42,16 +40,16 @@ if TYPE_CHECKING:
 _lock = threading.Lock()
 _machine: Machine | None = None
 _plans: dict[tuple[Any, ...], Plan] = {}
-_said_forkserver = False
 
 
 def _machine_once() -> Machine:
     global _machine
     with _lock:
         if _machine is None:
+            from ._environ import Config
             from ._topology import Machine
 
-            _machine = Machine.from_root(sysroot(os.environ))
+            _machine = Machine.from_root(Config.from_env().sysroot)
         return _machine
 
 
@@ -106,14 +104,21 @@ def start_helpers_unbound(method: str) -> None:
         forkserver.ensure_running()
 
 
+_said: set[str] = set()
+
+
+def _say_once(key: str, message: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        say(message)
+
+
 def say_forkserver_once() -> None:
-    global _said_forkserver
-    if not _said_forkserver:
-        _said_forkserver = True
-        say(
-            "the forkserver start method forks children from its server, so they cannot "
-            "inherit a binding: each child binds itself on entry and migrates its pages"
-        )
+    _say_once(
+        "forkserver",
+        "the forkserver start method forks children from its server, so they cannot "
+        "inherit a binding: each child binds itself on entry and migrates its pages",
+    )
 
 
 @contextlib.contextmanager
@@ -149,6 +154,8 @@ def child_binding(
     if not p.bound or method == "forkserver":
         yield p
         return
+    from ._apply import set_thread_policy
+
     previous_cpus = frozenset(os.sched_getaffinity(0))
     previous_policy: tuple[str, frozenset[int]] | None = None
     try:
@@ -158,10 +165,17 @@ def child_binding(
                 previous_policy = _kernel.get_mempolicy()
                 set_thread_policy(p)
             except OSError as err:
+                # EPERM, a seccomp filter: the child still starts on its CPUs and binds its
+                # memory itself on entry (where the refusal is said once).  Anything else
+                # (EINVAL: a node outside the cgroup's cpuset.mems) is said here, once per
+                # kind, and the child starts with its CPUs bound, as the hook would do
                 if err.errno != errno.EPERM:
-                    raise
-                # a seccomp filter: the child still starts on its CPUs, and binds its
-                # memory itself on entry (where the refusal is said once)
+                    _say_once(
+                        f"policy-{err.errno}",
+                        f"local rank {local_rank}: {err}; CPUs bound, memory policy left as it is",
+                    )
+                if previous_policy is not None:
+                    _kernel.set_mempolicy(*previous_policy)
                 previous_policy = None
         yield p
     finally:
@@ -170,7 +184,7 @@ def child_binding(
             _kernel.set_mempolicy(*previous_policy)
 
 
-# --- spawn without torch ----------------------------------------------------------------------
+# --- spawn without torch -----------------------------------------------------------------------
 
 
 def child_entry(
@@ -188,9 +202,9 @@ def child_entry(
     os.environ["LOCAL_RANK"] = str(local_rank)
     if local_world_size is not None:
         os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
-    from ._api import apply
+    from ._api import bind
 
-    binding = apply(
+    bind(
         local_rank,
         mode=mode,
         memory=memory,
@@ -198,7 +212,6 @@ def child_entry(
         local_world_size=local_world_size,
         strict=False,
     )
-    report(binding, config_from_env(os.environ).verbose)
     return fn(local_rank, *args)
 
 

@@ -6,7 +6,8 @@ really this process's are the ones the vendor's driver lists (NVIDIA's
 Slurm's device cgroup, those named by SLURM_STEP_GPUS.  The runtime numbers only those,
 in PCI order (CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID, and in the default FASTEST_FIRST
 order too when every GPU is the same model), and the vendor's visibility variables
-(:mod:`numabind._vendors`) then select and reorder them.  Mapping is by PCI address or
+(the vendor table in :mod:`numabind._model`) then select and reorder them.  Mapping is by
+PCI address or
 UUID, never by NVML index, which ignores all of this (TRT-LLM #12985, dask-cuda #671).
 
 The environment is input: a list of any length costs at most one step per reachable
@@ -16,9 +17,18 @@ every message quotes values with ``repr``.
 
 from __future__ import annotations
 
-from ._model import Accelerator, Record
-from ._sysfs import pci_sort_key, short
-from ._vendors import BY_KEY, NVIDIA, VENDORS, Vendor, Visibility, selecting
+from ._model import (
+    BY_KEY,
+    NVIDIA,
+    VENDORS,
+    Accelerator,
+    Record,
+    Vendor,
+    Visibility,
+    selecting,
+    uuid_matches,
+)
+from ._sysfs import normalize_pci, pci_sort_key, short
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -114,8 +124,7 @@ def reachable(
 
 
 def _match_uuid(token: str, devs: tuple[Accelerator, ...]) -> list[Accelerator]:
-    want = token.lower()
-    return [d for d in devs if d.uuid and d.uuid.lower().startswith(want)]
+    return uuid_matches(token, ((d.uuid, d) for d in devs))
 
 
 def _index(token: str, devs: tuple[Accelerator, ...]) -> tuple[Accelerator | None, str | None]:
@@ -149,9 +158,7 @@ def _resolve_token(
     token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | LazyNvml | None, vis: Visibility
 ) -> tuple[Accelerator | None, str | None]:
     """One entry of a visibility list -> (device, why it could not be resolved)."""
-    vendor = (
-        NVIDIA if vis.grammar == "cuda" else BY_KEY["amd" if vis.grammar == "rocm" else "intel"]
-    )
+    vendor = owner_of(vis)
     if len(token) > _TOKEN_CAP:
         return None, f"{short(token)} is not a device"
     if token.isascii() and token.isdigit():
@@ -301,3 +308,30 @@ def _order_notes(
             "CUDA_DEVICE_ORDER=PCI_BUS_ID"
         )
     return tuple(notes)
+
+
+def owner_of(vis: Visibility) -> Vendor:
+    """The vendor whose table row holds ``vis`` (the grammar alone does not say it)."""
+    return next(v for v in VENDORS if vis in v.visibility)
+
+
+def find_device(
+    spec: int | str, visible: Visible, machine: Machine
+) -> tuple[Accelerator | None, str | None]:
+    """The one device ``spec`` names: an index into the visible devices, a PCI address
+    (any spelling: ``0000:3b:00.0``, NVML's ``00000000:3B:00.0``) or a UUID (a prefix that
+    only one device has).  A PCI address or UUID may name a device outside the visible
+    list (an engine driving every GPU).  Returns (device, None) or (None, why not)."""
+    devs = visible.devices
+    if isinstance(spec, int):
+        if 0 <= spec < len(devs):
+            return devs[spec], None
+        return None, f"device index {spec} is not visible ({len(devs)} are)"
+    pci = normalize_pci(spec)
+    pool = tuple(dict.fromkeys((*devs, *machine.accelerators)))
+    found = [a for a in pool if a.pci == pci] if pci is not None else _match_uuid(spec, pool)
+    if len(found) == 1:
+        return found[0], None
+    if len(found) > 1:
+        return None, f"{short(spec)} matches {len(found)} devices (a UUID prefix must be unique)"
+    return None, f"no accelerator {short(spec)} on this machine"

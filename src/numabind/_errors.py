@@ -8,7 +8,6 @@ class survives pickling (a child's failure reaches its parent) and prints as one
 
 from __future__ import annotations
 
-import errno
 import os
 
 TYPE_CHECKING = False
@@ -43,36 +42,19 @@ class UsageError(NumabindError):
     """Bad command-line arguments or an unreadable input: one line, exit status 2."""
 
 
-# What an errno means for the calls numabind makes, said so that a user can act on it.
-_POLICY_MEANINGS = {
-    errno.EPERM: "not permitted: a seccomp filter or container policy forbids memory-policy "
-    "calls (docker: --cap-add SYS_NICE restores set_mempolicy and mbind)",
-    errno.EINVAL: "invalid: a node is offline, memory-less, or outside this process's cpuset.mems",
-    errno.ENOSYS: "not implemented: this kernel was built without NUMA support",
-    errno.ENOMEM: "out of memory in the kernel",
-    errno.EFAULT: "bad address",
-}
-_AFFINITY_MEANINGS = {
-    errno.EINVAL: "invalid: none of these CPUs is online and allowed by this process's "
-    "cgroup cpuset",
-    errno.EPERM: "not permitted: the thread belongs to another user",
-    errno.ESRCH: "no such thread (it exited)",
-}
-
-
 class KernelError(NumabindError, OSError):
     """A failed kernel call, with what was asked.  ``errno`` is the kernel's answer and
-    ``call`` the system call's name; the message says what the errno means for it."""
+    ``call`` the system call's name; the message says what the errno means for that call
+    (the meanings live in the kernel layer's table of system calls)."""
 
-    def __init__(self, call: str, err: int, asked: str) -> None:
-        table = _AFFINITY_MEANINGS if call == "sched_setaffinity" else _POLICY_MEANINGS
-        meaning = table.get(err) or os.strerror(err)
-        super().__init__(err, f"{call}({asked}) failed: {meaning}")
+    def __init__(self, call: str, err: int, asked: str, meaning: str | None = None) -> None:
+        super().__init__(err, f"{call}({asked}) failed: {meaning or os.strerror(err)}")
         self.call = call
         self.asked = asked
+        self.meaning = meaning
 
     def __str__(self) -> str:
         return str(self.strerror)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.call, self.errno, self.asked))
+        return (type(self), (self.call, self.errno, self.asked, self.meaning))

@@ -1,4 +1,5 @@
-"""The guards: put back CPU masks that a library moved off the process's binding.
+"""The guards: put back CPU masks that a library moved off the process's binding; and the
+import hook that arms them.
 
 After a process was bound, ``import torch`` or ``import numpy`` can undo it: libgomp binds
 the importing thread to the first OpenMP place when OMP_PROC_BIND/OMP_PLACES are set
@@ -13,24 +14,36 @@ import guard costs nothing until the first of those imports (an import hook on t
 only); then it checks every thread once.  The ``init_process_group`` guard checks only
 the calling thread: threads NCCL pins on purpose (its proxy threads) are left alone.
 ``NUMABIND_GUARD=0`` turns both off.
+
+The import hook (:func:`after_import`): a finder at the front of ``sys.meta_path`` answers
+only for the watched names, asks the other finders for the real spec and wraps its loader
+so that the callback runs after the module has executed.  Every other import passes
+through with one dict lookup.  :func:`arm` watches torch, numpy and torch's c10d;
+``NUMABIND_TORCH``/``NUMABIND_RAY`` use it to install themselves when the framework is
+imported.  Nothing of the guards themselves runs until one of those imports happens.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-from . import _kernel, _sysfs
+from . import _sysfs
 from ._output import say
-from ._threads import AFFINITY_VARIABLES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
     from typing import Any
 
 _said: set[str] = set()
 
 
 def _cause(what: str) -> str:
+    from ._threads import AFFINITY_VARIABLES
+
     found = [f"{v}={os.environ[v]!r}" for v in AFFINITY_VARIABLES if v in os.environ]
     if found:
         return f"{what} with {', '.join(found)} (the OpenMP runtime binds threads to its places)"
@@ -47,13 +60,15 @@ def _say_once(key: str, message: str) -> None:
 def _expected(expected: frozenset[int] | None) -> frozenset[int] | None:
     if expected is not None:
         return expected
-    from ._bind import intended_cpus
+    from ._apply import intended_cpus
 
     return intended_cpus()
 
 
 def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, frozenset[int]]]:
     """Restore every thread whose mask left the intended CPUs; returns (tid, mask it had)."""
+    from . import _kernel
+
     want = _expected(expected)
     if not want:
         return []
@@ -81,6 +96,8 @@ def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, 
 def check_calling_thread(what: str, before: frozenset[int] | None) -> frozenset[int] | None:
     """After ``what`` ran on this thread: if the thread was on the intended binding before
     and its mask changed, put the mask back.  Returns the mask it had been moved to."""
+    from . import _kernel
+
     want = _expected(None)
     now = _kernel.affinity_of(0)
     if not want or before is None or now is None or now == before or not before <= want:
@@ -106,9 +123,11 @@ def wrap_init_process_group(dist: Any) -> None:
         return
     import functools
 
+    from ._kernel import affinity_of
+
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        before = _kernel.affinity_of(0)
+        before = affinity_of(0)
         try:
             return original(*args, **kwargs)
         finally:
@@ -125,10 +144,102 @@ def guard_c10d(c10d: Any) -> None:
     """After ``torch.distributed.distributed_c10d`` is imported: guard its
     ``init_process_group`` and the name ``torch.distributed`` re-exports."""
     wrap_init_process_group(c10d)
-    import sys
-
     dist = sys.modules.get("torch.distributed")
     current = getattr(dist, "init_process_group", None)
     # torch.distributed re-exports the function: patch the name users call
     if current is not None and not getattr(current, "_numabind_guard", False):
         setattr(dist, "init_process_group", c10d.init_process_group)  # noqa: B010
+
+
+def arm() -> None:
+    """Arm the guards (numabind._guard) for the first import of torch, numpy and torch's
+    c10d; the guard's own module is imported only when one of them is."""
+
+    def guard(what: str) -> Callable[[ModuleType], None]:
+        def run(module: ModuleType) -> None:
+            if what == "c10d":
+                guard_c10d(module)
+            else:
+                check(f"import {what}")
+
+        return run
+
+    for name in ("torch", "numpy"):
+        after_import(name, guard(name))
+    after_import("torch.distributed.distributed_c10d", guard("c10d"))
+
+
+# --- the import hook ---------------------------------------------------------------------------
+
+
+class _Loader:
+    def __init__(self, loader: Any, callbacks: list[Callable[[ModuleType], None]]) -> None:
+        self._loader = loader
+        self._callbacks = callbacks
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        # the real loader goes back on the spec, so reloads and introspection see it
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        module.__loader__ = self._loader
+        for cb in self._callbacks:
+            try:
+                cb(module)
+            except Exception as err:  # a callback must never break the user's import
+                say(f"after importing {module.__name__}: {type(err).__name__}: {err}")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    def __init__(self) -> None:
+        self.watch: dict[str, list[Callable[[ModuleType], None]]] = {}
+        self._busy: set[str] = set()
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        callbacks = self.watch.get(name)
+        if callbacks is None or name in self._busy:
+            return None
+        self._busy.add(name)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.discard(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        del self.watch[name]  # once
+        spec.loader = _Loader(spec.loader, callbacks)  # type: ignore[assignment]
+        return spec
+
+
+_finder: _Finder | None = None
+
+
+def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Call ``callback(module)`` once ``name`` is imported (now, if it already is)."""
+    global _finder
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__spec__", None) is not None:
+        try:
+            callback(module)
+        except Exception as err:
+            say(f"after importing {name}: {type(err).__name__}: {err}")
+        return
+    if _finder is None:
+        _finder = _Finder()
+        sys.meta_path.insert(0, _finder)
+    _finder.watch.setdefault(name, []).append(callback)

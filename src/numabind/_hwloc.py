@@ -27,10 +27,9 @@ from __future__ import annotations
 
 from . import _sysfs
 from ._errors import CaptureError
-from ._model import Accelerator, Allowed, CpuInfo, Node
+from ._model import HWLOC_UUID_KEYS, Accelerator, Allowed, CpuInfo, Node, classify
 from ._sources import Source
 from ._sysfs import normalize_pci, pci_sort_key
-from ._vendors import HWLOC_UUID_KEYS, classify
 
 XML_CAP = 64 << 20
 MAX_DEPTH = 64

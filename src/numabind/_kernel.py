@@ -1,14 +1,25 @@
-"""Kernel calls: CPU affinity and memory policy, without libnuma.
+"""The kernel interface: the system calls numabind makes (one table), and what /proc says
+about a process (one home for every /proc file numabind reads).
 
-glibc does not export the memory-policy calls, and libnuma is missing from many images, so
-they go through ``syscall(2)`` by number, from the already-loaded libc (never
-``ctypes.util.find_library``: ~20 ms, and it may spawn ``ldconfig``).  The ctypes machinery
-is built on first use, only by a process that actually binds, and from the ``_ctypes`` C
-module rather than the ctypes package (see :class:`_CTypes`).
+**System calls.**  glibc does not export the memory-policy calls, and libnuma is missing
+from many images, so they go through ``syscall(2)`` by number, from the already-loaded
+libc (never ``ctypes.util.find_library``: ~20 ms, and it may spawn ``ldconfig``).  Every
+call numabind makes or a container may refuse is a row of :data:`SYSCALLS`: its number
+per architecture, its argument types, and what each errno means *for that call*; the
+kernel layer, the error messages and the seccomp test filter all read that table.  The
+ctypes machinery is built on first use, only by a process that actually binds, from the
+``_ctypes`` C module rather than the ctypes package (see :class:`_CTypes`).
 
 Scope matters here: CPU affinity and memory policy both belong to one *thread*.  A
 policy set here governs the calling thread and the threads and processes it creates
 afterwards (kept across ``execve``); it cannot be set for another thread of the process.
+
+**/proc.**  A process's initial environment, its status, stat, threads, command line,
+memory maps and numa_maps are read here and nowhere else, each bounded: maps and numa_maps
+are parsed as a stream with a per-process cap on bytes and lines (a process with 65,000
+mappings of 4,000-character paths costs the cap, not 516 MiB), and only *private
+anonymous* memory (heap, anonymous mmaps, thread stacks) is ever measured or moved: file
+pages and shared mappings are used by every rank of the machine.
 """
 
 from __future__ import annotations
@@ -16,49 +27,124 @@ from __future__ import annotations
 import errno
 import os
 
+from . import _sysfs
+from ._model import POLICIES, POLICY_BY_CODE, Record, parse_numa_maps_policy
 from ._sysfs import MAX_NODES, format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
     from typing import Any
 
     from ._errors import KernelError
 
-MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED_MANY = range(6)
+# --- the system calls, one table ---------------------------------------------------------------
+
+
+class Syscall(Record):
+    """One system call: its number on each architecture (Linux's own tables), its
+    arguments as ctypes kinds (``l`` long, ``L`` unsigned long, ``i`` int, ``I`` unsigned
+    int, ``P`` pointer), and what each errno means for it, said so a user can act."""
+
+    name: str
+    numbers: tuple[tuple[str, int], ...]
+    args: tuple[str, ...]
+    meanings: tuple[tuple[int, str], ...]
+    policy: bool = True  # a memory-policy call (what a container's seccomp profile refuses)
+
+    def number(self, machine: str) -> int | None:
+        return dict(self.numbers).get(machine)
+
+    def meaning(self, err: int) -> str:
+        return dict(self.meanings).get(err) or os.strerror(err)
+
+
+_POLICY_MEANINGS = (
+    (
+        errno.EPERM,
+        "not permitted: a seccomp filter or container policy forbids memory-policy calls "
+        "(docker: --cap-add SYS_NICE restores set_mempolicy and mbind)",
+    ),
+    (
+        errno.EINVAL,
+        "invalid: a node is offline, memory-less, or outside this process's cpuset.mems",
+    ),
+    (errno.ENOSYS, "not implemented: this kernel was built without NUMA support"),
+    (errno.ENOMEM, "out of memory in the kernel"),
+    (errno.EFAULT, "bad address"),
+)
+SYSCALLS: tuple[Syscall, ...] = (
+    Syscall(
+        name="mbind",
+        numbers=(("x86_64", 237), ("aarch64", 235)),
+        args=("P", "L", "i", "P", "L", "I"),
+        meanings=_POLICY_MEANINGS,
+    ),
+    Syscall(
+        name="set_mempolicy",
+        numbers=(("x86_64", 238), ("aarch64", 237)),
+        args=("i", "P", "L"),
+        meanings=_POLICY_MEANINGS,
+    ),
+    Syscall(
+        name="get_mempolicy",
+        numbers=(("x86_64", 239), ("aarch64", 236)),
+        args=("P", "P", "L", "P", "L"),
+        meanings=_POLICY_MEANINGS,
+    ),
+    Syscall(
+        name="migrate_pages",
+        numbers=(("x86_64", 256), ("aarch64", 238)),
+        args=("i", "L", "P", "P"),
+        meanings=_POLICY_MEANINGS,
+    ),
+    Syscall(
+        name="move_pages",
+        numbers=(("x86_64", 279), ("aarch64", 239)),
+        args=("i", "L", "P", "P", "P", "i"),
+        meanings=_POLICY_MEANINGS,
+    ),
+    Syscall(
+        name="set_mempolicy_home_node",  # not called; docker's profile refuses it too
+        numbers=(("x86_64", 450), ("aarch64", 450)),
+        args=("L", "L", "L", "L"),
+        meanings=_POLICY_MEANINGS,
+    ),
+    Syscall(
+        name="sched_setaffinity",  # called through os.sched_setaffinity
+        numbers=(("x86_64", 203), ("aarch64", 122)),
+        args=("i", "L", "P"),
+        meanings=(
+            (
+                errno.EINVAL,
+                "invalid: none of these CPUs is online and allowed by this process's cgroup cpuset",
+            ),
+            (errno.EPERM, "not permitted: the thread belongs to another user"),
+            (errno.ESRCH, "no such thread (it exited)"),
+        ),
+        policy=False,
+    ),
+)
+BY_NAME = {s.name: s for s in SYSCALLS}
+POLICY_CALLS: tuple[str, ...] = tuple(s.name for s in SYSCALLS if s.policy)
+
 MPOL_F_STATIC_NODES = 1 << 15
 MPOL_F_RELATIVE_NODES = 1 << 14
 MPOL_MF_STRICT, MPOL_MF_MOVE, MPOL_MF_MOVE_ALL = 1, 2, 4
-POLICY_CODES = {
-    "default": MPOL_DEFAULT,
-    "preferred": MPOL_PREFERRED,
-    "bind": MPOL_BIND,
-    "interleave": MPOL_INTERLEAVE,
-    "local": MPOL_LOCAL,
-    "preferred-many": MPOL_PREFERRED_MANY,
-}
-POLICY_NAMES = {v: k for k, v in POLICY_CODES.items()}
-
-_SYSCALLS = {
-    "x86_64": {
-        "mbind": 237,
-        "set_mempolicy": 238,
-        "get_mempolicy": 239,
-        "migrate_pages": 256,
-        "move_pages": 279,
-    },
-    "aarch64": {
-        "mbind": 235,
-        "set_mempolicy": 237,
-        "get_mempolicy": 236,
-        "migrate_pages": 238,
-        "move_pages": 239,
-    },
-}
 # Node masks are passed as arrays of unsigned longs; MAX_NODES (1024) covers every kernel
 # configuration shipped (CONFIG_NODES_SHIFT <= 10).
 _WORD_BITS = 64
 _WORDS = MAX_NODES // _WORD_BITS
+
+
+def error(call: str, err: int, asked: str) -> KernelError:
+    """The exception for a failed call, saying what its errno means for that call."""
+    # numabind._errors is imported only when a call fails: the hook's path stays short
+    from ._errors import KernelError
+
+    found = BY_NAME.get(call)
+    meaning = found.meaning(err) if found is not None else os.strerror(err)
+    return KernelError(call, err, asked, meaning)
 
 
 class _CTypes:
@@ -89,13 +175,8 @@ class _CTypes:
                 None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2)
             )
 
-        self.c_long, self.c_ulong, self.c_int, self.c_uint, self.c_void_p = (
-            c_long,
-            c_ulong,
-            c_int,
-            c_uint,
-            c_void_p,
-        )
+        self.c_long, self.c_ulong, self.c_int = c_long, c_ulong, c_int
+        self.c_uint, self.c_void_p = c_uint, c_void_p
         self.byref = _ctypes.byref
         self.get_errno, self.set_errno = _ctypes.get_errno, _ctypes.set_errno
         self._array_base = _ctypes.Array
@@ -131,42 +212,25 @@ class _CTypesPackage:
         return kind * length
 
 
-def _error(call: str, err: int, asked: str) -> KernelError:
-    # numabind._errors is imported only when a call fails: the hook's path stays short
-    from ._errors import KernelError
-
-    return KernelError(call, err, asked)
-
-
 class _Libc:
     _instance: _Libc | None = None
 
     def __init__(self) -> None:
         machine = os.uname().machine
-        if machine not in _SYSCALLS:
-            raise _error(
+        numbers = {s.name: s.number(machine) for s in SYSCALLS}
+        if any(n is None for n in numbers.values()):
+            raise error(
                 "syscall", errno.ENOSYS, f"memory-policy calls on {machine} are not supported"
             )
-        self.numbers = _SYSCALLS[machine]
+        self.numbers: dict[str, int] = {k: v for k, v in numbers.items() if v is not None}
         ct: Any
         try:
             ct = _CTypes()
             ct.set_errno(0)
             # a harmless call proves the function pointer works: get_mempolicy(NULL...)
-            if (
-                int(
-                    ct.syscall(
-                        ct.c_long(self.numbers["get_mempolicy"]),
-                        None,
-                        None,
-                        ct.c_ulong(0),
-                        None,
-                        ct.c_ulong(0),
-                    )
-                )
-                < 0
-                and ct.get_errno() == 0
-            ):
+            nr = ct.c_long(self.numbers["get_mempolicy"])
+            res = ct.syscall(nr, None, None, ct.c_ulong(0), None, ct.c_ulong(0))
+            if int(res) < 0 and ct.get_errno() == 0:
                 raise OSError("syscall returned -1 without errno")
         except Exception:
             ct = _CTypesPackage()
@@ -183,14 +247,14 @@ class _Libc:
         ct.set_errno(0)
         res = int(ct.syscall(ct.c_long(self.numbers[name]), *args))
         if res < 0:
-            raise _error(name, ct.get_errno(), asked)
+            raise error(name, ct.get_errno(), asked)
         return res
 
     def mask(self, nodes: Iterable[int]) -> Any:
         arr = self.ctypes.array(self.ctypes.c_ulong, _WORDS)()
         for n in nodes:
             if not 0 <= n < MAX_NODES:
-                raise _error("nodemask", errno.EINVAL, f"node {n}")
+                raise error("nodemask", errno.EINVAL, f"node {n}")
             arr[n // _WORD_BITS] |= 1 << (n % _WORD_BITS)
         return arr
 
@@ -212,11 +276,18 @@ def _fmt(nodes: Iterable[int]) -> str:
     return format_cpulist(nodes) or "none"
 
 
+def _code(policy: str) -> int:
+    code = POLICIES[policy].code
+    if code is None:
+        raise ValueError(f"memory policy {policy!r} is not a kernel policy")
+    return code
+
+
 def _policy_nodes(lib: _Libc, code: int, nodes: frozenset[int]) -> tuple[Any, Any]:
     """The (nodemask, maxnode) pair of a policy call: MPOL_DEFAULT and MPOL_LOCAL take no
     nodes (NULL, 0); the others a mask of MAX_NODES bits (maxnode is bits + 1)."""
     ct = lib.ctypes
-    if code in (MPOL_DEFAULT, MPOL_LOCAL):
+    if code in (POLICIES["default"].code, POLICIES["local"].code):
         return None, ct.c_ulong(0)
     return ct.byref(lib.mask(nodes)), ct.c_ulong(MAX_NODES + 1)
 
@@ -225,7 +296,7 @@ def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
     """Set the calling thread's memory policy (inherited by threads/processes it starts)."""
     lib = _Libc.get()
     nodes = frozenset(nodes)
-    code = POLICY_CODES[policy]
+    code = _code(policy)
     mask, maxnode = _policy_nodes(lib, code, nodes)
     lib.call(
         "set_mempolicy", f"{policy}, nodes {_fmt(nodes)}", lib.ctypes.c_int(code), mask, maxnode
@@ -248,7 +319,8 @@ def get_mempolicy() -> tuple[str, frozenset[int]]:
         ct.c_ulong(0),
     )
     code = mode.value & ~(MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES)
-    return POLICY_NAMES.get(code, str(code)), _nodes_of(mask)
+    found = POLICY_BY_CODE.get(code)
+    return (found.name if found is not None else str(code)), _nodes_of(mask)
 
 
 def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int = 0) -> None:
@@ -256,7 +328,7 @@ def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int 
     lib = _Libc.get()
     ct = lib.ctypes
     nodes = frozenset(nodes)
-    code = POLICY_CODES[policy]
+    code = _code(policy)
     mask, maxnode = _policy_nodes(lib, code, nodes)
     lib.call(
         "mbind",
@@ -314,14 +386,16 @@ def migrate_pages(pid: int, old: Iterable[int], new: Iterable[int]) -> int:
     )
 
 
-# --- CPU affinity -------------------------------------------------------------------------
+# --- CPU affinity ------------------------------------------------------------------------------
 
 
 def thread_ids(pid: int | str = "self") -> list[int]:
-    try:
-        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return [os.getpid()] if pid == "self" else []
+    """The thread ids of a process (at most :data:`_sysfs.LIST_CAP` of them)."""
+    names = _sysfs.listdir(f"/proc/{pid}/task")
+    found = sorted(int(t) for t in names if t.isascii() and t.isdigit() and len(t) < 11)
+    if not found and pid == "self":
+        return [os.getpid()]
+    return found
 
 
 def affinity_of(tid: int) -> frozenset[int] | None:
@@ -339,10 +413,495 @@ def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:
     except OSError as err:
         if err.errno == errno.EINVAL:
             eligible = affinity_of(0) or frozenset()
-            raise _error(
+            raise error(
                 "sched_setaffinity",
                 errno.EINVAL,
                 f"thread {tid}, CPUs {format_cpulist(cpus)}; this process may use "
                 f"{format_cpulist(eligible)}",
             ) from err
         raise
+
+
+# --- /proc: what the kernel says about a process -----------------------------------------------
+
+ENVIRON_CAP = 4 << 20
+STATUS_CAP = 16384
+MAPS_BYTES_CAP = 32 << 20  # bytes read of one maps or numa_maps file
+MAPS_LINES_CAP = 1 << 18  # lines of one (vm.max_map_count defaults to 65,530)
+_LINE_CAP = 8192  # longer lines (file mappings with long paths) are skipped, not kept
+_SPECIAL = ("[vdso]", "[vvar]", "[vsyscall]", "[vectors]", "[sigpage]", "[uprobes]")
+
+
+def read_environ(pid: int | str) -> dict[str, str]:
+    """A process's initial environment (``/proc/PID/environ``: what it was started with, not
+    what it has set since), capped like every other read; raises ``OSError``."""
+    out = {}
+    for item in _sysfs.read_bytes(f"/proc/{pid}/environ", ENVIRON_CAP).split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return out
+
+
+def cmdline(pid: int | str) -> list[str]:
+    """A process's argument vector (empty when unreadable)."""
+    text = _sysfs.read_opt(f"/proc/{pid}/cmdline", 1 << 16) or ""
+    return [a for a in text.split("\0") if a]
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    text = _sysfs.read_opt(f"/proc/{pid}/stat", 4096)
+    if text is None:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    return text.rsplit(")", 1)[-1].split()
+
+
+def start_time(pid: int | str) -> str | None:
+    """When the process started (clock ticks since boot): with the pid, its identity."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def process_state(pid: int | str) -> str | None:
+    """The one-letter state of a process (``Z`` zombie, ``X`` dead), None if gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def alive(pid: int | str) -> bool:
+    state = process_state(pid)
+    return state is not None and state not in ("Z", "X")
+
+
+def status(pid: int | str, tid: int | None = None) -> dict[str, str] | None:
+    """``/proc/PID/status`` (or a thread's) as key -> value text, None if gone."""
+    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
+    text = _sysfs.read_opt(path, STATUS_CAP)
+    if text is None:
+        return None
+    out: dict[str, str] = {}
+    for line in text.splitlines()[:128]:
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key] = value.strip()
+    return out
+
+
+def process_uids(pid: int | str) -> set[int] | None:
+    """The real and effective uid of a live process, None if it is gone."""
+    found = status(pid)
+    if found is None:
+        return None
+    ids = found.get("Uid", "").split()[:2]
+    return {int(x) for x in ids if x.isascii() and x.isdigit() and len(x) < 11}
+
+
+def cpus_allowed(pid: int | str, tid: int | None = None) -> frozenset[int] | None:
+    """A process's (or one thread's) CPU mask, from ``Cpus_allowed_list``."""
+    found = status(pid, tid)
+    if found is None or "Cpus_allowed_list" not in found:
+        return None
+    try:
+        return _sysfs.parse_cpulist(found["Cpus_allowed_list"])
+    except ValueError:
+        return None
+
+
+def thread_masks(pid: int | str) -> dict[int, frozenset[int]]:
+    """Every thread's CPU mask, read from /proc (works for another user's process)."""
+    out = {}
+    for tid in thread_ids(pid) if pid != "self" else thread_ids():
+        mask = cpus_allowed(pid, tid)
+        if mask is not None:
+            out[tid] = mask
+    return out
+
+
+class Lines:
+    """The lines of a /proc file, read as a stream under a byte and a line cap; lines
+    longer than 8 KiB (file mappings with long paths, which numabind never measures) are
+    skipped without being kept.  ``truncated`` says whether a cap cut it short."""
+
+    def __init__(
+        self, path: str, max_bytes: int = MAPS_BYTES_CAP, max_lines: int = MAPS_LINES_CAP
+    ) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.max_lines = max_lines
+        self.truncated = False
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[str]:
+        fd = os.open(self.path, _sysfs.OPEN_FLAGS)
+        try:
+            total = lines = 0
+            rest = b""
+            long_line = False
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                total += len(chunk)
+                parts = (rest + chunk).split(b"\n")
+                rest = parts.pop()
+                for part in parts:
+                    if long_line:
+                        long_line = False
+                        self.skipped += 1
+                        continue
+                    lines += 1
+                    if lines > self.max_lines:
+                        self.truncated = True
+                        return
+                    yield part.decode("utf-8", "replace")
+                if len(rest) > _LINE_CAP:
+                    rest, long_line = b"", True
+                if total >= self.max_bytes:
+                    self.truncated = True
+                    return
+            if rest and not long_line:
+                yield rest.decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+
+
+class Region(Record):
+    """One private anonymous mapping and its resident pages per node (in its own page
+    size; ``anon`` pages counted as the kernel's ``anon=``)."""
+
+    start: int
+    end: int
+    name: str
+    page_size: int
+    pages: dict[int, int]
+    mapmax: int = 1  # the most processes mapping one of its pages (> 1: some are shared)
+    policy: str = "default"  # the range's own policy, as numa_maps shows it
+
+    def __hash__(self) -> int:
+        return hash((self.start, self.end))
+
+
+def _hex(text: str) -> int | None:
+    if not text or len(text) > 16:
+        return None
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+def _node_counts(fields: list[str]) -> Iterator[tuple[int, int]]:
+    for f in fields:
+        if f[:1] == "N" and "=" in f:
+            node, _, count = f[1:].partition("=")
+            if node.isdigit() and count.isdigit() and len(node) < 5 and len(count) < 16:
+                yield int(node), int(count)
+
+
+class Maps:
+    """A process's private anonymous regions with their pages per node, and whether the
+    caps cut the reading short (``truncated``)."""
+
+    def __init__(self, regions: list[Region], truncated: bool) -> None:
+        self.regions = regions
+        self.truncated = truncated
+
+
+def read_maps(pid: int | str = "self") -> Maps:
+    """Private anonymous mappings of ``pid`` with their resident pages per NUMA node
+    (``/proc/PID/maps`` for what is anonymous, ``numa_maps`` for where it is)."""
+    ranges: dict[int, tuple[int, str]] = {}
+    maps = Lines(f"/proc/{pid}/maps")
+    for line in maps:
+        fields = line.split(None, 5)
+        if len(fields) < 5:
+            continue
+        name = fields[5].strip() if len(fields) == 6 else ""
+        perms = fields[1]
+        if len(perms) < 4 or perms[3] != "p":
+            continue
+        if name and not (name in ("[heap]", "[stack]") or name.startswith(("[anon:", "[stack:"))):
+            continue
+        if name in _SPECIAL:
+            continue
+        a, _, b = fields[0].partition("-")
+        start, end = _hex(a), _hex(b)
+        if start is None or end is None or end <= start:
+            continue
+        ranges[start] = (end, name or "[anon]")
+    out: list[Region] = []
+    numa = Lines(f"/proc/{pid}/numa_maps")
+    for line in numa:
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        start = _hex(fields[0])
+        if start is None or start not in ranges or any(f.startswith("file=") for f in fields):
+            continue
+        page_kb = 4
+        mapmax = 1
+        for f in fields[2:]:
+            if f.startswith("kernelpagesize_kB="):
+                page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
+            elif f.startswith("mapmax="):
+                mapmax = _sysfs.parse_int(f[7:]) or 1
+        end, name = ranges[start]
+        out.append(
+            Region(
+                start=start,
+                end=end,
+                name=name,
+                page_size=page_kb * 1024,
+                pages=dict(_node_counts(fields[2:])),
+                mapmax=mapmax,
+                policy=parse_numa_maps_policy(fields)[0],
+            )
+        )
+    return Maps(out, maps.truncated or numa.truncated)
+
+
+def private_anon_regions(pid: int | str = "self") -> list[Region]:
+    """Private anonymous mappings of ``pid`` with their resident pages per NUMA node."""
+    return read_maps(pid).regions
+
+
+def anon_pages_outside(nodes: frozenset[int], pid: int | str = "self") -> int:
+    """Resident pages of anonymous mappings outside ``nodes``, from numa_maps alone: a cheap
+    first look that lets the startup hook skip the full walk when nothing is remote."""
+    count = 0
+    for line in Lines(f"/proc/{pid}/numa_maps"):
+        if "file=" in line:
+            continue
+        for node, n in _node_counts(line.split()[2:]):
+            if node not in nodes:
+                count += n
+    return count
+
+
+def task_policy(pid: int | str) -> tuple[str, frozenset[int]] | None:
+    """The main thread's memory policy as numa_maps shows it on the heap (a region with no
+    policy of its own shows its task's), else on the first anonymous region."""
+    pick = None
+    for line in Lines(f"/proc/{pid}/numa_maps"):
+        if " heap" in line:
+            pick = line
+            break
+        if pick is None and " anon=" in line and "file=" not in line:
+            pick = line
+    if pick is None:
+        return None
+    name, nodes = parse_numa_maps_policy(pick.split())
+    try:
+        return name, _sysfs.parse_nodelist(nodes) if nodes else frozenset()
+    except ValueError:
+        return name, frozenset()
+
+
+_PAGEMAP_PRESENT = 1 << 63
+_PAGEMAP_EXCLUSIVE = 1 << 56  # "page exclusively mapped" (Linux 4.2+)
+PAGEMAP_BUDGET = 1 << 22  # pages looked at in all (16 GiB of 4 KiB pages; 32 MiB read)
+
+
+def shared_pages(
+    regions: list[Region], pid: int | str = "self", budget: int = PAGEMAP_BUDGET
+) -> tuple[list[int], bool]:
+    """Addresses of the resident pages that another process maps too (a fork child's
+    copy-on-write pages still shared with its parent), from /proc/PID/pagemap's
+    "exclusively mapped" bit, in regions whose numa_maps ``mapmax`` is above 1.  Returns
+    (addresses, whether the budget cut the scan short)."""
+    out: list[int] = []
+    cut = False
+    try:
+        fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return out, False
+    try:
+        for r in regions:
+            if r.mapmax <= 1 or r.page_size != 4096:
+                continue  # (huge pages are not shared copy-on-write in practice)
+            size = 4096
+            addr = r.start
+            while addr < r.end:
+                n = min((r.end - addr) // size, 65536, budget)
+                if n <= 0:
+                    cut = addr < r.end
+                    break
+                budget -= n
+                try:
+                    data = os.pread(fd, n * 8, (addr // 4096) * 8)
+                except OSError:
+                    break
+                for i in range(len(data) // 8):
+                    word = int.from_bytes(data[i * 8 : i * 8 + 8], "little")
+                    if word & _PAGEMAP_PRESENT and not word & _PAGEMAP_EXCLUSIVE:
+                        out.append(addr + i * 4096)
+                addr += n * size
+            if budget <= 0:
+                cut = True
+                break
+    finally:
+        os.close(fd)
+    return out, cut
+
+
+def pages_per_node(regions: list[Region]) -> dict[int, int]:
+    """Resident private anonymous memory per node, in 4 KiB page units."""
+    total: dict[int, int] = {}
+    for r in regions:
+        factor = max(r.page_size // 4096, 1)
+        for node, count in r.pages.items():
+            total[node] = total.get(node, 0) + count * factor
+    return dict(sorted(total.items()))
+
+
+def locality(per_node: dict[int, int], nodes: frozenset[int]) -> float | None:
+    """Share of pages on ``nodes`` (0..1), None when there are no pages."""
+    total = sum(per_node.values())
+    if total == 0:
+        return None
+    return sum(c for n, c in per_node.items() if n in nodes) / total
+
+
+# --- moving a process's own pages --------------------------------------------------------------
+
+_BATCH = 1 << 30  # bytes of address space per mbind(MPOL_MF_MOVE) call
+_MOVE_BATCH = 16384  # pages per move_pages call (64 MiB of 4 KiB pages)
+_QUERY_LIMIT = 1 << 22  # pages of address space queried in all (16 GiB of 4 KiB pages)
+_WHY = {
+    errno.EACCES: "shared with another process",
+    errno.EBUSY: "busy (locked or under I/O)",
+    errno.EFAULT: "zero page or special mapping",
+    errno.ENOMEM: "target node full",
+    errno.EIO: "not migratable",
+    errno.EINVAL: "not migratable",
+}
+
+
+class Migration(Record):
+    """What moving pages did: pages moved, pages still elsewhere and why (move_pages'
+    answers), the calls refused with EPERM (a seccomp filter: said once by the caller),
+    and notes."""
+
+    moved: int = 0
+    failed: int = 0
+    not_moved: dict[str, int] = {}  # noqa: RUF012 (records are immutable)
+    refused: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+class _Mover:
+    """Moves pages of this process onto ``target`` nodes: ``mbind(MPOL_MF_MOVE)`` over a
+    range in bounded batches (1 GiB of address space each: long migrations have stalled
+    processes for minutes elsewhere), then what it left (busy at that instant, or mbind
+    refused) page by page with ``move_pages``, bounded in all by :data:`_QUERY_LIMIT`."""
+
+    def __init__(self, target: frozenset[int], policy: str, dest: int) -> None:
+        self.target = target
+        self.policy = policy
+        self.dest = dest
+        self.refused: list[str] = []
+        self.notes: list[str] = []
+        self.not_moved: dict[str, int] = {}
+        self.budget = _QUERY_LIMIT
+
+    def _refuse(self, err: OSError, call: str) -> bool:
+        if err.errno != errno.EPERM:
+            return False
+        if call not in self.refused:
+            self.refused.append(call)
+        return True
+
+    def mbind(self, start: int, end: int, name: str, clear: bool) -> None:
+        """mbind with the move flag in batches; with ``clear`` the range policy is set
+        back to default right after (the pages stay: future allocations follow the
+        thread's policy, and a later restore() is not contradicted by range policies)."""
+        if "mbind" in self.refused:
+            return
+        while start < end:
+            length = min(_BATCH, end - start)
+            try:
+                mbind(start, length, self.policy, self.target, MPOL_MF_MOVE)
+            except OSError as err:
+                if self._refuse(err, "mbind"):
+                    return
+                if err.errno not in (errno.EFAULT, errno.EIO):  # unmapped meanwhile; busy
+                    self.notes.append(f"migration of {name} stopped: {err}")
+                    return
+            finally:
+                if clear and "mbind" not in self.refused:
+                    try:
+                        mbind(start, length, "default", (), 0)
+                    except OSError:
+                        pass
+            start += length
+
+    def leftovers(self, start: int, end: int, page: int) -> None:
+        """Ask where each page lives (move_pages with no nodes) and move the remote ones."""
+        addr = start
+        while addr < end and self.budget > 0 and "move_pages" not in self.refused:
+            n = min(_MOVE_BATCH, (end - addr) // page, self.budget)
+            if n <= 0:
+                break
+            batch = [addr + i * page for i in range(n)]
+            self.budget -= n
+            addr += n * page
+            try:
+                where = move_pages(batch)
+                remote = [a for a, w in zip(batch, where) if w >= 0 and w not in self.target]
+                status = move_pages(remote, [self.dest] * len(remote)) if remote else []
+            except OSError as err:
+                if not self._refuse(err, "move_pages"):
+                    self.notes.append(f"move_pages: {err}")
+                return
+            for s in status:
+                if s < 0:
+                    why = _WHY.get(-s, os.strerror(-s))
+                    self.not_moved[why] = self.not_moved.get(why, 0) + 1
+
+    def result(self, moved: int, failed: int) -> Migration:
+        not_moved = dict(self.not_moved)
+        if failed and not not_moved:
+            not_moved["unknown"] = failed
+        return Migration(
+            moved=moved,
+            failed=failed,
+            not_moved=not_moved,
+            refused=tuple(self.refused),
+            notes=tuple(self.notes),
+        )
+
+
+def _off(regions: list[Region], target: frozenset[int]) -> int:
+    return sum(c for n, c in pages_per_node(regions).items() if n not in target)
+
+
+def migrate_private(target: frozenset[int], policy: str, dest: int) -> Migration | None:
+    """Move this process's private anonymous pages that lie off ``target`` onto it
+    (``policy``: how mbind moves them; ``dest``: where move_pages puts the leftovers).
+    None when nothing lies elsewhere.  File-backed and shared pages are never moved: ranks
+    on other nodes use them too."""
+    try:
+        if anon_pages_outside(target) == 0:
+            return None
+        before = private_anon_regions()
+    except OSError as err:
+        return Migration(notes=(f"page migration skipped: {err}",))
+    off_before = _off(before, target)
+    if off_before == 0:
+        return None
+    mover = _Mover(target, policy, dest)
+    for region in before:
+        if any(n not in target for n in region.pages):
+            mover.mbind(region.start, region.end, region.name, clear=True)
+    try:
+        after = private_anon_regions()
+        if any(n not in target for r in after for n in r.pages):
+            for region in after:
+                if any(n not in target for n in region.pages):
+                    mover.leftovers(region.start, region.end, region.page_size)
+            after = private_anon_regions()
+    except OSError:
+        return mover.result(0, 0)
+    off_after = _off(after, target)
+    return mover.result(max(off_before - off_after, 0), off_after)

@@ -1,4 +1,10 @@
-"""Plain immutable records, and the machine model built from them.
+"""The shared model: immutable records, the machine's records, and the vocabularies
+every layer reads, each one table (vendors, memory policies, rank variables).
+
+A leaf: it imports nothing of numabind's.  Adding a vendor, a memory policy or a rank
+variable is one row in a table here (plus its tests); every other module, the docs and
+``--help`` read the tables.
+
 
 ``dataclasses`` would be the obvious tool, but importing it pulls in ``inspect`` and ``re``
 (several milliseconds), and these records are built in every rank process by the startup
@@ -14,11 +20,13 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any, ClassVar, TypeVar
 
     from typing_extensions import dataclass_transform
 
     R = TypeVar("R", bound="Record")
+    T = TypeVar("T")
 else:
 
     def dataclass_transform(**_: object) -> object:
@@ -157,7 +165,7 @@ class Record(metaclass=_RecordMeta):
         return {n: jsonable(getattr(self, n)) for n in self._fields}
 
 
-# --- the machine model --------------------------------------------------------------------
+# --- the machine model -------------------------------------------------------------------------
 
 
 class Node(Record):
@@ -202,7 +210,7 @@ class CpuInfo(Record):
 class Accelerator(Record):
     """A compute accelerator on PCI.
 
-    ``vendor`` is the key of its entry in :data:`numabind._vendors.VENDORS`.
+    ``vendor`` is the key of its entry in :data:`numabind._model.VENDORS`.
     ``numa_node`` is None when the firmware does not say (sysfs ``-1``); ``local_cpus`` is
     the device's CPU locality from ``local_cpulist``/``local_cpus`` (None when unreadable).
     ``memory_node`` is the CPU-less node holding the GPU's own memory, where the driver
@@ -269,3 +277,329 @@ class Allowed(Record):
             "problem": self.problem,
             "source": self.source,
         }
+
+
+# --- vocabulary: accelerator vendors -----------------------------------------------------------
+# One Vendor row per vendor says how to recognise its compute devices on PCI, which
+# environment variables select its devices and in what grammar, where its driver publishes
+# a device's UUID and its GPU-memory NUMA node, what an hwloc export calls its UUID, and
+# which optional runtime library (and torch device type) answers what files cannot.
+
+if TYPE_CHECKING:
+    Grammar = Literal["cuda", "rocm", "level-zero"]
+
+
+class Visibility(Record):
+    """One variable that selects devices, and how its tokens read.
+
+    Grammars: ``cuda`` (indices, ``GPU-<uuid>`` prefixes, ``MIG-<uuid>`` and the legacy
+    ``MIG-GPU-<uuid>/<gi>/<ci>``); ``rocm`` (indices and ``GPU-<unique id>``); ``level-zero``
+    (indices and ``<device>.<sub-device>``).  ``applies_after`` names the variable this one
+    renumbers (HIP_VISIBLE_DEVICES selects among what ROCR_VISIBLE_DEVICES left)."""
+
+    variable: str
+    grammar: Grammar
+    applies_after: str | None = None
+    fallback_for: str | None = None  # read only when this other variable is unset
+
+
+class Vendor(Record):
+    """One vendor's entry (see the module docstring)."""
+
+    key: str  # "nvidia", "amd", "intel": Accelerator.vendor
+    label: str  # how a device is named in messages
+    pci_vendor: int
+    classes: frozenset[int]  # PCI class >> 8 of its compute devices
+    vga_min_device: int | None  # VGA (0x0300) counts only from this device id up
+    visibility: tuple[Visibility, ...]
+    uuid_file: str | None  # sysfs attribute (under the PCI device) holding its UUID
+    uuid_prefix: str  # written before that attribute's value to form the list token
+    driver_dir: str | None  # the driver's per-GPU directory (reachable GPUs, UUIDs, memory node)
+    runtime: str | None  # optional Python module that answers what files cannot
+    hwloc_uuid_key: str | None = None  # the OS device info an hwloc XML export names it by
+    # the driver directory's per-GPU files: "key: value" lines; which key holds what
+    driver_info_file: str | None = None
+    driver_info_keys: tuple[tuple[str, str], ...] = ()  # (Accelerator field, driver's key)
+    driver_numa_file: str | None = None  # the GPU-memory node, as "<key>: <node>" lines
+    driver_numa_key: str | None = None
+    torch_module: str | None = None  # the torch module whose set_device selects its devices
+
+    def is_compute(self, device_id: int | None, pci_class: int | None) -> bool:
+        """Whether a PCI function of this vendor is a compute device.
+
+        A BMC's VGA chip is the trap: an ATI ES1000 (1002:515e) is AMD with a VGA class.
+        Every AMD compute GPU since GCN has a device id of 0x6000 or above; the old
+        Rage/Radeon display chips that BMCs carry are below it.
+        """
+        if pci_class is None:
+            return False
+        cls = pci_class >> 8
+        if cls in self.classes:
+            return True
+        return (
+            cls == 0x0300
+            and self.vga_min_device is not None
+            and (device_id or 0) >= (self.vga_min_device)
+        )
+
+
+NVIDIA = Vendor(
+    key="nvidia",
+    label="GPU",
+    pci_vendor=0x10DE,
+    # 0x0300 VGA, 0x0302 3D controller; NVSwitch (0x0680) is a bridge, not a GPU
+    classes=frozenset({0x0300, 0x0302}),
+    vga_min_device=None,
+    visibility=(Visibility(variable="CUDA_VISIBLE_DEVICES", grammar="cuda"),),
+    uuid_file=None,  # /proc/driver/nvidia/gpus/<bdf>/information has it
+    uuid_prefix="",
+    driver_dir="/proc/driver/nvidia/gpus",
+    runtime="pynvml",
+    hwloc_uuid_key="NVIDIAUUID",
+    driver_info_file="information",
+    driver_info_keys=(("uuid", "GPU UUID"), ("name", "Model"), ("minor", "Device Minor")),
+    driver_numa_file="numa_status",
+    driver_numa_key="Node",
+    torch_module="torch.cuda",
+)
+AMD = Vendor(
+    key="amd",
+    label="AMD GPU",
+    pci_vendor=0x1002,
+    # MI300X reports 0x1200 (processing accelerator), MI100/MI200 0x0380, some 0x0302
+    classes=frozenset({0x0302, 0x0380, 0x1200}),
+    vga_min_device=0x6000,
+    visibility=(
+        Visibility(variable="ROCR_VISIBLE_DEVICES", grammar="rocm"),
+        Visibility(
+            variable="HIP_VISIBLE_DEVICES", grammar="rocm", applies_after="ROCR_VISIBLE_DEVICES"
+        ),
+        Visibility(
+            variable="CUDA_VISIBLE_DEVICES",
+            grammar="rocm",
+            applies_after="ROCR_VISIBLE_DEVICES",
+            fallback_for="HIP_VISIBLE_DEVICES",
+        ),
+    ),
+    # amdgpu's unique_id is the hex id ROCm prints as "GPU-<id>" (rocminfo, rocm-smi)
+    uuid_file="unique_id",
+    uuid_prefix="GPU-",
+    driver_dir=None,
+    runtime=None,
+    hwloc_uuid_key="AMDUUID",
+    torch_module="torch.cuda",  # ROCm builds of torch select HIP devices through torch.cuda
+)
+INTEL = Vendor(
+    key="intel",
+    label="Intel GPU",
+    pci_vendor=0x8086,
+    # data-center GPUs (Ponte Vecchio, Flex) are 0x0380/0x0302; integrated 0x0300 is not
+    classes=frozenset({0x0302, 0x0380, 0x1200}),
+    vga_min_device=None,
+    visibility=(Visibility(variable="ZE_AFFINITY_MASK", grammar="level-zero"),),
+    uuid_file=None,
+    uuid_prefix="",
+    driver_dir=None,
+    runtime=None,
+    torch_module="torch.xpu",
+)
+
+VENDORS: tuple[Vendor, ...] = (NVIDIA, AMD, INTEL)  # also the order tried with no variable
+BY_KEY = {v.key: v for v in VENDORS}
+BY_PCI = {v.pci_vendor: v for v in VENDORS}
+HWLOC_UUID_KEYS: tuple[str, ...] = tuple(v.hwloc_uuid_key for v in VENDORS if v.hwloc_uuid_key)
+VISIBILITY_VARIABLES: tuple[str, ...] = tuple(
+    dict.fromkeys(vis.variable for v in VENDORS for vis in v.visibility)
+)
+
+
+def uuid_matches(token: str, uuids: Iterable[tuple[str | None, T]]) -> list[T]:
+    """The items whose UUID starts with ``token`` (case-insensitive): the one rule for
+    naming a device by UUID, where a prefix is enough only when exactly one item has it
+    (callers refuse an ambiguous prefix rather than take the first)."""
+    want = token.strip().lower()
+    if not want:
+        return []
+    return [item for uuid, item in uuids if uuid and uuid.lower().startswith(want)]
+
+
+def classify(vendor_id: int | None, device_id: int | None, pci_class: int | None) -> str | None:
+    """The vendor key of a PCI function that is a compute accelerator, else None."""
+    vendor = BY_PCI.get(vendor_id) if vendor_id is not None else None
+    if vendor is None or not vendor.is_compute(device_id, pci_class):
+        return None
+    return vendor.key
+
+
+def selecting(environ: dict[str, str] | object) -> Vendor | None:
+    """The vendor whose visibility variables the environment sets (first in table order),
+    or None.  ``CUDA_VISIBLE_DEVICES`` selects NVIDIA: on ROCm it is read only as HIP's
+    fallback, once ROCm was chosen by ROCR/HIP variables."""
+    for v in VENDORS:
+        for vis in v.visibility:
+            if vis.fallback_for is None and vis.variable in environ:  # type: ignore[operator]
+                return v
+    return None
+
+
+# --- vocabulary: memory policies ---------------------------------------------------------------
+
+
+class MemoryPolicy(Record):
+    """One memory policy: what users write (``NUMABIND_MEMORY``, ``--memory``, the
+    registry), the kernel's MPOL code, how ``/proc/PID/numa_maps`` spells it, what it
+    means, the first kernel that has it and the policy to use before that, and the policy
+    ``mbind(MPOL_MF_MOVE)`` moves a rank's pages with under it."""
+
+    name: str
+    code: int | None  # MPOL_*; None: numabind sets no policy
+    numa_maps: str | None  # numa_maps' spelling (the word before ':nodes'); None: never shown
+    help: str
+    user: bool = True  # a value users may ask for (preferred-many is the planner's choice)
+    min_kernel: tuple[int, int] | None = None
+    fallback: str | None = None
+    migrate_as: str | None = None  # None: pages are not moved under it
+    task: bool = True  # a task policy the kernel's NUMA balancing does not scan
+
+
+MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
+    MemoryPolicy(
+        name="preferred",
+        code=1,
+        numa_maps="prefer",
+        help="allocate on the GPU's node, spill to others when it is full (default)",
+        migrate_as="bind",
+    ),
+    MemoryPolicy(
+        name="bind",
+        code=2,
+        numa_maps="bind",
+        help="only the GPU's node (MPOL_BIND: an allocation that does not fit fails)",
+        migrate_as="bind",
+    ),
+    MemoryPolicy(
+        name="interleave",
+        code=3,
+        numa_maps="interleave",
+        help="spread pages round-robin over the plan's nodes",
+        migrate_as="interleave",
+    ),
+    MemoryPolicy(
+        name="local",
+        code=4,
+        numa_maps="local",
+        help="allocate on the node of the CPU that touches the page first",
+        migrate_as="bind",
+        task=False,
+    ),
+    MemoryPolicy(
+        name="none",
+        code=None,
+        numa_maps=None,
+        help="leave the memory policy alone (CPUs only)",
+        task=False,
+    ),
+    MemoryPolicy(
+        name="preferred-many",
+        code=5,
+        numa_maps="prefer_many",  # written "prefer (many)": see parse_numa_maps_policy
+        help="prefer every node of the plan (socket mode; the planner chooses it)",
+        user=False,
+        min_kernel=(5, 15),
+        fallback="preferred",
+        migrate_as="bind",
+    ),
+    MemoryPolicy(
+        name="default",
+        code=0,
+        numa_maps="default",
+        help="the kernel's default: the node of the CPU that touches the page first",
+        user=False,
+        task=False,
+    ),
+)
+POLICIES = {p.name: p for p in MEMORY_POLICY_TABLE}
+USER_POLICIES: tuple[str, ...] = tuple(p.name for p in MEMORY_POLICY_TABLE if p.user)
+POLICY_BY_CODE = {p.code: p for p in MEMORY_POLICY_TABLE if p.code is not None}
+POLICY_BY_NUMA_MAPS = {p.numa_maps: p for p in MEMORY_POLICY_TABLE if p.numa_maps}
+# what a registry entry may say: a policy a plan sets, or that the calls were refused
+NOT_PERMITTED = "not-permitted"
+REGISTRY_POLICIES = frozenset(
+    {p.name for p in MEMORY_POLICY_TABLE if p.name != "default"} | {NOT_PERMITTED}
+)
+
+
+def parse_numa_maps_policy(fields: list[str]) -> tuple[str, str]:
+    """The policy field of a ``/proc/PID/numa_maps`` line (``fields`` split on spaces):
+    ``mode[=flags][:nodes]``, the mode in numa_maps' spelling; the kernel writes
+    MPOL_PREFERRED_MANY as ``prefer (many)``, with a space, so it spans two fields.
+    Returns (numabind's name of the policy, the node list text)."""
+    word = fields[1] if len(fields) > 1 else "default"
+    if len(fields) > 2 and fields[2].startswith("(many)"):
+        word = "prefer_many" + fields[2][len("(many)") :]
+    head, _, nodes = word.partition(":")
+    spelled = head.split("=", 1)[0]
+    found = POLICY_BY_NUMA_MAPS.get(spelled)
+    return (found.name if found is not None else spelled), nodes
+
+
+# --- vocabulary: rank variables ----------------------------------------------------------------
+
+
+class RankVariable(Record):
+    """A variable a launcher sets to a process's local rank, in priority order, with the
+    variables that give the local world size, who writes it, and a variable that must be
+    present too for it to name a rank (``SLURM_LOCALID`` names a task only inside a job
+    step: a batch script has it without ``SLURM_STEP_ID``)."""
+
+    name: str
+    sizes: tuple[str, ...]
+    launcher: str
+    requires: str | None = None
+
+
+RANK_VARIABLES: tuple[RankVariable, ...] = (
+    RankVariable(
+        name="LOCAL_RANK",
+        sizes=("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
+        launcher="torchrun, accelerate, DeepSpeed, Ray Train",
+    ),
+    RankVariable(
+        name="OMPI_COMM_WORLD_LOCAL_RANK",
+        sizes=("OMPI_COMM_WORLD_LOCAL_SIZE",),
+        launcher="Open MPI",
+    ),
+    RankVariable(name="MPI_LOCALRANKID", sizes=("MPI_LOCALNRANKS",), launcher="MPICH (Hydra)"),
+    RankVariable(
+        name="MV2_COMM_WORLD_LOCAL_RANK",
+        sizes=("MV2_COMM_WORLD_LOCAL_SIZE",),
+        launcher="MVAPICH2",
+    ),
+    RankVariable(name="PALS_LOCAL_RANKID", sizes=("PALS_LOCAL_SIZE",), launcher="HPE PALS"),
+    RankVariable(name="SLURM_LOCALID", sizes=(), launcher="Slurm srun", requires="SLURM_STEP_ID"),
+)
+RANK_VARIABLE_NAMES: tuple[str, ...] = tuple(v.name for v in RANK_VARIABLES)
+SIZE_VARIABLE_NAMES: tuple[str, ...] = tuple(s for v in RANK_VARIABLES for s in v.sizes)
+
+
+# --- vocabulary: binding modes -----------------------------------------------------------------
+
+
+class Mode(Record):
+    """A binding mode: which of the GPU's node's CPUs a rank gets (the planner holds one
+    small function per mode, checked against this table)."""
+
+    name: str
+    help: str
+
+
+MODE_TABLE: tuple[Mode, ...] = (
+    Mode(name="node", help="every CPU of the GPU's NUMA node (default)"),
+    Mode(name="socket", help="every CPU of the GPU's package (all its NUMA nodes)"),
+    Mode(
+        name="exclusive",
+        help="the GPU's node split into disjoint sets of whole cores, one per rank",
+    ),
+    Mode(name="core-complex", help="one cache domain (L3 / CCX) of the GPU's node per rank"),
+)
+MODE_NAMES: tuple[str, ...] = tuple(m.name for m in MODE_TABLE)

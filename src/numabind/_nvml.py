@@ -13,6 +13,7 @@ form (``0000:3b:00.0``).
 
 from __future__ import annotations
 
+from ._model import uuid_matches
 from ._sysfs import normalize_pci
 
 TYPE_CHECKING = False
@@ -28,11 +29,8 @@ class NvmlBackend:
         raise NotImplementedError
 
     def pci_of_uuid(self, uuid: str) -> str | None:
-        want = uuid.lower()
-        for gpu in self.gpus():
-            if str(gpu.get("uuid", "")).lower().startswith(want):
-                return str(gpu["pci"])
-        return None
+        found = uuid_matches(uuid, ((str(g.get("uuid", "")), str(g["pci"])) for g in self.gpus()))
+        return found[0] if len(found) == 1 else None
 
     def mig_parent_pci(self, mig_uuid: str) -> str | None:
         raise NotImplementedError

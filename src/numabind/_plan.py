@@ -5,21 +5,25 @@ but a value once read) and a :class:`Request` (rank and visible devices, already
 from the environment).  It reads no environment and makes no system call, it never raises,
 and every decision is a structured field (``Plan.skip``, ``NodeChoice.how``) from which
 the one line in ``Plan.reason`` is derived; code decides on the fields, never on the text.
+
+The binding modes are one small function each (:data:`MODES`, named by the vocabulary in
+:data:`numabind._model.MODE_TABLE`).  Who shares a node is computed arithmetically from the
+local world size (:func:`peers_on_node`, :func:`spread_block`), never by looping over the
+ranks: a ``LOCAL_WORLD_SIZE`` of any size costs what the machine's own sizes cost.
 """
 
 from __future__ import annotations
 
 from . import _sysfs
-from ._model import Accelerator, Record
-from ._modes import MODE_NAMES, ModeInput, block_count, package_nodes, peers_on_node, spread_block
-from ._modes import MODES as MODE_TABLE
+from ._model import BY_KEY, MODE_NAMES, POLICIES, USER_POLICIES, Accelerator, Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, Literal
 
     from ._devices import Visible
-    from ._ranks import RankInfo
+    from ._environ import RankInfo
     from ._topology import Machine
 
     SkipKind = Literal[
@@ -39,15 +43,7 @@ if TYPE_CHECKING:
         "unknown",
     ]
 
-MODES = MODE_NAMES
-MEMORY_POLICIES = ("preferred", "bind", "interleave", "local", "none")
-MEMORY_HELP = {
-    "preferred": "allocate on the GPU's node, spill to others when it is full (default)",
-    "bind": "only the GPU's node (MPOL_BIND: an allocation that does not fit fails)",
-    "interleave": "spread pages round-robin over the plan's nodes",
-    "local": "allocate on the node of the CPU that touches the page first",
-    "none": "leave the memory policy alone (CPUs only)",
-}
+MEMORY_POLICIES = USER_POLICIES
 fmt = _sysfs.format_cpulist
 
 
@@ -64,10 +60,11 @@ class Request(Record):
     problem: str | None = None
     size_source: str | None = None
     notes: tuple[str, ...] = ()
+    device: Accelerator | None = None  # chosen by an argument (apply(device=...)), not by rank
 
 
 def request_for(info: RankInfo, visible: Visible | None, mode: str, memory: str) -> Request:
-    """The request for a rank found in an environment (:func:`numabind._ranks.detect`)."""
+    """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
     return Request(
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
@@ -143,8 +140,6 @@ def device_node(machine: Machine, dev: Accelerator) -> NodeChoice:
 
 
 def describe_device(dev: Accelerator, index: int | None) -> str:
-    from ._vendors import BY_KEY  # only a plan with a device names one
-
     label = BY_KEY[dev.vendor].label if dev.vendor in BY_KEY else dev.vendor
     where = f"{dev.pci}" if index is None else f"{index} ({dev.pci})"
     return f"{label} {where}"
@@ -218,7 +213,11 @@ class Plan(Record):
         }
 
     def who(self) -> str:
-        """``local rank 3 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)``."""
+        """``local rank 3 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)``, or for a
+        device named by an argument, ``device 4 (0000:9b:00.0; argument)``."""
+        if self.local_rank is None and self.device is not None and self.rank_source:
+            index = "" if self.device_index is None else f"{self.device_index} "
+            return f"device {index}({self.device.pci}; {self.rank_source})"
         who = "no local rank" if self.local_rank is None else f"local rank {self.local_rank}"
         if self.rank_source:
             who += f" ({self.rank_source}"
@@ -312,8 +311,10 @@ class _Planner:
     # --- which device, which node
     def _run(self) -> Plan:
         r = self.r
-        if r.mode not in MODE_TABLE:
-            raise _Skip("bad-input", f"unknown mode {r.mode!r} (use one of {', '.join(MODES)})")
+        if r.mode not in MODES:
+            raise _Skip(
+                "bad-input", f"unknown mode {r.mode!r} (use one of {', '.join(MODE_NAMES)})"
+            )
         if r.memory not in MEMORY_POLICIES:
             raise _Skip(
                 "bad-input",
@@ -325,8 +326,10 @@ class _Planner:
         if visible is not None and visible.problem:
             raise _Skip("bad-input", visible.problem)
         devs = visible.devices if visible is not None else ()
+        if r.device is not None and r.device not in devs:
+            self.notes.append(f"{r.device.pci} is not among the devices this process sees")
         if nothing_to_bind(self.m, r.mode):
-            if devs and (r.local_rank is not None or len(devs) == 1):
+            if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
                 self.device, self.index = self._pick_device(devs)
             raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
         self._machine_notes()
@@ -334,7 +337,7 @@ class _Planner:
         locality: frozenset[int] | None = None
         package: int | None = None
         node_id: int | None
-        if not devs:
+        if not devs and r.device is None:
             node_id, what, peers, package = self._cpu_only_node(visible)
         else:
             dev, index = self._pick_device(devs)
@@ -380,7 +383,7 @@ class _Planner:
                     f"may use ({fmt(allowed) or 'none'}, from {self.m.allowed.source}); "
                     "not bound elsewhere",
                 )
-            cpus, sharers = MODE_TABLE[r.mode](
+            cpus, sharers = MODES[r.mode](
                 ModeInput(
                     machine=self.m,
                     node_id=node_id,
@@ -412,8 +415,10 @@ class _Planner:
             threads=max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1)),
         )
 
-    def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int]:
+    def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int | None]:
         r = self.r
+        if r.device is not None:  # named by an argument: its index if the runtime sees it
+            return r.device, (devs.index(r.device) if r.device in devs else None)
         if len(devs) == 1:
             return devs[0], 0
         if r.local_rank is None:
@@ -508,11 +513,165 @@ class _Planner:
             )
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
-            if self.m.kernel_at_least(5, 15):
-                return frozenset(mem), "preferred-many"
+            many = POLICIES["preferred-many"]
+            if many.min_kernel is None or self.m.kernel_at_least(*many.min_kernel):
+                return frozenset(mem), many.name
             first = node_id if node_id in mem else min(mem)
             self.notes.append(
                 f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}"
             )
             return frozenset({first}), "preferred"
         return frozenset(mem), policy
+
+
+# --- the modes: which of a node's CPUs one rank gets -------------------------------------------
+
+
+class ModeInput(Record):
+    """What a mode decides from.  ``position``/``count`` place the rank among the local
+    ranks on its node, ``package_count`` counts those on its package's nodes; each is None
+    when unknown (no local world size, one device visible per rank)."""
+
+    machine: Machine
+    node_id: int
+    base: frozenset[int]  # the node's CPUs this process may use
+    allowed: frozenset[int]
+    position: int | None
+    count: int | None
+    package_count: int | None = None
+
+
+# A mode returns (the rank's CPUs, how many local ranks get exactly those CPUs or None
+# when unknown): the second number divides the thread budget.
+ModeResult = tuple[frozenset[int], "int | None"]
+
+
+def package_nodes(machine: Machine, node_id: int) -> frozenset[int] | None:
+    """The CPU nodes in the same package as ``node_id`` (None: package unknown)."""
+    node = machine.node(node_id)
+    if node is None or not node.cpus:
+        return None
+    pkg = machine.package_of(min(node.cpus))
+    if pkg is None:
+        return None
+    return frozenset(n.id for n in machine.cpu_nodes if machine.package_of(min(n.cpus)) == pkg)
+
+
+def _node(m: ModeInput, notes: list[str]) -> ModeResult:
+    return m.base, m.count
+
+
+def _socket(m: ModeInput, notes: list[str]) -> ModeResult:
+    machine = m.machine
+    nodes = package_nodes(machine, m.node_id)
+    if nodes is None:
+        notes.append("package of the node's CPUs unknown: socket mode used the node")
+        return m.base, m.count
+    out = set(m.base)
+    for n in machine.cpu_nodes:
+        if n.id in nodes and n.id != m.node_id:
+            out |= n.cpus & m.allowed
+    return frozenset(out), m.package_count
+
+
+def groups(
+    base: frozenset[int], shared_with: Callable[[int], frozenset[int]]
+) -> list[frozenset[int]]:
+    """Partition ``base`` by a per-CPU sharing relation (SMT siblings, cache domain),
+    asking once per group rather than once per CPU: the startup hook reads these from
+    sysfs, one file per question."""
+    out: list[frozenset[int]] = []
+    seen: set[int] = set()
+    for c in sorted(base):
+        if c in seen:
+            continue
+        group = (shared_with(c) & base) | {c}
+        seen |= group
+        out.append(frozenset(group))
+    return sorted(out, key=min)
+
+
+def _peers_unknown(mode: str, m: ModeInput, notes: list[str]) -> ModeResult:
+    notes.append(
+        f"{mode} mode needs to know which local ranks share node {m.node_id} (the local "
+        "world size and each rank's device); using node mode"
+    )
+    return m.base, None
+
+
+def _exclusive(m: ModeInput, notes: list[str]) -> ModeResult:
+    if m.position is None or m.count is None:
+        return _peers_unknown("exclusive", m, notes)
+    cores = groups(m.base, m.machine.siblings_of)
+    if len(cores) < m.count:
+        notes.append(
+            f"node {m.node_id} has {len(cores)} physical cores for {m.count} ranks: they "
+            "share the node's CPUs"
+        )
+        return m.base, m.count
+    each, extra = divmod(len(cores), m.count)
+    start = m.position * each + min(m.position, extra)
+    take = each + (1 if m.position < extra else 0)
+    out: set[int] = set()
+    for g in cores[start : start + take]:
+        out |= g
+    return frozenset(out), 1
+
+
+def _core_complex(m: ModeInput, notes: list[str]) -> ModeResult:
+    if m.position is None or m.count is None:
+        return _peers_unknown("core-complex", m, notes)
+    machine = m.machine
+    if machine.cache_of(min(m.base)) is None:
+        notes.append("cache domains unknown: core-complex mode used the node")
+        return m.base, m.count
+    domains = groups(m.base, lambda c: machine.cache_of(c) or frozenset({c}))
+    ordered = sorted(domains, key=lambda s: (-len(s), min(s)))
+    slot = m.position % len(ordered)
+    if m.count > len(ordered):
+        notes.append(
+            f"node {m.node_id} has {len(ordered)} cache domains for {m.count} ranks: "
+            f"domain {fmt(ordered[slot])} is shared"
+        )
+    return ordered[slot], _ceil_div(m.count - slot, len(ordered))
+
+
+MODES: dict[str, Callable[[ModeInput, list[str]], ModeResult]] = {
+    "node": _node,
+    "socket": _socket,
+    "exclusive": _exclusive,
+    "core-complex": _core_complex,
+}
+# the vocabulary (names, help) is numabind._model.MODE_TABLE; every name has its function
+assert tuple(MODES) == MODE_NAMES, (tuple(MODES), MODE_NAMES)
+
+
+# --- who shares a node: arithmetic, never a loop over the ranks --------------------------------
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_count(index: int, size: int, nodes: int) -> int:
+    """How many of ``size`` ranks spread block-wise over ``nodes`` land on node ``index``:
+    rank k goes to node k * nodes // size, so node i holds ranks
+    [ceil(i * size / nodes), ceil((i + 1) * size / nodes))."""
+    return _ceil_div((index + 1) * size, nodes) - _ceil_div(index * size, nodes)
+
+
+def spread_block(rank: int, size: int, nodes: int) -> tuple[int, int, int]:
+    """CPU-only jobs: ``size`` local ranks spread block-wise over ``nodes`` nodes.
+    Returns (this rank's node index, its position on that node, ranks on that node)."""
+    index = min(rank * nodes // size, nodes - 1)
+    return index, rank - _ceil_div(index * size, nodes), block_count(index, size, nodes)
+
+
+def peers_on_node(rank: int, size: int, devices: int, on_node: frozenset[int]) -> tuple[int, int]:
+    """Rank ``k`` uses visible device ``k % devices``; ``on_node`` are the device indices on
+    this rank's node.  Returns (this rank's position among the ranks on the node, how many
+    ranks there are): the same as listing them, in O(devices)."""
+    full, rem = divmod(size, devices)
+    count = full * len(on_node) + sum(1 for j in on_node if j < rem)
+    position = (rank // devices) * len(on_node) + sum(1 for j in on_node if j < rank % devices)
+    return position, count

@@ -1,4 +1,5 @@
-"""Processes numabind bound register themselves, so ``numabind check --all`` finds them.
+"""Processes numabind bound register themselves, so ``numabind check --all`` finds them;
+the entry is one typed record (:class:`Entry`), written and read back here.
 
 /proc/PID/environ holds only a process's *initial* environment: a Callable child whose rank
 arrived later (torch.multiprocessing.spawn, elastic_launch) is invisible there.  So every
@@ -18,8 +19,7 @@ built like setuid code (threat model in docs/security.rst):
   with ``O_NOFOLLOW|O_NONBLOCK``; an entry is written to a fresh unpredictable name with
   ``O_CREAT|O_EXCL``, checked with ``fstat`` and renamed into place (atomic).  A planted
   symlink or FIFO is never opened.
-* **Readers that trust nothing** (:mod:`numabind._registry_read`, which the startup hook
-  never loads).  Root's ``check --all`` reads every user's directory
+* **Readers that trust nothing**.  Root's ``check --all`` reads every user's directory
   (the admin's audit); a user reads their own.  An entry is trusted only if its file is
   owned by the uid of the process it describes (or by root), the process is alive with
   the recorded start time, and every field parses within bounds.  Anything else is
@@ -35,72 +35,132 @@ import os
 import stat
 
 from . import _sysfs
+from ._kernel import process_uids, start_time
+from ._model import REGISTRY_POLICIES, Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
+    from typing import Any
 
 DEFAULT_BASE = "/dev/shm"
 PREFIX = "numabind-"
 ENTRY_CAP = 4096  # bytes of one entry
 DIR_CAP = 1 << 16  # entries looked at per directory, directories per base
-FIELDS = (
-    "pid",
-    "start",
-    "local_rank",
-    "rank_source",
-    "local_world_size",
-    "device",
-    "device_index",
-    "numa_node",
-    "cpus",
-    "memory_policy",
-    "memory_nodes",
-    "mode",
-    "reason",
-    "threads",
-    "thread_env",
-)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _registered: dict[str, object] = {}  # what this process wrote: path, pid
 
 
+# --- the entry ---------------------------------------------------------------------------------
+
+
+class Entry(Record):
+    """What a bound process registers: its identity (pid and start time), its plan as
+    applied (CPUs kept or set, the memory policy the kernel accepted, or
+    ``not-permitted``), and the thread settings it was given.  One ``key=value`` line per
+    field; :meth:`encode` and :meth:`parse` are the only places the format is spelled,
+    and :meth:`parse` trusts nothing (every field within bounds, else no entry)."""
+
+    pid: int
+    start: str
+    local_rank: int | None = None
+    rank_source: str = ""
+    local_world_size: int | None = None
+    device: str = ""  # the device's PCI address
+    device_index: int | None = None
+    numa_node: int | None = None
+    cpus: frozenset[int] = frozenset()
+    memory_policy: str = "none"
+    memory_nodes: frozenset[int] = frozenset()
+    mode: str = "node"
+    reason: str = ""
+    threads: int | None = None
+    thread_env: tuple[tuple[str, str], ...] = ()  # variables numabind set, with values
+
+    def encode(self) -> bytes:
+        lines = []
+        for name in self._fields:
+            value: Any = getattr(self, name)
+            if isinstance(value, frozenset):
+                text = _sysfs.format_cpulist(value)
+            elif name == "thread_env":
+                text = ",".join(f"{k}:{v}" for k, v in value)
+            else:
+                text = "" if value is None else str(value)
+            lines.append(f"{name}={_sysfs.clean_line(text, 1000)}\n")
+        return "".join(lines).encode("utf-8", "replace")
+
+    @classmethod
+    def parse(cls, data: bytes) -> Entry | None:
+        """An entry's fields, each within bounds; None if anything is off (fields of a
+        newer numabind are ignored, not fatal)."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        raw: dict[str, str] = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if not sep or key in raw:
+                return None
+            if key in cls._fields:
+                raw[key] = value
+        values: dict[str, Any] = {}
+        for name in cls._fields:
+            value = raw.get(name, "")
+            default = cls._defaults.get(name)
+            if name in ("pid", "start") or name in _NUMBERS:
+                if not value:
+                    if name in ("pid", "start"):
+                        return None
+                    values[name] = None
+                    continue
+                if not (value.isascii() and value.isdigit() and len(value) < 20):
+                    return None
+                values[name] = value if name == "start" else int(value)
+            elif isinstance(default, frozenset):
+                try:
+                    values[name] = (
+                        _sysfs.parse_nodelist(value)
+                        if name == "memory_nodes"
+                        else _sysfs.parse_cpulist(value)
+                    )
+                except ValueError:
+                    return None
+            elif name == "thread_env":
+                pairs = []
+                if value.count(",") >= 16:
+                    return None  # more variables than numabind sets
+                for item in value.split(",") if value else ():
+                    k, _, v = item.partition(":")
+                    if not (_is_name(k) and v.isascii() and v.isdigit() and len(v) < 7):
+                        return None
+                    pairs.append((k, v))
+                values[name] = tuple(pairs)
+            else:
+                values[name] = value if name in raw else default
+        if values["pid"] > 1 << 31 or values["memory_policy"] not in REGISTRY_POLICIES:
+            return None
+        return cls(**values)
+
+
+_NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})
+_NAME = frozenset("_0123456789")
+
+
+def _is_name(text: str) -> bool:
+    return 0 < len(text) < 64 and text.isascii() and all(c.isupper() or c in _NAME for c in text)
+
+
 def base_dir(environ: Mapping[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    return env.get("NUMABIND_REGISTRY") or DEFAULT_BASE
+    """The registry's base: ``NUMABIND_REGISTRY`` (under the rules of numabind._environ)
+    or /dev/shm."""
+    from ._environ import registry_base
+
+    return registry_base(os.environ if environ is None else environ)
 
 
-def start_time(pid: int) -> str | None:
-    text = _sysfs.read_opt(f"/proc/{pid}/stat", 4096)
-    if text is None:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = text.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def process_uids(pid: int) -> set[int] | None:
-    """The real and effective uid of a live process, None if it is gone."""
-    text = _sysfs.read_opt(f"/proc/{pid}/status", 16384)
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            ids = line.split()[1:3]
-            return {int(x) for x in ids if x.isdigit()}
-    return None
-
-
-def process_state(pid: int) -> str | None:
-    """The one-letter state of a process (``Z`` zombie, ``X`` dead), None if gone."""
-    text = _sysfs.read_opt(f"/proc/{pid}/stat", 4096)
-    if text is None:
-        return None
-    fields = text.rsplit(")", 1)[-1].split()
-    return fields[0] if fields else None
-
-
-# --- directories -----------------------------------------------------------------------------
+# --- directories -------------------------------------------------------------------------------
 
 
 def _base_ok(fd: int, uid: int) -> str | None:
@@ -182,19 +242,11 @@ def _open_user_dir(
     return None, None, why
 
 
-# --- writing ---------------------------------------------------------------------------------
-
-
-def _encode(entry: Mapping[str, str]) -> bytes:
-    lines = []
-    for k in FIELDS:
-        v = _sysfs.clean_line(str(entry.get(k, "")), 1000).replace("=", " ")
-        lines.append(f"{k}={v}\n")
-    return "".join(lines).encode("utf-8", "replace")
+# --- writing -----------------------------------------------------------------------------------
 
 
 def register(
-    entry: Mapping[str, str], environ: Mapping[str, str] | None = None
+    entry: Entry, environ: Mapping[str, str] | None = None
 ) -> tuple[str | None, str | None]:
     """Record this process's plan.  Returns (the file written, None) or (None, why it was
     not written); never raises (a read-only or absent /dev/shm must not matter to a rank)."""
@@ -219,7 +271,7 @@ def register(
             st = os.fstat(wfd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
                 return None, "registry entry could not be created safely"
-            data = _encode(entry)
+            data = entry.encode()
             while data:
                 data = data[os.write(wfd, data) :]
         finally:
@@ -270,3 +322,153 @@ def unregister() -> None:
     finally:
         os.close(pfd)
     _registered.clear()
+
+
+# --- reading (check, check --all): every entry is input ----------------------------------------
+
+
+class Scan:
+    """What a reader found: trusted entries by pid, and counts of what it ignored."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, Entry] = {}
+        self.ignored: dict[str, int] = {}
+        self.notes: list[str] = []
+
+    def ignore(self, why: str) -> None:
+        self.ignored[why] = self.ignored.get(why, 0) + 1
+
+
+def _read_dir(fd: int, owner: int, scan: Scan, prune: bool, want: int | None = None) -> None:
+    try:
+        names, cut = _sysfs.entries(fd, DIR_CAP)
+    except OSError:
+        scan.ignore("unreadable directory")
+        return
+    if cut:
+        scan.notes.append(f"more than {DIR_CAP} entries in one directory; the rest ignored")
+    for name in names:
+        if want is not None and name != str(want):
+            continue
+        if not (name.isascii() and name.isdigit() and len(name) < 11):
+            scan.ignore("temporary" if name.startswith(".") else "special")
+            continue
+        pid = int(name)
+        try:
+            efd = os.open(
+                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+            )
+        except OSError:
+            scan.ignore("special")  # a link, a socket, gone
+            continue
+        try:
+            st = os.fstat(efd)
+            if not stat.S_ISREG(st.st_mode):
+                scan.ignore("special")
+                continue
+            if st.st_uid not in (owner, 0):
+                scan.ignore("foreign")
+                continue
+            try:
+                data = _sysfs.read_fd(efd, name, ENTRY_CAP)
+            except OSError:
+                scan.ignore("malformed")
+                continue
+        finally:
+            os.close(efd)
+        entry = Entry.parse(data)
+        if entry is None or entry.pid != pid:
+            scan.ignore("malformed")
+            if prune and process_uids(pid) is None:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+            continue
+        uids = process_uids(pid)
+        if uids is None or start_time(pid) != entry.start:
+            scan.ignore("stale")
+            if prune:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+            continue
+        if st.st_uid != 0 and st.st_uid not in uids:
+            scan.ignore("foreign")  # uid U may describe only U's own processes
+            continue
+        scan.entries[pid] = entry
+
+
+def _registry_uids(environ: Mapping[str, str]) -> list[int]:
+    """Every uid with a registry directory (root's audit): names in the base and in
+    /run/user, bounded."""
+    found: set[int] = {0}
+    for name in _sysfs.listdir(base_dir(environ), DIR_CAP):
+        rest = name[len(PREFIX) :]
+        if name.startswith(PREFIX) and rest.isascii() and rest.isdigit() and len(rest) < 11:
+            found.add(int(rest))
+    for name in _sysfs.listdir("/run/user", DIR_CAP):
+        if name.isascii() and name.isdigit() and len(name) < 11:
+            found.add(int(name))
+    return sorted(found)
+
+
+def scan(
+    environ: Mapping[str, str] | None = None,
+    *,
+    all_users: bool = False,
+    uids: list[int] | None = None,
+    pid: int | None = None,
+) -> Scan:
+    """Read the registry: every user's directories as root with ``all_users``, the
+    given ``uids`` (root only; others read their own), else this user's own; only pid
+    ``pid``'s entry when given."""
+    env = os.environ if environ is None else environ
+    me = os.geteuid()
+    out = Scan()
+    if me != 0:
+        wanted = [me]
+    elif uids is not None:
+        wanted = sorted(set(uids))
+    elif all_users:
+        wanted = _registry_uids(env)
+    else:
+        wanted = [me]
+    for uid in wanted:
+        for parent, name, label in candidates(env, uid):
+            try:
+                pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fd, bad = private_dir(pfd, name, uid, create=False)
+            finally:
+                os.close(pfd)
+            if fd is None:
+                if bad and "cannot be opened" not in bad:
+                    out.ignore("squatted directory")
+                    if uid == me:
+                        out.notes.append(
+                            f"{label} {bad}: registrations of uid {uid} may be missing"
+                        )
+                continue
+            try:
+                _read_dir(fd, uid, out, prune=me in (0, uid), want=pid)
+            finally:
+                os.close(fd)
+    return out
+
+
+def read(pid: int, environ: Mapping[str, str] | None = None) -> Entry | None:
+    """The trusted registry entry of ``pid``, or None."""
+    env = os.environ if environ is None else environ
+    uids = process_uids(pid)
+    if uids is None:
+        return None
+    return scan(env, uids=sorted(uids | {0}), pid=pid).entries.get(pid)
+
+
+def registered_pids(environ: Mapping[str, str] | None = None) -> list[int]:
+    """Every pid with a trusted, current entry (stale entries are pruned on the way)."""
+    return sorted(scan(environ, all_users=True).entries)

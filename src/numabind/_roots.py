@@ -1,8 +1,7 @@
-"""Where a machine's files come from: the live system, or a directory (and, in
-:mod:`numabind._tarroot`, a tarball in memory).
+"""Captures laid out as a directory (and, with :mod:`numabind._tarroot`, the linear
+resolver both capture readers share).
 
-A :class:`Root` answers "read ``/sys/...``" and "list ``/sys/...``" for one machine.  The
-live system is read as it is (``/sys`` and ``/proc`` are the kernel's own).  Anything else
+The live system is read as it is by :class:`numabind._sources.LiveRoot`.  Anything else
 is input that may have been crafted, and its paths resolve *inside* it, the way
 ``openat2(RESOLVE_IN_ROOT)`` would: a symbolic link is followed only within the capture
 (an absolute target means the capture's own root; ``..`` stops at it), at most
@@ -27,6 +26,7 @@ import os
 import stat
 
 from . import _sysfs
+from ._sources import Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,62 +35,6 @@ if TYPE_CHECKING:
 _PARENTS_CAP = 1 << 14  # directories remembered per root (a 1024-CPU capture needs ~3000)
 MAX_LINKS = 40  # as the kernel's own limit on symbolic links in one lookup
 PATH_MAX = 4096  # as the kernel's: the longest path or link target followed
-
-
-class Root:
-    """One machine's file tree.  ``read`` raises ``OSError`` (``FileNotFoundError`` for an
-    absent file, :class:`numabind._sysfs.ReadError` for one refused); ``opt`` returns None
-    instead.  ``budget`` counts what reading it has cost (see :class:`_sysfs.Budget`)."""
-
-    description = "?"
-    live = False
-
-    def __init__(self) -> None:
-        self.budget = _sysfs.Budget(self.description)
-
-    def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
-        raise NotImplementedError
-
-    def opt(self, path: str, cap: int = _sysfs.READ_CAP) -> str | None:
-        try:
-            return self.read(path, cap)
-        except OSError:
-            return None
-
-    def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
-        raise NotImplementedError
-
-    def isdir(self, path: str) -> bool:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release what the root holds (a tarball's bytes, a directory descriptor)."""
-
-
-class LiveRoot(Root):
-    """This machine.  Its /sys and /proc are the kernel's, so paths are used as they are;
-    reads still refuse anything but a regular file and stop at a cap."""
-
-    description = "live system"
-    live = True
-
-    def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
-        data = _sysfs.read_bytes(path, cap)
-        self.budget.charge(files=1, nbytes=len(data))
-        return data.decode("utf-8", "replace").strip()
-
-    def opt(self, path: str, cap: int = _sysfs.READ_CAP) -> str | None:
-        try:
-            return self.read(path, cap)
-        except OSError:
-            return None
-
-    def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
-        self.budget.charge(files=1)
-        return _sysfs.listdir(path, cap)
-
-    def isdir(self, path: str) -> bool:
-        return os.path.isdir(path)
 
 
 def split_path(path: str) -> list[str]:
@@ -353,5 +297,7 @@ def for_path(path: str) -> Root:
     """The root for ``NUMABIND_SYSROOT``-style paths: live for ``/``, else a directory
     (``OSError`` when it is missing or not a directory)."""
     if path in ("", "/"):
+        from ._sources import LiveRoot
+
         return LiveRoot()
     return DirRoot(path)

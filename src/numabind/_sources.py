@@ -1,4 +1,5 @@
-"""Where a :class:`~numabind._topology.Machine` gets its facts: one method per fact.
+"""Where a :class:`~numabind._topology.Machine` gets its facts: one method per fact, from
+a file tree (:class:`Root`).
 
 :class:`SysfsSource` reads a :class:`~numabind._roots.Root` laid out like ``/`` (the live
 system, a directory capture, a tarball); :mod:`numabind._hwloc` provides the same
@@ -9,19 +10,28 @@ and the value; nothing here raises on bad input.
 :func:`read_paths` lists every file this reader may open, as patterns; ``numabind
 gather`` writes exactly those, so a capture holds what the reader reads, by construction.
 
-The vendor table and the cgroup reader load on first use: a one-node machine, where the
-startup hook reads neither devices nor cpusets, pays for neither.
+A :class:`Root` answers "read ``/sys/...``" and "list ``/sys/...``" for one machine:
+:class:`LiveRoot` is this one (its /sys and /proc are the kernel's own, read as they are,
+still bounded); a capture's directory or tarball is read inside itself by
+:mod:`numabind._roots` and :mod:`numabind._tarroot`, which only ``show --input`` and
+``NUMABIND_SYSROOT`` load.  Every root counts its work in a :class:`~numabind._sysfs.Budget`.
+
+Which CPUs and memory nodes this process may use comes from its cgroup cpuset
+(:func:`cpuset`: v2 ``cpuset.cpus.effective``, v1 ``cpuset.effective_cpus``), found through
+``/proc/self/mounts`` and ``/proc/self/cgroup``.  ``Cpus_allowed_list`` is *not* this
+answer: it is the current affinity, which a launcher or parent may have narrowed, and
+planning inside it is the bug this library exists to fix.  Three outcomes are kept apart:
+a cpuset read; no cpuset at all (every online CPU); and a cpuset that exists but cannot
+be read, which plans on every online CPU *and says so* in ``Allowed.problem``.
 """
 
 from __future__ import annotations
 
-from . import _sysfs
-from ._model import Accelerator, Allowed, CpuInfo, Node
-from ._sysfs import normalize_pci, pci_sort_key
+import os
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ._roots import Root
+from . import _sysfs
+from ._model import BY_PCI, NVIDIA, VENDORS, Accelerator, Allowed, CpuInfo, Node
+from ._sysfs import normalize_pci, pci_sort_key
 
 SYS_NODE = "/sys/devices/system/node"
 SYS_CPU = "/sys/devices/system/cpu"
@@ -29,13 +39,72 @@ SYS_PCI = "/sys/bus/pci/devices"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 
 
+# --- file trees --------------------------------------------------------------------------------
+
+
+class Root:
+    """One machine's file tree.  ``read`` raises ``OSError`` (``FileNotFoundError`` for an
+    absent file, :class:`numabind._sysfs.ReadError` for one refused); ``opt`` returns None
+    instead.  ``budget`` counts what reading it has cost (see :class:`_sysfs.Budget`)."""
+
+    description = "?"
+    live = False
+
+    def __init__(self) -> None:
+        self.budget = _sysfs.Budget(self.description)
+
+    def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
+        raise NotImplementedError
+
+    def opt(self, path: str, cap: int = _sysfs.READ_CAP) -> str | None:
+        try:
+            return self.read(path, cap)
+        except OSError:
+            return None
+
+    def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
+        raise NotImplementedError
+
+    def isdir(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the root holds (a tarball's bytes, a directory descriptor)."""
+
+
+class LiveRoot(Root):
+    """This machine.  Its /sys and /proc are the kernel's, so paths are used as they are;
+    reads still refuse anything but a regular file and stop at a cap."""
+
+    description = "live system"
+    live = True
+
+    def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
+        data = _sysfs.read_bytes(path, cap)
+        self.budget.charge(files=1, nbytes=len(data))
+        return data.decode("utf-8", "replace").strip()
+
+    def opt(self, path: str, cap: int = _sysfs.READ_CAP) -> str | None:
+        try:
+            return self.read(path, cap)
+        except OSError:
+            return None
+
+    def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
+        self.budget.charge(files=1)
+        return _sysfs.listdir(path, cap)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+
+# --- the facts ---------------------------------------------------------------------------------
+
+
 def read_paths() -> tuple[str, ...]:
     """Every file the reader opens, as patterns: ``{node}``, ``{cpu}``, ``{index}``,
     ``{bdf}`` and ``{driver}`` are listed directories, ``{cgroup}`` is the cpuset directory
     found.  ``gather`` copies these."""
-    from . import _cgroup
-    from ._vendors import NVIDIA, VENDORS
-
     return (
         f"{SYS_CPU}/online",
         f"{SYS_CPU}/present",
@@ -60,15 +129,20 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_PCI}/{{bdf}}/local_cpulist",
         f"{SYS_PCI}/{{bdf}}/local_cpus",
         *(f"{SYS_PCI}/{{bdf}}/{v.uuid_file}" for v in VENDORS if v.uuid_file),
-        f"{NVIDIA.driver_dir}/{{driver}}/information",
-        f"{NVIDIA.driver_dir}/{{driver}}/numa_status",
+        *(
+            f"{v.driver_dir}/{{driver}}/{name}"
+            for v in VENDORS
+            if v.driver_dir
+            for name in (v.driver_info_file, v.driver_numa_file)
+            if name
+        ),
         "/proc/self/cgroup",
         "/proc/self/cpuset",
         "/proc/self/mounts",
         "/proc/self/status",
         "/proc/sys/kernel/osrelease",
         NUMA_BALANCING,
-        *(f"{{cgroup}}/{name}" for name in _cgroup.CPUSET_FILES),
+        *(f"{{cgroup}}/{name}" for name in CPUSET_FILES),
     )
 
 
@@ -298,9 +372,7 @@ class SysfsSource(Source):
 
     # --- what this process may use
     def allowed(self, online: frozenset[int]) -> Allowed:
-        from . import _cgroup
-
-        return _cgroup.cpuset(self.root, online)
+        return cpuset(self.root, online)
 
     # --- accelerators
     def accelerators(self) -> tuple[Accelerator, ...]:
@@ -327,7 +399,6 @@ class SysfsSource(Source):
     def _accelerator(self, bdf: str, driver_listed: bool) -> Accelerator | None:
         if bdf in self._pci_cache:
             return self._pci_cache[bdf]
-        from ._vendors import BY_PCI, NVIDIA
 
         base = f"{SYS_PCI}/{bdf}"
         vendor_id = _sysfs.parse_int(self._read(f"{base}/vendor"))
@@ -355,15 +426,17 @@ class SysfsSource(Source):
             uid = self._read(f"{base}/{vendor.uuid_file}")
             if uid and len(uid) <= 32 and all(c in "0123456789abcdefABCDEFx" for c in uid):
                 uuid = vendor.uuid_prefix + uid.lower().removeprefix("0x")
-        if vendor.driver_dir:
+        if vendor.driver_dir and vendor.driver_info_file:
             info = self._driver_information(vendor.key, bdf)
-            uuid = info.get("GPU UUID") or uuid
-            name = info.get("Model")
-            minor = _sysfs.parse_int(info.get("Device Minor"))
-            status = self._read(f"{vendor.driver_dir}/{bdf}/numa_status")
+            keys = dict(vendor.driver_info_keys)
+            uuid = info.get(keys.get("uuid", ""), "") or uuid
+            name = info.get(keys.get("name", ""))
+            minor = _sysfs.parse_int(info.get(keys.get("minor", "")))
+        if vendor.driver_dir and vendor.driver_numa_file:
+            status = self._read(f"{vendor.driver_dir}/{bdf}/{vendor.driver_numa_file}")
             for line in (status or "").splitlines()[:16]:
                 key, _, value = line.partition(":")
-                if key.strip() == "Node":
+                if key.strip() == vendor.driver_numa_key:
                     memory_node = _sysfs.parse_int(value)
                     if memory_node is not None and not 0 <= memory_node < self.node_limit:
                         memory_node = None
@@ -385,10 +458,11 @@ class SysfsSource(Source):
 
     def _driver_information(self, vendor: str, bdf: str) -> dict[str, str]:
         if bdf not in self._driver_info:
-            from ._vendors import BY_KEY
+            from ._model import BY_KEY
 
             out: dict[str, str] = {}
-            text = self._read(f"{BY_KEY[vendor].driver_dir}/{bdf}/information") or ""
+            v = BY_KEY[vendor]
+            text = self._read(f"{v.driver_dir}/{bdf}/{v.driver_info_file}") or ""
             for line in text.splitlines()[:64]:
                 key, sep, value = line.partition(":")
                 if sep:
@@ -398,7 +472,7 @@ class SysfsSource(Source):
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         if vendor not in self._driver_gpus:
-            from ._vendors import BY_KEY
+            from ._model import BY_KEY
 
             d = BY_KEY[vendor].driver_dir
             found: tuple[str, ...] | None = None
@@ -425,3 +499,145 @@ class SysfsSource(Source):
 
     def close(self) -> None:
         self.root.close()
+
+
+# --- what this process may use: its cgroup cpuset ----------------------------------------------
+
+
+MOUNTS_CAP = 4 << 20  # container hosts can have thousands of mounts
+
+# file names per layout: (effective cpus, cpus, effective mems, mems); "" = none
+_V2 = ("cpuset.cpus.effective", "", "cpuset.mems.effective", "")
+_V1 = ("cpuset.effective_cpus", "cpuset.cpus", "cpuset.effective_mems", "cpuset.mems")
+_V1_NOPREFIX = ("effective_cpus", "cpus", "effective_mems", "mems")
+CPUSET_FILES = tuple(dict.fromkeys(n for names in (_V2, _V1, _V1_NOPREFIX) for n in names if n))
+
+
+def _unescape(field: str) -> str:
+    r"""/proc/mounts writes space, tab, newline and backslash as \040 \011 \012 \134."""
+    if "\\" not in field:
+        return field
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+class _Found(Exception):
+    def __init__(self, allowed: Allowed) -> None:
+        self.allowed = allowed
+
+
+def cpuset(root: Root, online: frozenset[int]) -> Allowed:
+    """The process's cpuset as an :class:`~numabind._model.Allowed` (see module doc)."""
+    mounts = root.opt("/proc/self/mounts", MOUNTS_CAP) or root.opt("/proc/mounts", MOUNTS_CAP)
+    v1_mount = v2_mount = None
+    v1_names = _V1
+    for line in (mounts or "").splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point, fstype, opts = _unescape(fields[1]), fields[2], fields[3].split(",")
+        if fstype == "cgroup2" and v2_mount is None:
+            v2_mount = point
+        elif (fstype == "cgroup" and "cpuset" in opts) or fstype == "cpuset":
+            v1_mount = point
+            v1_names = _V1_NOPREFIX if ("noprefix" in opts or fstype == "cpuset") else _V1
+    v1_path = v2_path = None
+    cgroup = root.opt("/proc/self/cgroup")
+    if cgroup:
+        for line in cgroup.splitlines():
+            hier, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            if hier == "0" and controllers == "":
+                v2_path = path
+            elif "cpuset" in controllers.split(","):
+                v1_path = path
+    else:
+        # Old kernels (and some captures) only have /proc/self/cpuset.
+        v1_path = v2_path = root.opt("/proc/self/cpuset")
+    problems: list[str] = []
+    try:
+        if v1_mount is not None and v1_path is not None:
+            _walk(root, online, v1_mount, v1_path, v1_names, "cgroup-v1", problems)
+        if v2_mount is not None and v2_path is not None:
+            _walk(root, online, v2_mount, v2_path, _V2, "cgroup-v2", problems)
+    except _Found as found:
+        return found.allowed
+    return Allowed(
+        cpus=online,
+        mems=_mems_allowed(root),
+        kind="online",
+        problem="; ".join(problems) or None,
+    )
+
+
+def _mems_allowed(root: Root) -> frozenset[int] | None:
+    # Mems_allowed_list is the cpuset's own memory nodes (no parent narrows it)
+    for line in (root.opt("/proc/self/status") or "").splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            try:
+                return _sysfs.parse_nodelist(line.split(":", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+def _walk(
+    root: Root,
+    online: frozenset[int],
+    mount: str,
+    path: str,
+    names: tuple[str, str, str, str],
+    kind: str,
+    problems: list[str],
+) -> None:
+    """Walk up from the process's cgroup: in v2 a cgroup without the cpuset controller
+    has no cpuset files and inherits its parent's; in a cgroup namespace the path from
+    /proc/self/cgroup may not exist under the mount, whose root is then ours."""
+    path = "/" + path.strip("/")
+    before = len(problems)
+    candidates: list[str] = []
+    for _ in range(256):  # cgroup trees are shallow; a crafted path cannot loop us
+        candidates.append(path)
+        if path == "/":
+            break
+        path = path.rsplit("/", 1)[0] or "/"
+    for cand in candidates:
+        d = mount.rstrip("/") + (cand if cand != "/" else "")
+        cpus_text = _read(root, d, names[0], names[1], problems)
+        if cpus_text is None:
+            if len(problems) > before:
+                return  # it exists but cannot be read: say so rather than look above it
+            continue
+        if not cpus_text:
+            continue
+        mems_text = _read(root, d, names[2], names[3], problems)
+        try:
+            cpus = _sysfs.parse_cpulist(cpus_text)
+            mems = _sysfs.parse_nodelist(mems_text) if mems_text else None
+        except ValueError as err:
+            problems.append(f"{kind.replace('-', ' ')} cpuset {d} is unreadable ({err})")
+            return
+        raise _Found(
+            Allowed(
+                cpus=cpus & online if online else cpus,
+                mems=mems,
+                kind=kind,  # type: ignore[arg-type]
+                directory=d,
+            )
+        )
+
+
+def _read(root: Root, d: str, first: str, second: str, problems: list[str]) -> str | None:
+    for name in (first, second):
+        if not name:
+            continue
+        try:
+            return root.read(f"{d}/{name}")
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            why = str(err) if isinstance(err, _sysfs.ReadError) else (err.strerror or str(err))
+            problems.append(f"cgroup cpuset file {d}/{name} exists but is unreadable ({why})")
+            return None
+    return None

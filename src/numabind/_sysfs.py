@@ -86,20 +86,6 @@ def read_bytes(path: str, cap: int = READ_CAP, *, nofollow: bool = False) -> byt
 _MISSING: object = object()
 
 
-ENVIRON_CAP = 4 << 20
-
-
-def read_environ(pid: int | str) -> dict[str, str]:
-    """A process's initial environment (``/proc/PID/environ``: what it was started with, not
-    what it has set since), capped like every other read; raises ``OSError``."""
-    out = {}
-    for item in read_bytes(f"/proc/{pid}/environ", ENVIRON_CAP).split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            out[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-    return out
-
-
 def read_text(path: str, fallback: str | object | None = _MISSING, cap: int = READ_CAP) -> str:
     """Read a kernel text file and strip it.
 
@@ -146,7 +132,7 @@ def listdir(path: str, cap: int = LIST_CAP) -> list[str]:
     return sorted(names)
 
 
-# --- parsers -----------------------------------------------------------------------------
+# --- parsers -----------------------------------------------------------------------------------
 
 
 def short(text: str, limit: int = 60) -> str:
@@ -294,7 +280,7 @@ def escape(text: str, limit: int = 8000) -> str:
     return out + (f" ... ({len(text)} characters)" if len(text) > limit else "")
 
 
-# --- the work of reading one machine ----------------------------------------------------------
+# --- the work of reading one machine -----------------------------------------------------------
 # Every number numabind accepts is capped, but links let a small crafted tree claim the cap
 # everywhere (2N CPU directories linked to two templates, each listing 16,384 CPUs).  So
 # the work of reading one machine is counted, not timed, against what the largest machine
@@ -335,7 +321,7 @@ class Budget:
             )
 
 
-# --- PCI addresses ----------------------------------------------------------------------
+# --- PCI addresses -----------------------------------------------------------------------------
 # The one spelling numabind uses is sysfs's (``0000:3b:00.0``).  NVML and nvidia-smi write
 # ``00000000:3B:00.0`` (8-digit domain, upper case), CUDA ``0000:3B:00.0``, hwloc
 # ``0000:3b:00.0``: everything is normalised before it is compared, so a device is never

@@ -29,7 +29,8 @@ import os
 import stat
 
 from . import _sysfs
-from ._roots import PATH_MAX, Resolver, Root, split_path
+from ._roots import PATH_MAX, Resolver, split_path
+from ._sources import Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _sysfs
+from . import _kernel, _sysfs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from ._plan import Plan
 
+AFFINITY_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 VARIABLES = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
@@ -44,12 +45,11 @@ VARIABLES = (
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )
-AFFINITY_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
 
 def _initial_environ(pid: int | str) -> dict[str, str] | None:
     try:
-        return _sysfs.read_environ(pid)
+        return _kernel.read_environ(pid)
     except OSError:
         return None
 
@@ -127,23 +127,11 @@ class ThreadSettings:
         self.kept: dict[str, str] = {}
         self.affinity_warning: str | None = None
 
-    def registry_fields(self) -> dict[str, str]:
-        given = {**{k: v for k, v in self.kept.items()}, **{k: str(self.budget) for k in self.set}}
-        return {
-            "threads": str(self.budget),
-            "thread_env": ",".join(f"{k}:{v}" for k, v in sorted(given.items())),
-        }
-
-    @staticmethod
-    def from_registry(text: str) -> dict[str, str]:
-        """``registry_fields()``'s ``thread_env`` read back (an entry is input: only the known
-        variables, with plain numbers of at most six digits)."""
-        out = {}
-        for item in text.split(",")[: len(VARIABLES)]:
-            k, _, v = item.partition(":")
-            if k in VARIABLES and v.isascii() and v.isdigit() and len(v) < 7:  # not "²"
-                out[k] = v
-        return out
+    def registry_env(self) -> tuple[tuple[str, str], ...]:
+        """The variables this rank was given, with their values, for its registry entry
+        (the hook sets them after start: /proc/PID/environ cannot show them)."""
+        given = {**self.kept, **{k: str(self.budget) for k in self.set}}
+        return tuple(sorted(given.items()))
 
     def notes(self, verbose: bool) -> list[str]:
         out: list[str] = []
@@ -197,18 +185,16 @@ def apply_env(
     return out
 
 
-def apply_runtime(plan: Plan, setting: str) -> tuple[list[str], str | None]:
-    """Late binding: resize the thread pools already loaded; returns (notes, a warning
-    about affinity variables or None)."""
+def apply_runtime(plan: Plan, setting: str) -> tuple[ThreadSettings | None, list[str]]:
+    """Late binding: set the variables (for what starts later) and resize the thread pools
+    already loaded; returns (what was set, notes)."""
     budget = budget_of(plan, setting)
     if budget is None:
-        return [], None
+        return None, []
     notes: list[str] = []
     settings = apply_env(plan, setting, os.environ)
-    warning = settings.affinity_warning if settings is not None else None
-    user = settings.kept if settings is not None else {}
-    if "OMP_NUM_THREADS" in user:
-        return notes, warning  # the user sized the pools: leave the runtimes as they are
+    if settings is not None and "OMP_NUM_THREADS" in settings.kept:
+        return settings, notes  # the user sized the pools: leave the runtimes as they are
     try:
         import threadpoolctl
     except ImportError:
@@ -221,4 +207,4 @@ def apply_runtime(plan: Plan, setting: str) -> tuple[list[str], str | None]:
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         torch.set_num_threads(budget)
-    return notes, warning
+    return settings, notes

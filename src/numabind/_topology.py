@@ -49,11 +49,16 @@ class Machine:
         one), read inside it only.  Raises :class:`~numabind.CaptureError` when ``root``
         is missing, not a directory, or holds no ``sys/`` (a tarball or an hwloc XML
         file: :meth:`from_capture` reads those)."""
-        from ._roots import for_path
-        from ._sources import SysfsSource
+        from ._sources import LiveRoot, Root, SysfsSource
 
+        tree: Root
         try:
-            tree = for_path(root)
+            if root in ("", "/"):
+                tree = LiveRoot()
+            else:
+                from ._roots import DirRoot  # captures only: a live rank never loads it
+
+                tree = DirRoot(root)
         except OSError as err:
             from ._errors import CaptureError
 

@@ -30,14 +30,14 @@ from __future__ import annotations
 import os
 
 from ._errors import IntegrationError
-from ._output import report, say
+from ._output import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ._binding import Binding
+    from ._apply import Binding
 
 TESTED_RAY = ("2.60",)  # major.minor versions whose internals the tests run against
 _state: dict[str, Any] = {}
@@ -100,35 +100,30 @@ def bind_assigned(var: str | None, ids: list[str], environ: Mapping[str, str]) -
     Returns the binding, or None when there is nothing to bind."""
     if not ids:
         return None
-    from ._bind import bind
-    from ._config import config_from_env, sysroot
+    from ._api import bind
     from ._devices import resolve
-    from ._plan import Plan, device_node, request_for
-    from ._plan import plan as make_plan
-    from ._ranks import RankInfo
+    from ._environ import Config
+    from ._plan import device_node
     from ._topology import Machine
 
-    cfg = config_from_env(environ)
     env = dict(environ)
     env[var or "CUDA_VISIBLE_DEVICES"] = ",".join(ids)
-    machine = Machine.from_root(sysroot(environ))
+    machine = Machine.from_root(Config.from_env(environ).sysroot)
     try:
         visible = resolve(machine, env)
         nodes = {device_node(machine, d).node for d in visible.devices}
-        if visible.problem is None and (len(nodes) != 1 or None in nodes):
-            say(
-                f"Ray assigned GPUs {','.join(ids)}, on nodes "
-                f"{sorted(n for n in nodes if n is not None)} (or unknown): not bound"
-            )
-            return None
-        info = RankInfo(local_rank=0, rank_source=f"Ray-assigned GPU {','.join(ids)}")
-        first = visible.replace(devices=visible.devices[:1]) if visible.devices else visible
-        p: Plan = make_plan(machine, request_for(info, first, cfg.mode, cfg.memory))
-        binding = bind(p, machine, enable=cfg.enable, environ=environ, migrate=True)
     finally:
         machine.close()
-    report(binding, cfg.verbose)
-    return binding
+    if visible.problem is None and (len(nodes) != 1 or None in nodes):
+        say(
+            f"Ray assigned GPUs {','.join(ids)}, on nodes "
+            f"{sorted(n for n in nodes if n is not None)} (or unknown): not bound"
+        )
+        return None
+    if not visible.devices:
+        say(f"Ray assigned GPUs {','.join(ids)}: {visible.problem or visible.source}; not bound")
+        return None
+    return bind(device=visible.devices[0], migrate=True, source=f"Ray-assigned GPU {','.join(ids)}")
 
 
 def _after_set_visible() -> None:
@@ -198,7 +193,7 @@ def install_when_imported() -> None:
     """``NUMABIND_RAY=1``: install as soon as Ray is imported (the whole package: its
     ``__init__`` imports the worker utilities half-way through), without importing Ray
     here (the startup hook calls this in every process that has the switch)."""
-    from ._importhook import after_import
+    from ._guard import after_import
 
     def hook(module: Any) -> None:
         try:

@@ -40,10 +40,9 @@ internals and raises :class:`TorchIntegrationError` naming the one that changed.
 from __future__ import annotations
 
 import multiprocessing as _stdlib_mp
-import os
 
 from ._errors import IntegrationError
-from ._output import report, say
+from ._output import say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -111,13 +110,9 @@ def _torch_child_entry(
 ) -> Any:
     """The child's first numabind code: confirm the inherited binding (or, under forkserver,
     bind and migrate now), then hand over to torch's own ``_wrap``."""
-    from ._api import apply
-    from ._config import config_from_env
+    from ._api import bind
 
-    binding = apply(
-        local_rank, mode=mode, memory=memory, migrate=method == "forkserver", strict=False
-    )
-    report(binding, config_from_env(os.environ).verbose)
+    bind(local_rank, mode=mode, memory=memory, migrate=method == "forkserver", strict=False)
     return target(*target_args)
 
 
@@ -213,7 +208,7 @@ def _on_select(what: str, device: Any) -> None:
             _say_second(what, index)
         return
     _selected["first"], _selected["checked"] = index, {index}
-    from ._binding import ACTIVE
+    from ._apply import ACTIVE
 
     bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
     if bound is not None:
@@ -223,12 +218,10 @@ def _on_select(what: str, device: Any) -> None:
         _selected["first"] = None
         _say_second(what, index)
         return
-    from ._api import apply
-    from ._config import config_from_env
+    from ._api import bind
 
-    binding = apply(device=index, migrate=True, strict=False)
+    binding = bind(device=index, migrate=True, strict=False, prefix=f"{what}({index}): ")
     _selected["node"] = binding.plan.numa_node
-    report(binding, config_from_env(os.environ).verbose, f"{what}({index}): ")
 
 
 def _say_second(what: str, index: int) -> None:
@@ -297,12 +290,12 @@ def install_set_device() -> None:
 
 
 def _set_device_wanted() -> bool:
-    return os.environ.get("NUMABIND_TORCH_SET_DEVICE", "1").strip().lower() not in (
-        "0",
-        "off",
-        "false",
-        "no",
-    )
+    from ._environ import Config
+
+    try:
+        return Config.from_env().torch_set_device
+    except ValueError:  # a bad binding knob: binding will say so when it is tried
+        return True
 
 
 def install(*, mode: str | None = None, memory: str | None = None) -> None:
@@ -339,7 +332,7 @@ def uninstall() -> None:
 def install_when_imported() -> None:
     """``NUMABIND_TORCH=1``: install as soon as torch is imported, without importing torch
     here (the startup hook calls this in launchers, ranks and engine workers alike)."""
-    from ._importhook import after_import
+    from ._guard import after_import
 
     def hook(module: Any) -> None:
         try:

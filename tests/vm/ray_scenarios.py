@@ -24,7 +24,7 @@ def report(tag: str) -> dict[str, Any]:
     import ray
 
     from numabind import _kernel
-    from numabind._procmaps import pages_per_node, private_anon_regions
+    from numabind._kernel import pages_per_node, private_anon_regions
 
     buf = b"\x01" * (200 << 20)
     policy = _kernel.get_mempolicy()

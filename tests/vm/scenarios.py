@@ -240,7 +240,7 @@ def scenario_check(results: dict[str, Any]) -> None:
         # migrate_pages moves another process's pages (numabind never does this to a rank:
         # as root it would move shared library pages too; here it proves the call)
         from numabind import _kernel
-        from numabind._procmaps import pages_per_node, private_anon_regions
+        from numabind._kernel import pages_per_node, private_anon_regions
 
         before = pages_per_node(private_anon_regions(bad.pid))
         left = _kernel.migrate_pages(bad.pid, {0}, {1})

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 def _measure(kind: str, rank: int, out: str) -> None:
     buf = b"\x01" * (200 << 20)  # touch 200 MB
     keep = torch.ones(8 << 20)  # and 32 MB through torch's allocator
-    from numabind._procmaps import pages_per_node, private_anon_regions
+    from numabind._kernel import pages_per_node, private_anon_regions
 
     data = {
         "rank": rank,

@@ -29,7 +29,7 @@ def _hook() -> None:
         from _numabind_start import start  # the same cheap environment check as the .pth
     except ImportError as err:
         sys.stderr.write(
-            f"numabind: startup hook failed to load ({err!r}); this process runs unbound\n"
+            "numabind: startup hook failed to load (%r); this process runs unbound\n" % (err,)
         )
         return
     start()

@@ -3,7 +3,7 @@ preferred spills to the other node, bind refuses (the process dies).  Prints its
 
 import json
 
-from numabind._procmaps import pages_per_node, private_anon_regions
+from numabind._kernel import pages_per_node, private_anon_regions
 
 
 def main() -> None:

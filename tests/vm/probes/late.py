@@ -11,7 +11,7 @@ import sys
 import threading
 
 from numabind import _kernel, numa_bound
-from numabind._procmaps import pages_per_node, private_anon_regions
+from numabind._kernel import pages_per_node, private_anon_regions
 
 
 def file_pages() -> dict[int, int]:

@@ -20,7 +20,7 @@ import mmap  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 
-from numabind._procmaps import pages_per_node, private_anon_regions  # noqa: E402
+from numabind._kernel import pages_per_node, private_anon_regions  # noqa: E402
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import os
 import torch
 
 from numabind import _kernel
-from numabind._procmaps import pages_per_node, private_anon_regions
+from numabind._kernel import pages_per_node, private_anon_regions
 
 
 def main() -> None:

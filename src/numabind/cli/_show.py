@@ -1,6 +1,6 @@
-"""What ``numabind show`` prints: the machine, its accelerators and each local rank's plan,
-as text or as JSON (``show_data``).  Parsing the command line is :mod:`numabind.cli`'s
-job; this module only plans and renders.
+"""``numabind show``: the machine, its accelerators and each local rank's plan, as text,
+as JSON (the typed :class:`ShowReport`, whose ``to_dict()`` is the documented schema) or
+as a picture.
 """
 
 from __future__ import annotations
@@ -8,16 +8,20 @@ from __future__ import annotations
 import os
 import sys
 
-from . import __version__, _sysfs
-from ._plan import Plan, Request, device_node, plan
+from .. import __version__, _sysfs
+from .._errors import CaptureError, UsageError
+from .._model import Allowed, Node, Record
+from .._plan import Plan, Request, device_node, plan
+from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Mapping
     from typing import Any
 
-    from ._devices import Visible
-    from ._topology import Machine
+    from .._devices import Visible
+    from .._topology import Machine
 
 fmt = _sysfs.format_cpulist
 
@@ -38,8 +42,8 @@ def plans_for(
     memory: str,
 ) -> tuple[Visible, list[Plan], str]:
     """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
-    from ._devices import resolve
-    from ._ranks import detect
+    from .._devices import resolve
+    from .._environ import detect
 
     info = detect(environ)
     visible = resolve(machine, environ)
@@ -72,10 +76,9 @@ def plans_for(
 def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str, Any] | None:
     """When ``show`` itself runs as a rank (``srun numabind show``): what the startup hook did
     to it, or, if the hook did not run, what it would do with the CPU mask found in place."""
-    from . import _startup
-    from ._config import config_from_env
-    from ._existing import assess, decide, parent_mask
-    from ._ranks import detect
+    from .. import _kernel, _startup
+    from .._apply import assess, decide
+    from .._environ import Config, detect
 
     binding = _startup.last
     if binding is not None:
@@ -88,10 +91,10 @@ def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str,
         why = mine.reason if mine is not None else "no plan for this rank"
         return {"summary": f"local rank {info.local_rank} ({info.rank_source}): not bound: {why}"}
     current = frozenset(os.sched_getaffinity(0))
-    existing = assess(current, machine.allowed.cpus, parent_mask(os.getppid()), environ)
+    existing = assess(current, machine.allowed.cpus, _kernel.cpus_allowed(os.getppid()), environ)
     node = machine.node(mine.numa_node) if mine.numa_node is not None else None
     decision = decide(
-        existing, mine.cpus, node.cpus if node else None, config_from_env(environ).enable
+        existing, mine.cpus, node.cpus if node else None, Config.from_env(environ).enable
     )
     verb = "keep it" if decision.action == "keep" else f"bind CPUs {fmt(mine.cpus)}"
     summary = (
@@ -129,62 +132,105 @@ def balancing_line(machine: Machine, plans: list[Plan]) -> str | None:
     )
 
 
-def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> dict[str, Any]:
+class DeviceRow(Record):
+    """One accelerator of the machine as ``show`` reports it."""
+
+    index: int | None  # its number among the visible devices, None when not visible
+    pci: str
+    vendor: str
+    numa_node: int | None  # what sysfs says (None: -1)
+    node: int | None  # the CPU node the planner binds its ranks to
+    node_inferred: bool
+    memory_node: int | None
+    uuid: str | None
+    name: str | None
+    local_cpus: frozenset[int] | None
+    visible: bool
+
+
+class VisibleRow(Record):
+    """Which devices the runtime numbers 0..n-1, and why."""
+
+    source: str
+    problem: str | None
+    notes: tuple[str, ...]
+
+
+class ShowReport(Record):
+    """What ``numabind show --json`` prints (docs/cli.rst documents every key)."""
+
+    machine: str
+    online_cpus: frozenset[int]
+    smt: int
+    allowed: Allowed
+    nodes: tuple[Node, ...]
+    devices: tuple[DeviceRow, ...]
+    visible: VisibleRow
+    numa_balancing: bool | None
+    warnings: tuple[str, ...]
+    ranks: tuple[Plan, ...]
+    this_process: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.this_process is None:
+            del d["this_process"]
+        return d
+
+
+def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowReport:
     indices = {d.pci: i for i, d in enumerate(visible.devices)}
     devices = []
     for acc in machine.accelerators:
         choice = device_node(machine, acc)
         devices.append(
-            {
-                "index": indices.get(acc.pci),
-                "pci": acc.pci,
-                "vendor": acc.vendor,
-                "numa_node": acc.numa_node,
-                "node": choice.node,
-                "node_inferred": choice.inferred,
-                "memory_node": acc.memory_node,
-                "uuid": acc.uuid,
-                "name": acc.name,
-                "local_cpus": sorted(acc.local_cpus) if acc.local_cpus is not None else None,
-                "visible": acc.pci in indices,
-            }
+            DeviceRow(
+                index=indices.get(acc.pci),
+                pci=acc.pci,
+                vendor=acc.vendor,
+                numa_node=acc.numa_node,
+                node=choice.node,
+                node_inferred=choice.inferred,
+                memory_node=acc.memory_node,
+                uuid=acc.uuid,
+                name=acc.name,
+                local_cpus=acc.local_cpus,
+                visible=acc.pci in indices,
+            )
         )
-    return {
-        "machine": machine.description,
-        "online_cpus": sorted(machine.online_cpus),
-        "smt": machine.smt,
-        "allowed": machine.allowed.to_dict(),
-        "nodes": [n.to_dict() for n in machine.nodes],
-        "devices": devices,
-        "visible": {
-            "source": visible.source,
-            "problem": visible.problem,
-            "notes": list(visible.notes),
-        },
-        "numa_balancing": machine.numa_balancing,
-        "warnings": list(machine.warnings),
-        "ranks": [p.to_dict() for p in plans],
-    }
+    return ShowReport(
+        machine=machine.description,
+        online_cpus=machine.online_cpus,
+        smt=machine.smt,
+        allowed=machine.allowed,
+        nodes=machine.nodes,
+        devices=tuple(devices),
+        visible=VisibleRow(source=visible.source, problem=visible.problem, notes=visible.notes),
+        numa_balancing=machine.numa_balancing,
+        warnings=machine.warnings,
+        ranks=tuple(plans),
+    )
 
 
-def _table(rows: list[list[str]], indent: str = "  ") -> str:
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r[:-1], widths[:-1])] + [r[-1]]
         lines.append((indent + "  ".join(cells)).rstrip())
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def show_text(
     machine: Machine, visible: Visible, plans: list[Plan], source: str, mode: str, memory: str
-) -> str:
+) -> list[str]:
+    """The text report, one line per item (the writer escapes each)."""
     allowed = machine.allowed
-    out = [f"numabind {__version__}: {machine.description}\n\n"]
+    out = [f"numabind {__version__}: {machine.description}", ""]
     out.append(
         f"NUMA nodes (this process may use CPUs {fmt(allowed.cpus) or 'none'}"
         + (f", memory nodes {fmt(allowed.mems)}" if allowed.mems is not None else "")
-        + f"; from {allowed.source})\n"
+        + f"; from {allowed.source})"
     )
     rows = [["node", "cpus", "memory", "distances"]]
     for n in machine.nodes:
@@ -196,10 +242,9 @@ def show_text(
                 " ".join(str(d) for _, d in n.distances) or "-",
             ]
         )
-    out.append(_table(rows))
-    for warning in machine.warnings:
-        out.append(f"  problem: {warning}\n")
-    out.append(f"\nAccelerators ({visible.source})\n")
+    out += _table(rows)
+    out += notice_lines("problem", machine.warnings, "  ")
+    out += ["", f"Accelerators ({visible.source})"]
     accs = machine.accelerators
     inferred = False
     if accs:
@@ -221,26 +266,22 @@ def show_text(
                     " ".join(x for x in (a.uuid, a.name) if x) or "-",
                 ]
             )
-        out.append(_table(rows))
+        out += _table(rows)
         if inferred:
             out.append(
                 "  * node inferred from the device's local_cpus (sysfs numa_node -1 or a "
-                "memory-only node)\n"
+                "memory-only node)"
             )
     else:
-        out.append("  none found\n")
-    for note in visible.notes:
-        out.append(f"  note: {note}\n")
-    if visible.problem:
-        out.append(f"  problem: {visible.problem}\n")
-    out.append(
-        f"\nPlan (mode {mode}, memory {memory}; {plural(len(plans), 'local rank')}: {source})\n"
-    )
+        out.append("  none found")
+    out += notice_lines("note", visible.notes, "  ")
+    out += notice_lines("problem", [visible.problem] if visible.problem else [], "  ")
+    out += [
+        "",
+        f"Plan (mode {mode}, memory {memory}; {plural(len(plans), 'local rank')}: {source})",
+    ]
     rows = [["rank", "device", "node", "cpus", "threads", "memory", "status: reason"]]
     for p in plans:
-        mem = p.memory_policy
-        if p.memory_nodes and mem != "none":
-            mem += " " + fmt(p.memory_nodes)
         rows.append(
             [
                 str(p.local_rank),
@@ -248,12 +289,76 @@ def show_text(
                 str(p.numa_node) if p.numa_node is not None else "-",
                 fmt(p.cpus) or "-",
                 str(p.threads) if p.threads is not None else "-",
-                mem if p.bound else "-",
+                _memory_cell(p),
                 f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
             ]
         )
-    out.append(_table(rows))
+    out += _table(rows)
     line = balancing_line(machine, plans)
     if line:
-        out.append(f"\nnote: {line}\n")
-    return "".join(out)
+        out += ["", f"note: {line}"]
+    return out
+
+
+def _memory_cell(p: Plan) -> str:
+    if not p.bound:
+        return "-"
+    if p.memory_nodes and p.memory_policy != "none":
+        return f"{p.memory_policy} {fmt(p.memory_nodes)}"
+    return p.memory_policy
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """``numabind show``: check the outputs, read the machine, plan, print."""
+    from .._environ import Config
+    from .._topology import Machine
+
+    svg = OutputFile(args.svg, "--svg", "show", args.force).check() if args.svg else None
+    one_stdout((("--json", args.json), ("--svg -", svg is not None and svg.stdout)), "show")
+    if args.input is not None:
+        try:
+            machine = Machine.from_capture(args.input)
+        except CaptureError as err:
+            raise UsageError(f"numabind show: {err}") from err
+        recorded = machine.recorded_environ
+        environ: Any = recorded if recorded is not None else os.environ
+    else:
+        try:
+            machine = Machine.from_root(Config.from_env().sysroot)
+        except (CaptureError, ValueError) as err:
+            raise UsageError(f"numabind show: {err}") from err
+        environ = os.environ
+    try:
+        try:
+            cfg = Config.from_env(environ)
+        except ValueError as err:
+            raise UsageError(f"numabind show: {err}") from err
+        mode = args.mode or cfg.mode
+        memory = args.memory or cfg.memory
+        if not machine.node_ids and not machine.online_cpus:
+            raise UsageError(
+                f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
+            )
+        visible, plans, source = plans_for(machine, environ, args.nproc, mode, memory)
+        report = show_data(machine, visible, plans)
+        this = None if args.input else this_process(machine, environ, plans)
+        if this is not None:
+            report = report.replace(this_process=this)
+        if svg is not None:
+            from ._svg import render
+
+            svg.write(render(machine, plans, mode=mode, memory=memory))
+        if args.json:
+            write_json(report.to_dict())
+        elif svg is None or not svg.stdout:
+            lines = show_text(machine, visible, plans, source, mode, memory)
+            if this is not None:
+                lines += ["", f"This process (pid {os.getpid()}): {this['summary']}"]
+            write_lines(lines)
+    except (OSError, CaptureError) as err:
+        if isinstance(err, BrokenPipeError):
+            raise
+        raise UsageError(f"numabind show: {err}") from err
+    finally:
+        machine.close()
+    return OK

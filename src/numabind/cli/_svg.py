@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from html import escape
 
-from ._plan import describe_device, device_node
-from ._sysfs import format_cpulist
+from .._plan import describe_device, device_node
+from .._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._model import Accelerator
-    from ._plan import Plan
-    from ._topology import Machine
+    from .._model import Accelerator
+    from .._plan import Plan
+    from .._topology import Machine
 
 # Kelly's 22 colours of maximum contrast, without white and black: 20 distinct colours
 PALETTE = (

@@ -33,14 +33,17 @@ import random
 import statistics
 import time
 
-from . import _kernel, _sysfs
-from ._model import Record
+from .. import _kernel, _sysfs
+from .._errors import CaptureError, UsageError
+from .._model import Record
+from ._common import OK, OutputFile, one_stdout, write_json, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
-    from ._topology import Machine
+    from .._topology import Machine
 
 PAGE = 4096
 LINE = 64
@@ -48,6 +51,10 @@ TRUSTED = 0.99
 # remote/local below this is within what these methods tell apart on a noisy machine (real
 # remote/local ratios are 1.3x and up: docs/when-binding-matters.rst)
 NO_DIFFERENCE = 1.20
+# a latency chase over less than this is answered by the larger last-level caches (AMD
+# parts have up to 1 GiB of 3D V-Cache per socket; 64 MiB covers most): not memory latency
+MIN_LATENCY_SPAN = 64 << 20
+DEFAULT_SIZE, QUICK_SIZE = 64 << 20, 16 << 20
 
 
 class Measurement(Record):
@@ -64,9 +71,14 @@ class Measurement(Record):
     # the value of each round; rounds run interleaved over the nodes, so sample i of every
     # node was taken at about the same time (what the verdict pairs up)
     samples: tuple[float, ...] = ()
+    span_bytes: int = 0  # latency: the memory the chase walks through
 
     @property
     def trusted(self) -> bool:
+        """Its pages were verified on the node and, for a latency, the chase spanned
+        enough memory that caches do not answer most loads (``--quick`` does not)."""
+        if self.kind == "latency" and self.span_bytes < MIN_LATENCY_SPAN:
+            return False
         return self.pages_verified_on_node >= TRUSTED
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,6 +230,7 @@ def _rounds(
                     pages_verified_on_node=buf.verified,
                     placement=buf.placement,
                     samples=tuple(samples),
+                    span_bytes=min(buf.size, span) if kind == "latency" else 0,
                 )
             )
     return out
@@ -241,7 +254,9 @@ def measure(
         saved_policy = None
     rounds = 3 if quick else 7
     steps = 20_000 if quick else 400_000
-    span = (8 << 20) if quick else size  # the chase's working set (quick: structure only)
+    # the chase's working set; --quick walks 8 MiB (a check of the structure, and its
+    # latencies are marked untrusted: caches answer much of such a chase)
+    span = (8 << 20) if quick else size
     try:
         os.sched_setaffinity(0, cpus)
         local_node = from_node if from_node is not None else machine.node_of_cpu(min(cpus))
@@ -370,7 +385,7 @@ def _share_on(where: list[int], node: int) -> float | None:
 
 def _share_from_numa_maps(addr: int, node: int) -> float:
     """The share of the pages of the mapping holding ``addr`` that are on ``node``."""
-    from ._procmaps import private_anon_regions
+    from .._kernel import private_anon_regions
 
     try:
         regions = private_anon_regions()
@@ -433,7 +448,40 @@ def _paired(num: tuple[float, ...] | None, den: tuple[float, ...] | None) -> flo
     return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
 
-# --- the command ------------------------------------------------------------------------------
+# --- the command -------------------------------------------------------------------------------
+
+
+class Verdict(Record):
+    """What one place measured from says: binding pays here, or not."""
+
+    from_node: int | None
+    from_cpus: frozenset[int]
+    ranks: tuple[int, ...]
+    verdict: str
+    ratio: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["ratio"] = None if self.ratio is None else round(self.ratio, 3)
+        return d
+
+
+class NodeFree(Record):
+    id: int
+    cpus: frozenset[int]
+    free_bytes: int | None
+
+
+class BenchReport(Record):
+    """What ``numabind bench --json`` prints (docs/cli.rst documents every key)."""
+
+    machine: str
+    nodes: tuple[NodeFree, ...]
+    share: float
+    size_bytes: int
+    measurements: tuple[Measurement, ...]
+    verdicts: tuple[Verdict, ...]
+    gpu: tuple[Measurement, ...] | str
 
 
 def run(
@@ -445,7 +493,7 @@ def run(
     size: int = 64 << 20,
     share: float = 0.25,
     quick: bool = False,
-) -> dict[str, Any]:
+) -> BenchReport:
     """Measure from every place the plans bind to (or one rank's, or one node's) and
     return the report ``numabind bench --json`` prints."""
     places: dict[tuple[int | None, frozenset[int]], list[int]] = {}
@@ -468,51 +516,54 @@ def run(
                 if cpus:
                     places[(n.id, cpus)] = []
     measurements: list[Measurement] = []
-    verdicts = []
+    verdicts: list[Verdict] = []
     for (from_node, cpus), ranks in places.items():
         try:
             got = measure(machine, cpus, from_node, size=size, share=share, quick=quick)
-            text, ratio = verdict(got)
+            text_, ratio = verdict(got)
         except OSError as err:  # CPUs this process may not run on (a cgroup, a capture)
             got, ratio = [], None
-            text = f"not measured: cannot run on CPUs {_sysfs.format_cpulist(cpus)} ({err})"
+            text_ = f"not measured: cannot run on CPUs {_sysfs.format_cpulist(cpus)} ({err})"
         measurements += got
         verdicts.append(
-            {
-                "from_node": from_node,
-                "from_cpus": sorted(cpus),
-                "ranks": ranks,
-                "verdict": text,
-                "ratio": None if ratio is None else round(ratio, 3),
-            }
+            Verdict(
+                from_node=from_node,
+                from_cpus=cpus,
+                ranks=tuple(ranks),
+                verdict=text_,
+                ratio=ratio,
+            )
         )
-    gpu: Any = "no GPU (no plan binds a GPU here)"
+    gpu: tuple[Measurement, ...] | str = "no GPU (no plan binds a GPU here)"
     first = next((p for p in plans if p.bound and p.device is not None), None)
     if first is not None and first.device.vendor == "nvidia":
         got_gpu = gpu_copies(machine, first.device_index or 0, first.numa_node)
         if isinstance(got_gpu, str):
             gpu = got_gpu
         else:
-            gpu = [m.to_dict() for m in got_gpu]
+            gpu = tuple(got_gpu)
             measurements += got_gpu
-    return {
-        "machine": machine.description,
-        "nodes": [
-            {"id": n.id, "cpus": sorted(n.cpus), "free_bytes": free_bytes(machine, n.id)}
+    return BenchReport(
+        machine=machine.description,
+        nodes=tuple(
+            NodeFree(id=n.id, cpus=n.cpus, free_bytes=free_bytes(machine, n.id))
             for n in machine.nodes
-        ],
-        "share": share,
-        "size_bytes": size,
-        "measurements": [m.to_dict() for m in measurements],
-        "verdicts": verdicts,
-        "gpu": gpu,
-    }
+        ),
+        share=share,
+        size_bytes=size,
+        measurements=tuple(measurements),
+        verdicts=tuple(verdicts),
+        gpu=gpu,
+    )
 
 
-def text(report: dict[str, Any]) -> str:
+def text(data: dict[str, Any]) -> list[str]:
+    """The text report of ``data`` (a :class:`BenchReport`'s ``to_dict()``), one line per
+    item."""
+    report = data
     fmt = _sysfs.format_cpulist
     count = len(report["nodes"])
-    out = [f"numabind bench: {report['machine']} ({count} NUMA node{'s' if count != 1 else ''})\n"]
+    out = [f"numabind bench: {report['machine']} ({count} NUMA node{'s' if count != 1 else ''})"]
     by_place: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for m in report["measurements"]:
         if m["kind"] in ("copy", "latency"):
@@ -520,7 +571,7 @@ def text(report: dict[str, Any]) -> str:
     for v in report["verdicts"]:
         key = (v["from_node"], tuple(v["from_cpus"]))
         ranks = f"; ranks {fmt(v['ranks'])}" if v["ranks"] else ""
-        out.append(f"\nFrom node {v['from_node']} (CPUs {fmt(v['from_cpus'])}{ranks})\n")
+        out += ["", f"From node {v['from_node']} (CPUs {fmt(v['from_cpus'])}{ranks})"]
         rows = [["memory node", "copy GB/s", "latency ns", "pages on node", "placed by"]]
         table: dict[int, dict[str, Any]] = {}
         for m in by_place.get(key, []):
@@ -540,15 +591,64 @@ def text(report: dict[str, Any]) -> str:
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
-            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
-        out.append(f"  verdict: {v['verdict']}\n")
+            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        out.append(f"  verdict: {v['verdict']}")
     gpu = report["gpu"]
     if isinstance(gpu, str):
-        out.append(f"\nPinned host<->device copies: {gpu}\n")
+        out += ["", f"Pinned host<->device copies: {gpu}"]
     else:
-        out.append("\nPinned host<->device copies (GB/s)\n")
+        out += ["", "Pinned host<->device copies (GB/s)"]
         for m in gpu:
             out.append(
-                f"  {m['kind']} with the buffer on node {m['memory_node']}: {m['value']:.1f}\n"
+                f"  {m['kind']} with the buffer on node {m['memory_node']}: {m['value']:.1f}"
             )
-    return "".join(out)
+    return out
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``numabind bench``: check the outputs first (a bad --svg must not cost a whole
+    benchmark), then plan and measure."""
+    from .._environ import Config
+    from .._topology import Machine
+    from ._show import plans_for
+
+    if not 0 < args.share <= 0.9:
+        raise UsageError("numabind bench: --share must be in (0, 0.9]")
+    svg = OutputFile(args.svg, "--svg", "bench", args.force).check() if args.svg else None
+    one_stdout((("--json", args.json), ("--svg -", svg is not None and svg.stdout)), "bench")
+    try:
+        cfg = Config.from_env()
+    except ValueError as err:
+        raise UsageError(f"numabind bench: {err}") from err
+    try:
+        machine = Machine.from_root(cfg.sysroot)
+    except CaptureError as err:
+        raise UsageError(f"numabind bench: {err}") from err
+    size = args.size << 20 if args.size else (QUICK_SIZE if args.quick else DEFAULT_SIZE)
+    try:
+        if args.node is not None and machine.node(args.node) is None:
+            raise UsageError(f"numabind bench: --node {args.node}: no such node")
+        _, plans, _ = plans_for(machine, os.environ, None, args.mode or cfg.mode, cfg.memory)
+        if args.rank is not None and not any(p.local_rank == args.rank for p in plans):
+            raise UsageError(f"numabind bench: --rank {args.rank}: no such local rank")
+        report = run(
+            machine,
+            plans,
+            rank=args.rank,
+            node=args.node,
+            size=size,
+            share=args.share,
+            quick=args.quick,
+        )
+    finally:
+        machine.close()
+    data = report.to_dict()
+    if svg is not None:
+        from ._svg import render_bench
+
+        svg.write(render_bench(data))
+    if args.json:
+        write_json(data)
+    elif svg is None or not svg.stdout:
+        write_lines(text(data))
+    return OK

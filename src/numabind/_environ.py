@@ -1,0 +1,533 @@
+"""What the environment says: the ``NUMABIND_*`` knobs (:class:`Config`) and who this
+process is (its local rank: :func:`detect`).
+
+Both are read once per entry, and both are input: every value is bounded and quoted with
+``repr`` in messages (a newline or an escape sequence cannot forge a line), and no value
+makes the work grow beyond what the machine's own sizes cost.
+
+**Configuration.**  Every ``NUMABIND_*`` variable is one row of :data:`KNOBS`, read into
+one :class:`Config`, with one vocabulary for true and false.  A bad value of a *binding*
+knob raises :class:`~numabind.ConfigError` naming the variable, the value and what is
+accepted (the hook then leaves the process unbound: a typo in ``NUMABIND_MODE`` must not
+bind in a way nobody asked for).  A bad value of any other knob only changes what is said
+or which optional part runs, so it becomes a warning in ``Config.warnings`` and the
+default is used.
+
+Two variables redirect where numabind reads and writes, and an interpreter does not take
+them from its environment blindly (docs/security.rst):
+
+* under ``python -I`` or ``-E`` (which promise to ignore the environment's redirections)
+  ``NUMABIND_SYSROOT`` and ``NUMABIND_REGISTRY`` are ignored; the rank variables still
+  bind, as the launchers intend;
+* for euid 0, ``NUMABIND_SYSROOT`` is honoured only when every directory of the path is
+  owned by root and not writable by group or others (a sticky directory such as /tmp
+  counts as not writable: nobody else can replace root's entry in it), and
+  ``NUMABIND_REGISTRY`` only when it names such a directory on a regular file system
+  (not proc, sysfs, cgroup, devtmpfs or another kernel pseudo file system).
+
+Otherwise the default applies and ``Config.notes`` says why (shown in verbose mode).
+
+**Who am I.**  Each launcher writes its own rank variables (the table
+:data:`numabind._model.RANK_VARIABLES`; docs/launchers has them as measured).
+LOCAL_RANK wins over the others: under ``srun -n1 torchrun`` every worker also inherits
+the agent's SLURM_LOCALID=0, and only LOCAL_RANK tells the workers apart.  Launcher
+processes (the torchrun agent, ``accelerate launch``, DeepSpeed's runner) are never
+ranks, whatever they inherited: binding the agent would pin all of its workers.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from ._model import MODE_NAMES, RANK_VARIABLE_NAMES, RANK_VARIABLES, USER_POLICIES, Record
+from ._sysfs import short
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from ._errors import ConfigError
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off", "")
+ENABLE_VALUES = ("auto", "force", "respect", "0", "off")
+MAX_THREADS = 1 << 16
+
+
+class Knob(Record):
+    """One ``NUMABIND_*`` variable: the :class:`Config` field it sets, what it accepts,
+    its default, whether a bad value refuses to bind (``binding``) or is a warning, and
+    what it does (docs/environment.rst and ``--help`` are checked against this)."""
+
+    name: str
+    field: str
+    kind: str  # "choice", "flag", "threads", "path", "raw"
+    default: str
+    help: str
+    values: tuple[str, ...] = ()
+    binding: bool = False
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        name="NUMABIND",
+        field="enable",
+        kind="choice",
+        values=ENABLE_VALUES,
+        default="auto",
+        binding=True,
+        help="auto: bind, replacing launchers' default masks; respect: keep any mask "
+        "already set; force: apply the plan exactly; 0/off: numabind does nothing",
+    ),
+    Knob(
+        name="NUMABIND_MODE",
+        field="mode",
+        kind="choice",
+        values=MODE_NAMES,
+        default="node",
+        binding=True,
+        help="which of the GPU's node's CPUs a rank gets (node, socket, exclusive, core-complex)",
+    ),
+    Knob(
+        name="NUMABIND_MEMORY",
+        field="memory",
+        kind="choice",
+        values=USER_POLICIES,
+        default="preferred",
+        binding=True,
+        help="the memory policy a rank gets",
+    ),
+    Knob(
+        name="NUMABIND_STRICT",
+        field="strict",
+        kind="flag",
+        default="0",
+        binding=True,
+        help="1: a binding that fails exits the rank with status 1 before user code (the "
+        "API raises BindingError); a benign skip (one NUMA node) is not a failure",
+    ),
+    Knob(
+        name="NUMABIND_THREADS",
+        field="threads",
+        kind="threads",
+        default="off",
+        binding=True,
+        help="auto or N: size OpenMP/BLAS thread pools to the rank's cores (or N); the "
+        "user's own values are kept",
+    ),
+    Knob(
+        name="NUMABIND_VERBOSE",
+        field="verbose",
+        kind="flag",
+        default="0",
+        help="1: print the binding of every rank (failures are always printed)",
+    ),
+    Knob(
+        name="NUMABIND_GUARD",
+        field="guard",
+        kind="flag",
+        default="1",
+        help="0: do not put back masks that imports or init_process_group moved",
+    ),
+    Knob(
+        name="NUMABIND_TORCH",
+        field="torch",
+        kind="flag",
+        default="0",
+        help="1: hook torch's process starts and device selection when torch is imported",
+    ),
+    Knob(
+        name="NUMABIND_TORCH_SET_DEVICE",
+        field="torch_set_device",
+        kind="flag",
+        default="1",
+        help="0: with NUMABIND_TORCH, do not bind on torch.cuda.set_device and friends",
+    ),
+    Knob(
+        name="NUMABIND_RAY",
+        field="ray",
+        kind="flag",
+        default="0",
+        help="1: bind Ray workers when Ray assigns them GPUs",
+    ),
+    Knob(
+        name="NUMABIND_SYSROOT",
+        field="sysroot",
+        kind="path",
+        default="/",
+        help="read the machine from this directory laid out like / (tests, diagnosis); "
+        "ignored under python -I/-E, and for root unless root owns the whole path",
+    ),
+    Knob(
+        name="NUMABIND_REGISTRY",
+        field="registry",
+        kind="path",
+        default="/dev/shm",
+        help="the base directory of the per-user registry numabind check --all reads; "
+        "ignored under python -I/-E, and for root unless a root-owned directory on a "
+        "regular file system",
+    ),
+    Knob(
+        name="NUMABIND_STATE",
+        field="state",
+        kind="raw",
+        default="",
+        help="set by numabind: the binding a process passed to its children",
+    ),
+)
+BY_NAME = {k.name: k for k in KNOBS}
+# the variables that make the startup hook look further besides a rank variable
+SWITCHES = ("NUMABIND_TORCH", "NUMABIND_RAY")
+
+
+def _invalid(message: str) -> ConfigError:
+    # numabind._errors is imported only when a value is bad: the hook's path stays short
+    from ._errors import ConfigError
+
+    return ConfigError(message)
+
+
+def parse_flag(name: str, raw: str | None, default: bool) -> bool:
+    """One vocabulary for true and false, everywhere: 1/true/yes/on, 0/false/no/off."""
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise _invalid(f"{name}={short(raw)} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
+    """``off`` (default), ``auto`` or a positive integer, as a string."""
+    if raw is None or raw.strip() == "":
+        return "off"
+    value = raw.strip().lower()
+    if value == "auto":
+        return "auto"
+    if value in FALSE:
+        return "off"
+    if value.isascii() and value.isdigit() and len(value) < 6 and 0 < int(value) < MAX_THREADS:
+        return str(int(value))
+    raise _invalid(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
+
+
+def _choice(knob: Knob, raw: str | None) -> str:
+    if raw is None or raw.strip() == "":
+        return knob.default
+    value = raw.strip().lower()
+    if value not in knob.values:
+        raise _invalid(f"{knob.name}={short(raw)} is not one of {', '.join(knob.values)}")
+    return value
+
+
+# --- redirections an interpreter does not take blindly -----------------------------------------
+
+# kernel pseudo file systems: a "registry" there would write into the kernel's own files
+_PSEUDO_FS = frozenset(
+    {
+        "proc", "sysfs", "cgroup", "cgroup2", "devtmpfs", "debugfs", "tracefs", "securityfs",
+        "configfs", "bpf", "pstore", "efivarfs", "fusectl", "mqueue", "devpts", "binfmt_misc",
+        "autofs", "rpc_pipefs", "nsfs", "selinuxfs", "hugetlbfs",
+    }
+)  # fmt: skip
+
+
+def root_owned_path(path: str) -> str | None:
+    """None when every directory on ``path`` (as written and as resolved) is owned by
+    root and not writable by group or others (sticky directories excepted), else why."""
+    if not path.startswith("/"):
+        return "not an absolute path"
+    real = os.path.realpath(path)
+    for spelled in dict.fromkeys((os.path.abspath(path), real)):
+        parts = [p for p in spelled.split("/") if p]
+        prefix = ""
+        for part in ["", *parts]:
+            prefix = f"{prefix}/{part}" if part else "/"
+            try:
+                st = os.lstat(prefix)
+            except OSError as err:
+                return f"{prefix} cannot be examined ({err.strerror})"
+            if st.st_uid != 0:
+                return f"{prefix} is owned by uid {st.st_uid}"
+            if stat.S_ISLNK(st.st_mode):
+                continue  # its target is checked as the resolved spelling
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+                return f"{prefix} is writable by group or others"
+    return None
+
+
+def fs_type(path: str) -> str | None:
+    """The file system type of the mount holding ``path`` (/proc/self/mountinfo)."""
+    from ._sysfs import read_opt
+
+    real = os.path.realpath(path)
+    best, kind = -1, None
+    for line in (read_opt("/proc/self/mountinfo", 4 << 20) or "").splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        if sep < 5 or sep + 1 >= len(fields):
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, kind = len(point), fields[sep + 1]
+    return kind
+
+
+def _redirect(knob: Knob, raw: str | None, own: bool, notes: list[str]) -> str:
+    if raw is None or raw.strip() == "":
+        return knob.default
+    if own and sys.flags.ignore_environment:
+        notes.append(f"{knob.name} ignored: python -I/-E ignores the environment's redirections")
+        return knob.default
+    if own and os.geteuid() == 0:
+        why = root_owned_path(raw)
+        if why is None and knob.field == "registry":
+            if not os.path.isdir(raw):
+                why = "not a directory"
+            else:
+                kind = fs_type(raw)
+                if kind is None or kind in _PSEUDO_FS:
+                    why = f"on a {kind or 'unknown'} file system, not a regular one"
+        if why is not None:
+            notes.append(f"{knob.name}={short(raw)} ignored for root: {why}")
+            return knob.default
+    return raw
+
+
+class Config(Record):
+    """The ``NUMABIND_*`` settings of one entry, read once (see :data:`KNOBS`).
+
+    ``warnings`` are bad values of non-binding knobs (said once, with the binding's
+    line); ``notes`` are redirections that were not taken (said in verbose mode)."""
+
+    enable: str = "auto"
+    mode: str = "node"
+    memory: str = "preferred"
+    strict: bool = False
+    threads: str = "off"  # "off", "auto" or a decimal count
+    verbose: bool = False
+    guard: bool = True
+    torch: bool = False
+    torch_set_device: bool = True
+    ray: bool = False
+    sysroot: str = "/"
+    registry: str = "/dev/shm"
+    state: str = ""
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def disabled(self) -> bool:
+        return self.enable in ("0", "off")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """Read every knob from ``environ`` (default ``os.environ``, whose redirections
+        follow the rules in the module docstring).  Raises :class:`ConfigError` for a bad
+        binding knob."""
+        env = os.environ if environ is None else environ
+        own = env is os.environ
+        values: dict[str, Any] = {}
+        warnings: list[str] = []
+        notes: list[str] = []
+        for knob in KNOBS:
+            raw = env.get(knob.name)
+            try:
+                if knob.kind == "choice":
+                    value: object = _choice(knob, raw)
+                elif knob.kind == "flag":
+                    value = parse_flag(knob.name, raw, knob.default in TRUE)
+                elif knob.kind == "threads":
+                    value = parse_threads(raw, knob.name)
+                elif knob.kind == "path":
+                    value = _redirect(knob, raw, own, notes)
+                else:
+                    value = raw or knob.default
+            except ValueError as err:  # a ConfigError: the parsers raise nothing else
+                if knob.binding:
+                    raise
+                warnings.append(f"{err}; using {knob.default}")
+                value = knob.default in TRUE if knob.kind == "flag" else knob.default
+            values[knob.field] = value
+        return cls(**values, warnings=tuple(warnings), notes=tuple(notes))
+
+
+def config_from_env(environ: Mapping[str, str]) -> Config:
+    """``Config.from_env(environ)`` (the name older callers use)."""
+    return Config.from_env(environ)
+
+
+def registry_base(environ: Mapping[str, str]) -> str:
+    """The registry's base directory (``NUMABIND_REGISTRY`` under the rules above)."""
+    knob = BY_NAME["NUMABIND_REGISTRY"]
+    return _redirect(knob, environ.get(knob.name), environ is os.environ, [])
+
+
+def sysroot(environ: Mapping[str, str]) -> str:
+    """Where the machine is read from (``NUMABIND_SYSROOT`` under the rules above)."""
+    knob = BY_NAME["NUMABIND_SYSROOT"]
+    return _redirect(knob, environ.get(knob.name), environ is os.environ, [])
+
+
+# --- who am I ----------------------------------------------------------------------------------
+
+# Variables that make the startup hook look further: a rank variable, or a request to
+# hook a framework's own process starts.  The .pth line and _numabind_start spell this
+# list out (they must not import anything to decide); a test keeps them in step.
+TRIGGER_VARIABLES = (*RANK_VARIABLE_NAMES, *SWITCHES)
+
+# No machine has a million local ranks: a value beyond this is a typo or an attack, and
+# no work numabind does may grow with it.
+MAX_LOCAL = 1 << 20
+_TEXT_CAP = 4096  # longest environment value parsed (a Slurm task list of 1000 nodes)
+
+_LAUNCHER_MODULES = {
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torch.distributed.launch",
+    "deepspeed.launcher.launch": "deepspeed launcher",
+    "deepspeed.launcher.runner": "deepspeed",
+    "accelerate.commands.launch": "accelerate launch",
+}
+_LAUNCHER_SCRIPTS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "ds": "deepspeed"}
+
+
+class RankInfo(Record):
+    """The local rank as found in the environment.  ``problem`` is set when the rank
+    variable was present but unusable: the plan then skips with that message instead of
+    guessing.  ``notes`` are smaller findings (a garbled size, treated as unknown)."""
+
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    rank_source: str | None = None
+    size_source: str | None = None
+    launcher: str | None = None
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_rank(self) -> bool:
+        return self.local_rank is not None and self.launcher is None and self.problem is None
+
+
+def parse_count(name: str, raw: str) -> tuple[int | None, str | None]:
+    """A local rank or size: ASCII digits below :data:`MAX_LOCAL`, else (None, why).
+
+    ``isdigit`` alone would accept '²' and '٣' (int() then fails), and int() of a
+    5000-digit value raises; both get this message instead."""
+    value = raw.strip()
+    if not (value and value.isascii() and value.isdigit()):
+        return None, f"{name}={short(raw)} is not a non-negative integer"
+    if len(value) > 7 or int(value) >= MAX_LOCAL:
+        return None, f"{name}={short(raw)} is beyond numabind's ceiling of {MAX_LOCAL} local ranks"
+    return int(value), None
+
+
+def launcher_of(argv: Sequence[str] | None) -> str | None:
+    """Name the launcher when ``argv`` (``sys.orig_argv``: the interpreter's own command
+    line) starts one, else None."""
+    if not argv:
+        return None
+    args = list(argv[1:])
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-m" and i + 1 < len(args):
+            return _LAUNCHER_MODULES.get(args[i + 1])
+        if a.startswith("-m") and len(a) > 2:
+            return _LAUNCHER_MODULES.get(a[2:])
+        if a == "-c" or a.startswith("-c"):
+            return None
+        if a in ("-W", "-X"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        base = a.rsplit("/", 1)[-1]
+        if base.endswith(".py"):
+            base = base[:-3]
+        if base in _LAUNCHER_SCRIPTS:
+            return _LAUNCHER_SCRIPTS[base]
+        if base == "accelerate" and "launch" in args[i + 1 :]:
+            return "accelerate launch"
+        return None
+    return None
+
+
+def _slurm_tasks_on_node(environ: Mapping[str, str]) -> tuple[int | None, str | None]:
+    """Tasks of this step on this node from SLURM_STEP_TASKS_PER_NODE ("2(x3),1") and
+    SLURM_NODEID, without expanding the repetitions: '1(x1000000000)' costs one step."""
+    node, _ = parse_count("SLURM_NODEID", environ.get("SLURM_NODEID", "0"))
+    node = node or 0
+    for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        text = environ.get(var)
+        if not text or len(text) > _TEXT_CAP:
+            continue
+        seen = 0
+        for part in text.split(","):
+            count_text, _, rep = part.partition("(x")
+            count, bad = parse_count(var, count_text)
+            repeat, bad_rep = parse_count(var, rep.rstrip(")")) if rep else (1, None)
+            if bad or bad_rep or count is None or repeat is None:
+                break
+            seen += repeat
+            if node < seen:
+                return count, var
+    return None, None
+
+
+def detect(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> RankInfo:
+    """Find this process's local rank.  Never raises: a garbled value becomes ``problem``
+    (the rank variable) or a note (a size variable, then treated as unknown)."""
+    launcher = launcher_of(argv)
+    for var in RANK_VARIABLES:
+        name, size_names = var.name, var.sizes
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        if var.requires is not None and var.requires not in environ:
+            continue  # SLURM_LOCALID in an sbatch/salloc shell: not a task of a job step
+        rank, why = parse_count(name, raw)
+        if rank is None:
+            return RankInfo(
+                rank_source=name,
+                launcher=launcher,
+                problem=f"{why}, so this process's local rank is unknown; numabind left it unbound",
+            )
+        notes: list[str] = []
+        size: int | None = None
+        size_source: str | None = None
+        if name == "SLURM_LOCALID":
+            size, size_source = _slurm_tasks_on_node(environ)
+        for size_name in size_names:
+            value = environ.get(size_name)
+            if value is None:
+                continue
+            parsed, why = parse_count(size_name, value)
+            if parsed is not None and parsed > 0:
+                size, size_source = parsed, size_name
+                break
+            notes.append(f"{why or f'{size_name}=0 is not a size'}: local world size unknown")
+        if size is not None and rank >= size:
+            # Keep the rank (it still picks a device) but do not trust the size.
+            notes.append(
+                f"{name}={rank} is not below {size_source}={size}: local world size unknown"
+            )
+            size, size_source = None, None
+        return RankInfo(
+            local_rank=rank,
+            local_world_size=size,
+            rank_source=name,
+            size_source=size_source,
+            launcher=launcher,
+            notes=tuple(notes),
+        )
+    return RankInfo(launcher=launcher)

@@ -1,0 +1,417 @@
+"""The ``numabind`` command: ``show``, ``gather``, ``run``, ``check``, ``bench``.
+
+``main(argv) -> int`` returns the exit status (the table is :data:`._common.EXITS`).  A
+domain error prints one line on stderr, never a traceback; JSON goes to stdout,
+diagnostics to stderr; every text line goes through one writer that escapes what is not
+printable, and every file through one writer that never follows a link
+(:mod:`numabind.cli._common`).  This package parses and dispatches; each command lives in
+its own module, and none of it is on the startup hook's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .. import __version__
+from .._environ import KNOBS, MAX_LOCAL
+from .._errors import CaptureError, UsageError
+from .._model import MEMORY_POLICY_TABLE, MODE_NAMES, MODE_TABLE, USER_POLICIES
+from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
+
+MAX_NPROC = 4096  # --nproc ceiling: more local ranks than any machine has GPUs or nodes
+
+
+def _modes_help() -> str:
+    return "modes (--mode, NUMABIND_MODE):\n" + "\n".join(
+        f"  {m.name:13} {m.help}" for m in MODE_TABLE
+    )
+
+
+def _memory_help() -> str:
+    return "memory policies (--memory, NUMABIND_MEMORY):\n" + "\n".join(
+        f"  {p.name:13} {p.help}" for p in MEMORY_POLICY_TABLE if p.user
+    )
+
+
+def _environment_help() -> str:
+    return "environment variables:\n" + "\n".join(
+        f"  {k.name:26} {k.help}" for k in KNOBS if k.kind != "raw"
+    )
+
+
+_FOOTER = (
+    "numabind is not published on PyPI yet: install it from a checkout (pip install .).\n"
+    "Documentation: the docs/ folder of the checkout (README.md says how to build it)."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        if "unrecognized arguments" in message or "invalid choice" in message:
+            message += _suggestion(self, message)
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """``(did you mean --json?)`` for a mistyped option or command."""
+    import difflib
+
+    words = [w.strip("'\",()") for w in message.replace(":", " ").split()]
+    known: list[str] = []
+    for action in parser._actions:
+        known.extend(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            known.extend(action.choices)
+    for word in words:
+        if word.startswith("-") or word.isidentifier():
+            close = difflib.get_close_matches(word, known, n=1, cutoff=0.7)
+            if close and close[0] != word:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
+def _int_in(name: str, lo: int, hi: int) -> Any:
+    def parse(text: str) -> int:
+        t = text.strip()
+        if not (t.isascii() and t.isdigit()) or len(t) > 9 or not lo <= int(t) <= hi:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be an integer from {lo} to {hi}, not {text!r}"
+            )
+        return int(t)
+
+    parse.__name__ = name
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"--deadline must be seconds in (0, 86400], not {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    plan_epilog = "\n\n".join((_modes_help(), _memory_help(), exit_help(), _FOOTER))
+    p = _Parser(
+        prog="numabind",
+        description="Bind each GPU rank to the CPUs and memory of its GPU's NUMA node, and "
+        "show or verify the plan.",
+        epilog="\n\n".join((exit_help(), _environment_help(), _FOOTER)),
+        formatter_class=fmt,
+    )
+    p.add_argument("--version", action="version", version=f"numabind {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+
+    show = sub.add_parser(
+        "show",
+        help="the machine, its accelerators and the plan for each local rank",
+        description="Read this machine (or a capture of another) and print its NUMA nodes, "
+        "its accelerators and the plan of local ranks 0..N-1.",
+        epilog=plan_epilog,
+        formatter_class=fmt,
+    )
+    show.add_argument(
+        "--input",
+        metavar="PATH",
+        help="a capture instead of this machine: a directory laid out like / "
+        "(hwloc-gather-topology, numabind gather extracted), a tarball of one, or an hwloc "
+        "XML export (told apart by content)",
+    )
+    show.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode (see below)")
+    show.add_argument(
+        "--memory", choices=USER_POLICIES, default=None, help="memory policy (see below)"
+    )
+    show.add_argument(
+        "--nproc",
+        type=_int_in("--nproc", 1, MAX_NPROC),
+        metavar="N",
+        help=f"plan local ranks 0..N-1 (1..{MAX_NPROC}; default: the environment's local "
+        "world size, else one per visible device)",
+    )
+    show.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    show.add_argument(
+        "--svg",
+        metavar="FILE",
+        help="also draw the machine and the ranks as SVG (- : standard output, instead of "
+        "the text)",
+    )
+    show.add_argument("--force", action="store_true", help="replace an existing --svg file")
+
+    gather = sub.add_parser(
+        "gather",
+        help="write a tarball of what numabind reads on this machine",
+        description="Write a gzip tarball of every file numabind reads here, plus the rank "
+        "and device variables of this environment; numabind show --input reads it elsewhere.",
+        epilog=exit_help(),
+        formatter_class=fmt,
+    )
+    gather.add_argument(
+        "output",
+        nargs="?",
+        default="numabind-capture.tar.gz",
+        help="the file to write (default numabind-capture.tar.gz; - writes to stdout)",
+    )
+    gather.add_argument("--force", action="store_true", help="replace an existing output")
+
+    run = sub.add_parser(
+        "run",
+        help="bind this process for a local rank, then exec a command",
+        description="Bind as the given (or environment's) local rank, then exec the command: "
+        "a numactl trampoline that knows the GPU's node.",
+        epilog=plan_epilog,
+        formatter_class=fmt,
+    )
+    run.add_argument(
+        "--local-rank",
+        type=_int_in("--local-rank", 0, MAX_LOCAL - 1),
+        default=None,
+        metavar="N",
+        help="the local rank (default: LOCAL_RANK, SLURM_LOCALID, ...)",
+    )
+    run.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode")
+    run.add_argument("--memory", choices=USER_POLICIES, default=None, help="memory policy")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+    check = sub.add_parser(
+        "check",
+        help="verify a process's binding and memory locality",
+        description="Check processes against their plans: every thread's CPUs, the memory "
+        "policy and the share of private memory on the plan's nodes.  Without arguments: "
+        "this process, if it has a local rank.",
+        epilog="\n\n".join((exit_help(), _FOOTER)),
+        formatter_class=fmt,
+    )
+    check.add_argument(
+        "--pid",
+        type=_int_in("--pid", 1, 1 << 22),
+        nargs="+",
+        default=None,
+        help="the processes to check",
+    )
+    check.add_argument(
+        "--all", action="store_true", help="every rank process on this machine (root: every user's)"
+    )
+    check.add_argument(
+        "--deadline",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="--all: stop after this long; processes not reached are listed as skipped "
+        "(default 60)",
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    check.add_argument(
+        "--verbose", action="store_true", help="also count the registry entries ignored"
+    )
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure what remote memory costs here: does binding pay on this machine?",
+        description="From the CPUs each rank would be bound to, measure copy bandwidth and "
+        "access latency to every NUMA node's memory (placement verified page by page), and "
+        "pinned host<->device copies when torch sees a GPU; remote against local, with a "
+        "verdict.  Restores this process's binding afterwards.",
+        epilog="\n\n".join((_modes_help(), exit_help(), _FOOTER)),
+        formatter_class=fmt,
+    )
+    bench.add_argument(
+        "--rank", type=_int_in("--rank", 0, MAX_NPROC - 1), help="only this local rank's CPUs"
+    )
+    bench.add_argument(
+        "--node", type=_int_in("--node", 0, 1023), help="from this node's CPUs (any plan aside)"
+    )
+    bench.add_argument(
+        "--size",
+        type=_int_in("--size", 4, 4096),
+        default=None,
+        metavar="MIB",
+        help="buffer per node in MiB (default 64; the latency chase spans it: make it larger "
+        "than the last-level cache)",
+    )
+    bench.add_argument(
+        "--share",
+        type=float,
+        default=0.25,
+        help="most of each node's free memory to use (default 0.25)",
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer rounds and a 16 MiB buffer (tests, slow VMs); latency then shows the "
+        "caches more than memory and is marked so",
+    )
+    bench.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode of the plans")
+    bench.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    bench.add_argument(
+        "--svg", metavar="FILE", help="also draw the results as SVG (- : standard output)"
+    )
+    bench.add_argument("--force", action="store_true", help="replace an existing --svg file")
+
+    sub.add_parser(
+        "sitecustomize-path",
+        help="print the PYTHONPATH entry of numabind's sitecustomize",
+        description="The directory to put on PYTHONPATH for the sitecustomize form of the hook.",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        status = _dispatch(argv)
+        sys.stdout.flush()  # a write error surfaces here, inside the handlers below
+        return status
+    except UsageError as err:
+        _say_error(str(err))
+        return USAGE
+    except CaptureError as err:
+        _say_error(f"numabind: {err}")
+        return USAGE
+    except BrokenPipeError:
+        # the reader went away (| head): stop quietly, and keep Python's exit-time flush
+        # of the rest from complaining
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return OK
+    except OSError as err:
+        if err.errno is not None and getattr(err, "filename", None) is None:
+            _say_error(f"numabind: cannot write the output: {err.strerror or err}")
+            _silence_stdout()
+            return USAGE
+        raise
+    except SystemExit as exit_:  # --help and --version
+        return exit_.code if isinstance(exit_.code, int) else OK
+
+
+def _say_error(line: str) -> None:
+    from ._common import write_lines
+
+    try:
+        write_lines([line], sys.stderr)
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def _silence_stdout() -> None:
+    """After a failed write (/dev/full), let Python's exit-time flush fail silently."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "show":
+        from ._show import run_show
+
+        return run_show(args)
+    if args.command == "gather":
+        return _cmd_gather(args)
+    if args.command == "run":
+        return _cmd_run(args)
+    if args.command == "check":
+        from ._check import run_check
+
+        return run_check(args)
+    if args.command == "bench":
+        from ._bench import run_bench
+
+        return run_bench(args)
+    if args.command == "sitecustomize-path":
+        from .._startup import sitecustomize_dir
+
+        print(sitecustomize_dir())
+        return OK
+    build_parser().print_help()
+    return USAGE
+
+
+def console_main() -> None:
+    sys.exit(main())
+
+
+# --- gather ------------------------------------------------------------------------------------
+
+
+def _cmd_gather(args: argparse.Namespace) -> int:
+    from .._environ import Config
+    from ._gather import gather
+
+    out = OutputFile(args.output, "output", "gather", args.force).check()
+    n = gather(out, dict(os.environ), Config.from_env().sysroot)
+    where = "standard output" if out.stdout else args.output
+    show = "" if out.stdout else f"; show it with: numabind show --input {args.output}"
+    stream = sys.stderr if out.stdout else sys.stdout
+    print(f"numabind: wrote {n} files to {where}{show}", file=stream)
+    return OK
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("numabind run: no command given (numabind run [options] -- CMD ARGS...)")
+    from .. import _startup
+    from .._api import bind
+    from .._environ import Config, RankInfo, detect
+    from .._errors import BindingError
+
+    try:
+        cfg = Config.from_env()
+    except ValueError as err:
+        raise UsageError(f"numabind run: {err}") from err
+    mode, memory = args.mode or cfg.mode, args.memory or cfg.memory
+    hooked = _startup.last
+    if hooked is not None and args.local_rank is None and (mode, memory) == (cfg.mode, cfg.memory):
+        binding = hooked  # the startup hook bound this very process for the same rank
+    else:
+        try:
+            binding = bind(
+                args.local_rank,
+                mode=mode,
+                memory=memory,
+                migrate=False,
+                strict=cfg.strict,
+                threads="env",
+            )
+        except BindingError as err:
+            print(f"numabind run: {err}", file=sys.stderr)
+            return OFF_PLAN
+    # The command's own startup hook must see this binding as inherited, not plan anew
+    # with other settings: hand it the same mode, memory policy and rank.
+    os.environ["NUMABIND_MODE"], os.environ["NUMABIND_MEMORY"] = mode, memory
+    info = detect(os.environ)
+    if args.local_rank is not None and info.local_rank != args.local_rank:
+        os.environ["LOCAL_RANK"] = str(args.local_rank)
+        info = RankInfo(
+            local_rank=args.local_rank,
+            local_world_size=info.local_world_size,
+            rank_source="LOCAL_RANK",
+        )
+    _startup.record_state(binding, info, mode, memory)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as err:
+        print(f"numabind run: cannot run {cmd[0]!r}: {err.strerror}", file=sys.stderr)
+        return NOT_RUN
+    return OK  # pragma: no cover - exec does not return

@@ -1,0 +1,647 @@
+"""``numabind check``: is a process where its plan says, and is its memory there too?
+
+For each process: its rank and device, the plan it should have (from its registry entry,
+else planned from its initial environment), every thread's CPU mask, its memory policy (as
+/proc/PID/numa_maps reports it), its private anonymous pages per node (pages it still
+shares copy-on-write with a fork parent reported apart: they are the parent's placement,
+not this process's), the thread settings it was given, and each mismatch with its likely
+cause.  The result is a typed :class:`ProcessCheck` per process and one
+:class:`CheckReport`, whose ``to_dict()`` is the documented JSON schema (docs/cli.rst).
+
+Everything read about another process is input: read from /proc with per-process caps
+(numabind._kernel), printed through the one writer that escapes control characters, and a
+process that vanishes mid-check is reported as such, never a traceback.  ``check --all``
+stops at ``--deadline``: processes not reached by then are listed as skipped, and the exit
+status is computed from the processes checked.  Exit statuses: numabind.cli._common.EXITS.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from .. import _kernel, _registry, _sysfs
+from .._environ import detect
+from .._kernel import locality, pages_per_node, read_maps, shared_pages
+from .._model import POLICIES, RANK_VARIABLE_NAMES, Record
+from .._threads import VARIABLES as THREAD_VARIABLES
+from ._common import OFF_PLAN, OK, UNREACHABLE, USAGE, notice_lines, write_json, write_lines
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping
+    from typing import Any
+
+    from .._kernel import Region
+    from .._plan import Plan
+    from .._registry import Entry, Scan
+    from .._topology import Machine
+
+fmt = _sysfs.format_cpulist
+MIN_LOCALITY = 0.9
+
+
+class Vanished(Exception):
+    """The process exited (or became a zombie) while it was being checked."""
+
+
+class PlanView(Record):
+    """The plan a process is checked against, with the keys of ``Plan.to_dict()`` whether
+    it came from the registry (what numabind applied) or was planned from the process's
+    environment."""
+
+    local_rank: int | None = None
+    rank_source: str | None = None
+    local_world_size: int | None = None
+    size_source: str | None = None
+    device_index: int | None = None
+    device_pci: str | None = None
+    numa_node: int | None = None
+    node_how: str | None = None
+    cpus: frozenset[int] = frozenset()
+    memory_nodes: frozenset[int] = frozenset()
+    memory_policy: str = "none"
+    mode: str = "node"
+    status: str = "bound"
+    skip: str | None = None
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+    problem: str | None = None
+    threads: int | None = None
+
+    @classmethod
+    def of_plan(cls, p: Plan) -> PlanView:
+        d = p.to_dict()
+        return cls(**{k: d[k] for k in cls._fields if k in d}).replace(
+            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes
+        )
+
+    @classmethod
+    def of_entry(cls, e: Entry) -> PlanView:
+        return cls(
+            local_rank=e.local_rank,
+            rank_source=e.rank_source or None,
+            local_world_size=e.local_world_size,
+            device_index=e.device_index,
+            device_pci=e.device or None,
+            numa_node=e.numa_node,
+            cpus=e.cpus,
+            memory_nodes=e.memory_nodes,
+            memory_policy=e.memory_policy,
+            mode=e.mode,
+            reason=_sysfs.clean_line(e.reason, 500),
+            threads=e.threads,
+        )
+
+    @property
+    def bound(self) -> bool:
+        return self.status == "bound"
+
+
+class SharedPages(Record):
+    """Pages a process still shares copy-on-write with another (a fork parent), per node,
+    and how they were found."""
+
+    pages: int = 0
+    nodes: dict[int, int] = {}  # noqa: RUF012 (records are immutable)
+    how: str = "none"
+
+
+class ProcessCheck(Record):
+    """One process checked: ``status`` is ``bound``, ``skipped`` (its plan does not bind)
+    or ``unknown`` (no plan to check against); ``ok`` is False when it is off its plan or
+    cannot be checked, and ``problems`` say why."""
+
+    pid: int
+    ok: bool
+    status: str
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    plan: PlanView | None
+    plan_source: str
+    threads: dict[int, frozenset[int]]
+    memory_policy: dict[str, Any] | None
+    pages: dict[int, int]
+    shared_pages: SharedPages
+    locality: float | None = None
+    thread_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
+    maps_truncated: bool = False
+
+
+class CheckReport(Record):
+    """What ``numabind check --json`` prints (docs/cli.rst documents every key)."""
+
+    processes: tuple[ProcessCheck, ...]
+    ok: bool
+    problems: tuple[str, ...]
+    shared_pages: SharedPages
+    vanished: tuple[int, ...]
+    skipped: tuple[int, ...]  # --all: not reached before --deadline
+    registry_ignored: dict[str, int]
+    numa_balancing: bool | None
+    notes: tuple[str, ...]
+
+
+# --- the plan a process should have ------------------------------------------------------------
+
+
+def expected_plan(
+    pid: int, machine: Machine, environ: Mapping[str, str] | None = None
+) -> tuple[PlanView | None, str, Entry | None]:
+    """The plan a process should have: its registry entry, else planned from its initial
+    environment (``environ`` given: that one).  Returns (plan, where it came from, entry)."""
+    entry = _registry.read(pid)
+    if entry is not None:
+        return PlanView.of_entry(entry), "registry", entry
+    if environ is None:
+        try:
+            environ = _kernel.read_environ(pid)
+        except FileNotFoundError as err:
+            raise Vanished(pid) from err
+        except OSError as err:
+            return None, f"cannot read /proc/{pid}/environ ({err.strerror or err})", None
+        source = "its initial environment"
+    else:
+        source = "its environment"
+    from .._devices import resolve
+    from .._environ import Config
+    from .._plan import plan, request_for
+
+    info = detect(environ)
+    if info.local_rank is None and info.problem is None:
+        return None, "no local rank in its initial environment and not registered by numabind", None
+    try:
+        cfg = Config.from_env(environ)
+    except ValueError as err:
+        return None, str(err), None
+    visible = resolve(machine, environ)
+    p = plan(machine, request_for(info, visible, cfg.mode, cfg.memory))
+    return PlanView.of_plan(p), source, None
+
+
+def _thread_settings(
+    pid: int, entry_env: Mapping[str, str] | None, entry: Entry | None
+) -> dict[str, str]:
+    """The thread variables a rank was given: what numabind set (its registry entry; the
+    hook sets them after start, so /proc/PID/environ cannot show them), else its initial
+    environment."""
+    if entry is not None and entry.thread_env:
+        return {k: v for k, v in entry.thread_env if k in THREAD_VARIABLES}
+    try:
+        env = _kernel.read_environ(pid) if entry_env is None else dict(entry_env)
+    except OSError:
+        return {}
+    return {k: env[k] for k in THREAD_VARIABLES if k in env}
+
+
+def _permitted() -> bool:
+    """Whether this process may make memory-policy calls (a seccomp filter says EPERM)."""
+    try:
+        _kernel.get_mempolicy()
+    except OSError as err:
+        return err.errno != errno.EPERM
+    return True
+
+
+# --- one process -------------------------------------------------------------------------------
+
+
+def check_pid(
+    pid: int,
+    machine: Machine,
+    min_locality: float = MIN_LOCALITY,
+    environ: Mapping[str, str] | None = None,
+) -> ProcessCheck:
+    """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
+    if not _kernel.alive(pid):
+        raise Vanished(pid)
+    expected, source, entry = expected_plan(pid, machine, environ)
+    threads = _kernel.thread_masks(pid)
+    if not threads and not _kernel.alive(pid):
+        raise Vanished(pid)
+    policy = _kernel.task_policy(pid)
+    try:
+        maps = read_maps(pid)
+    except OSError:
+        if not _kernel.alive(pid):
+            raise Vanished(pid) from None
+        maps = _kernel.Maps([], False)
+    regions = maps.regions
+    pages = pages_per_node(regions)
+    shared = _shared(pid, regions)
+    own = {n: c - shared.nodes.get(n, 0) for n, c in pages.items()}
+    own = {n: c for n, c in own.items() if c > 0}
+    problems: list[str] = []
+    notes: list[str] = []
+    if maps.truncated:
+        notes.append(
+            f"/proc/{pid}/maps or numa_maps is larger than numabind reads "
+            f"({_kernel.MAPS_BYTES_CAP >> 20} MiB, {_kernel.MAPS_LINES_CAP} lines): its pages "
+            "are counted from the part read"
+        )
+    if machine.numa_balancing:
+        notes.append(_balancing_note(expected))
+    base: dict[str, Any] = {
+        "pid": pid,
+        "plan": expected,
+        "plan_source": source,
+        "threads": threads,
+        "memory_policy": None
+        if policy is None
+        else {"policy": policy[0], "nodes": sorted(policy[1])},
+        "pages": pages,
+        "shared_pages": shared,
+        "maps_truncated": maps.truncated,
+    }
+    if expected is None:
+        problems.append(f"no plan to check against: {source}")
+        return ProcessCheck(
+            ok=False, status="unknown", problems=tuple(problems), notes=tuple(notes), **base
+        )
+    settings = _thread_settings(pid, environ, entry)
+    base["thread_settings"] = settings
+    if not expected.bound:
+        if expected.problem:
+            cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
+            problems.append(f"{cause}: {expected.reason}")
+        return ProcessCheck(
+            ok=not problems,
+            status="skipped",
+            problems=tuple(problems),
+            notes=tuple(notes),
+            **base,
+        )
+    share = _judge(expected, source, threads, policy, own, min_locality, problems, notes)
+    if shared.pages:
+        notes.append(
+            f"{shared.pages * 4 // 1024} MiB of its pages are still shared copy-on-write with "
+            f"another process (a fork parent), on node(s) "
+            f"{', '.join(str(n) for n in shared.nodes)}: not counted against its plan; start "
+            "children with spawn or forkserver where it matters"
+        )
+    _thread_notes(settings, expected, notes)
+    return ProcessCheck(
+        ok=not problems,
+        status="bound",
+        problems=tuple(problems),
+        notes=tuple(notes),
+        locality=share,
+        **base,
+    )
+
+
+def _judge(
+    expected: PlanView,
+    source: str,
+    threads: dict[int, frozenset[int]],
+    policy: tuple[str, frozenset[int]] | None,
+    own: dict[int, int],
+    min_locality: float,
+    problems: list[str],
+    notes: list[str],
+) -> float | None:
+    """Compare a bound process with its plan: CPUs of every thread, memory policy, where
+    its own pages are.  Returns the share of its pages on the plan's nodes."""
+    cpus = expected.cpus
+    mem_nodes = expected.memory_nodes
+    escaped = {t: c for t, c in threads.items() if not c <= cpus}
+    if escaped and len(escaped) == len(threads):
+        sample = next(iter(escaped.values()))
+        problems.append(
+            f"bound by someone else: every thread runs on CPUs {fmt(sample)}, plan {fmt(cpus)}"
+        )
+    elif escaped:
+        tids = ", ".join(str(t) for t in sorted(escaped)[:5])
+        problems.append(
+            f"threads that escaped the plan's CPUs {fmt(cpus)}: {tids}"
+            + (" ..." if len(escaped) > 5 else "")
+        )
+    want = expected.memory_policy
+    if want not in ("none", "not-permitted") and source != "registry" and not _permitted():
+        want = "not-permitted"  # this container refuses the calls: so it did for the rank
+    if want == "not-permitted":
+        notes.append(
+            "memory policy: not permitted (a seccomp filter refused the memory-policy calls); "
+            "locality is from /proc/PID/numa_maps"
+        )
+        mem_nodes = frozenset()
+    elif policy is not None and want != "none":
+        got_name, got_nodes = policy
+        if got_name != want or (want != "local" and got_nodes != mem_nodes):
+            problems.append(
+                f"memory policy is {got_name} {fmt(got_nodes) or '(no nodes)'}, plan "
+                f"{want} {fmt(mem_nodes)}".rstrip()
+            )
+    check_nodes = mem_nodes or (
+        frozenset({expected.numa_node}) if expected.numa_node is not None else frozenset()
+    )
+    share = locality(own, check_nodes) if check_nodes else None
+    if share is not None and share < min_locality:
+        remote = {n: c for n, c in own.items() if n not in check_nodes}
+        worst = max(remote, key=lambda n: remote[n])
+        text = (
+            f"pages left remote: {share:.1%} on node(s) {fmt(check_nodes)}, "
+            f"{remote[worst] * 4 // 1024} MiB on node {worst}"
+        )
+        if mem_nodes:
+            problems.append(text)
+        else:  # the plan set no memory policy: where pages are is not its promise
+            notes.append(f"{text} (no memory policy was planned)")
+    return share
+
+
+def _shared(pid: int, regions: list[Region]) -> SharedPages:
+    """Pages shared copy-on-write, per node: pagemap's exclusive bit finds them, move_pages
+    (querying, moving nothing) says where they are; where either is refused, numa_maps'
+    per-region ``mapmax`` gives an upper bound instead.
+
+    With automatic NUMA balancing on (the default of most distributions), the kernel
+    unmaps a running process's pages for hinting faults, and move_pages then answers
+    EFAULT for those pages although they are resident (seen on Linux 6.1 in the VM: 25,089
+    of 26,042 shared pages after 3 s of CPU time).  Such pages are given the nodes of
+    their region's other unexplained pages, in proportion, from numa_maps, which still
+    counts them; for a region shared as a whole (a fork child's inherited buffers) that
+    is exact."""
+    if not any(r.mapmax > 1 for r in regions):
+        return SharedPages()
+    addrs, _ = shared_pages(regions, pid)
+    if addrs:
+        try:
+            where: list[int] = []
+            for i in range(0, len(addrs), 16384):
+                where.extend(_kernel.move_pages(addrs[i : i + 16384], None, pid))
+        except OSError:
+            pass
+        else:
+            return _place_shared(regions, addrs, where)
+    nodes: dict[int, int] = {}
+    for r in regions:
+        if r.mapmax > 1:
+            for n, c in r.pages.items():
+                nodes[n] = nodes.get(n, 0) + c
+    return SharedPages(
+        pages=sum(nodes.values()),
+        nodes=dict(sorted(nodes.items())),
+        how="numa_maps mapmax (upper bound)",
+    )
+
+
+def _place_shared(regions: list[Region], addrs: list[int], where: list[int]) -> SharedPages:
+    """Shared pages per node from move_pages' answers; the pages it could not see are
+    placed from their region's numa_maps counts (see ``_shared``)."""
+    import bisect
+
+    order = sorted(range(len(regions)), key=lambda i: regions[i].start)
+    starts = [regions[i].start for i in order]
+    known: dict[int, dict[int, int]] = {}  # region index -> node -> shared pages
+    unseen: dict[int, int] = {}  # region index -> shared pages move_pages did not see
+    for a, w in zip(addrs, where):
+        k = bisect.bisect_right(starts, a) - 1
+        if k < 0 or a >= regions[order[k]].end:
+            continue
+        idx = order[k]
+        if w >= 0:
+            per = known.setdefault(idx, {})
+            per[w] = per.get(w, 0) + 1
+        else:
+            unseen[idx] = unseen.get(idx, 0) + 1
+    nodes: dict[int, int] = {}
+    for per in known.values():
+        for n, c in per.items():
+            nodes[n] = nodes.get(n, 0) + c
+    for idx, count in unseen.items():
+        rest = {n: max(c - known.get(idx, {}).get(n, 0), 0) for n, c in regions[idx].pages.items()}
+        for n, c in _apportion(count, rest).items():
+            nodes[n] = nodes.get(n, 0) + c
+    hidden = sum(unseen.values())
+    how = "pagemap"
+    if hidden:
+        how += (
+            f"; {hidden} pages placed from numa_maps (move_pages could not see them: "
+            "NUMA balancing had unmapped them)"
+        )
+    return SharedPages(pages=sum(nodes.values()), nodes=dict(sorted(nodes.items())), how=how)
+
+
+def _apportion(count: int, weights: dict[int, int]) -> dict[int, int]:
+    """``count`` split over ``weights``' keys in proportion (largest remainders), never
+    more per key than its weight."""
+    total = sum(weights.values())
+    if total <= 0 or count <= 0:
+        return {}
+    count = min(count, total)
+    share = {n: count * w // total for n, w in weights.items()}
+    left = count - sum(share.values())
+    for n in sorted(weights, key=lambda n: (-(count * weights[n] % total), n))[:left]:
+        share[n] += 1
+    return {n: c for n, c in share.items() if c}
+
+
+def _balancing_note(expected: PlanView | None) -> str:
+    policy = POLICIES.get(expected.memory_policy) if expected is not None else None
+    if policy is not None and policy.task and policy.code is not None:
+        return (
+            "automatic NUMA balancing is on: this rank's private memory is under a task "
+            "memory policy, which the kernel does not scan; its shared and file pages still are"
+        )
+    return (
+        "automatic NUMA balancing is on: the kernel scans this process's memory and may move "
+        "pages and stall it (DeepEP measured 16-31 ms); a memory policy (NUMABIND_MEMORY="
+        "preferred) spares private memory"
+    )
+
+
+def _thread_notes(settings: dict[str, str], expected: PlanView, notes: list[str]) -> None:
+    cpus = len(expected.cpus)
+    budget = expected.threads
+    omp = settings.get("OMP_NUM_THREADS", "")
+    if omp.isascii() and omp.isdigit() and len(omp) < 7:
+        n = int(omp)
+        if n > cpus:
+            notes.append(
+                f"OMP_NUM_THREADS={n} oversubscribes its {cpus} CPUs"
+                + (f" (budget {budget})" if budget else "")
+            )
+        elif budget and n < budget:
+            notes.append(
+                f"OMP_NUM_THREADS={n} uses fewer threads than its budget of {budget} "
+                "(NUMABIND_THREADS=auto sizes it)"
+            )
+    elif settings:
+        notes.append("thread settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+
+
+# --- which processes ---------------------------------------------------------------------------
+
+
+def rank_pids() -> tuple[list[int], Scan]:
+    """Processes on this machine that are ranks: a rank variable in their initial
+    environment, or an entry in numabind's registry."""
+    scan = _registry.scan(all_users=True)
+    found = set(scan.entries)
+    me = os.getpid()
+    for name in _sysfs.listdir("/proc", 1 << 22):
+        if not (name.isascii() and name.isdigit()):
+            continue
+        pid = int(name)
+        if pid == me or pid in found:
+            continue
+        try:
+            env = _kernel.read_environ(pid)
+        except OSError:
+            continue
+        if any(v in env for v in RANK_VARIABLE_NAMES) and detect(env, _kernel.cmdline(pid)).is_rank:
+            found.add(pid)
+    return sorted(found), scan
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def process_lines(r: ProcessCheck) -> list[str]:
+    """A process's verdict line, then its problems and notes, one line each."""
+    p = r.plan
+    who = f"pid {r.pid}"
+    if p is not None and p.local_rank is not None:
+        who += f" rank {p.local_rank}"
+    if p is not None and p.device_pci:
+        who += f" {p.device_pci}"
+    if r.status == "bound" and p is not None:
+        policy = "not permitted" if p.memory_policy == "not-permitted" else p.memory_policy
+        where = (
+            f"node {p.numa_node}, CPUs {fmt(p.cpus)}, memory {policy} {fmt(p.memory_nodes)}"
+        ).rstrip()
+        where += (
+            f", {r.locality:.1%} of private pages local"
+            if r.locality is not None
+            else ", no private pages yet"
+        )
+    elif p is not None:
+        where = f"not bound ({p.reason or r.status})"
+    else:
+        where = "no plan"
+    verdict = "UNKNOWN" if r.status == "unknown" else ("OK" if r.ok else "OFF PLAN")
+    lines = [f"{verdict:8} {who}: {where}"]
+    lines += [f"         - {problem}" for problem in r.problems]
+    lines += [f"         note: {note}" for note in r.notes]
+    return lines
+
+
+def check(
+    pids: list[int],
+    machine: Machine,
+    *,
+    own_env: Mapping[str, str] | None = None,
+    deadline: float | None = None,
+    named: bool = False,
+    scan: Scan | None = None,
+    verbose: bool = False,
+) -> CheckReport:
+    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value); ``named``: the
+    pids were given by the user (a vanished one is a note and exit status 3)."""
+    results: list[ProcessCheck] = []
+    vanished: list[int] = []
+    skipped: list[int] = []
+    notes: list[str] = list(scan.notes) if scan is not None else []
+    for i, pid in enumerate(pids):
+        if deadline is not None and time.monotonic() > deadline:
+            skipped = pids[i:]
+            break
+        try:
+            results.append(check_pid(pid, machine, environ=own_env))
+        except Vanished:
+            vanished.append(pid)
+    if vanished and named:
+        notes.extend(f"no process {pid} (it exited, or is a zombie)" for pid in vanished)
+    elif vanished:
+        notes.append(f"{len(vanished)} rank(s) exited while being checked: left out")
+    if skipped:
+        notes.append(
+            f"{len(skipped)} process(es) not reached before the deadline: "
+            + ", ".join(str(p) for p in skipped[:20])
+            + (" ..." if len(skipped) > 20 else "")
+        )
+    ignored = scan.ignored if scan is not None else {}
+    if verbose and ignored:
+        notes.append(
+            "registry entries ignored: " + ", ".join(f"{n} {k}" for k, n in sorted(ignored.items()))
+        )
+    shared_nodes: dict[int, int] = {}
+    for r in results:
+        for n, c in r.shared_pages.nodes.items():
+            shared_nodes[n] = shared_nodes.get(n, 0) + c
+    return CheckReport(
+        processes=tuple(results),
+        ok=all(r.ok for r in results) and not (vanished and named),
+        problems=tuple(f"pid {r.pid}: {p}" for r in results for p in r.problems),
+        shared_pages=SharedPages(
+            pages=sum(shared_nodes.values()), nodes=dict(sorted(shared_nodes.items())), how=""
+        ),
+        vanished=tuple(vanished),
+        skipped=tuple(skipped),
+        registry_ignored=dict(ignored),
+        numa_balancing=machine.numa_balancing,
+        notes=tuple(notes),
+    )
+
+
+def exit_status(report: CheckReport, named: bool) -> int:
+    if any(r.status != "unknown" and not r.ok for r in report.processes):
+        return OFF_PLAN
+    if (named and report.vanished) or any(r.status == "unknown" for r in report.processes):
+        return UNREACHABLE
+    return OK
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from .._environ import Config
+    from .._errors import UsageError
+    from .._topology import Machine
+
+    if args.pid and args.all:
+        raise UsageError("numabind check: --pid and --all are exclusive; give one")
+    own_env: Mapping[str, str] | None = None
+    scan = None
+    named = bool(args.pid)
+    if args.pid:
+        pids = list(dict.fromkeys(args.pid))
+    elif args.all:
+        pids, scan = rank_pids()
+    else:
+        info = detect(os.environ)
+        if info.local_rank is None and info.problem is None:
+            raise UsageError(
+                "numabind check: this process has no local rank; give --pid PID or --all "
+                "(numabind check --help)"
+            )
+        pids, own_env = [os.getpid()], os.environ
+    machine = Machine.from_root(Config.from_env().sysroot)
+    try:
+        deadline = time.monotonic() + args.deadline if args.all else None
+        report = check(
+            pids,
+            machine,
+            own_env=own_env,
+            deadline=deadline,
+            named=named,
+            scan=scan,
+            verbose=args.verbose,
+        )
+    finally:
+        machine.close()
+    if args.json:
+        write_json(report.to_dict())
+    else:
+        lines: list[str] = []
+        if not report.processes and not report.vanished and not report.skipped:
+            lines.append("numabind check: no rank processes found")
+        for r in report.processes:
+            lines += process_lines(r)
+        lines += notice_lines("note", report.notes)
+        write_lines(lines)
+    return exit_status(report, named)
+
+
+__all__ = ["USAGE", "CheckReport", "ProcessCheck", "check", "check_pid", "run_check"]

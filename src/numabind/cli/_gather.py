@@ -1,0 +1,107 @@
+"""``numabind gather``: a tarball of every file numabind reads on this machine, plus the
+rank and device variables of this environment, so that ``numabind show --input`` elsewhere
+shows the plan this process would get.
+
+What is copied is :func:`numabind._sources.read_paths`, expanded here: a capture holds
+what the reader reads, by construction.  The tarball is written with :mod:`tarfile` (what
+numabind made itself: no input is parsed) through :class:`~numabind.cli._common.OutputFile`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+from .._capture import ENV_FILE, RECORDED_VARIABLES
+from .._model import VENDORS
+from .._sources import SysfsSource, read_paths
+from ._common import OutputFile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from typing import IO
+
+    from .._sources import Root
+
+
+def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
+    """The concrete paths of one :func:`~numabind._sources.read_paths` pattern here."""
+    if "{cgroup}" in pattern:
+        if cgroup:
+            yield pattern.replace("{cgroup}", cgroup)
+        return
+    fields: dict[str, tuple[str, str]] = {
+        "{node}": ("/sys/devices/system/node", "node"),
+        "{cpu}": ("/sys/devices/system/cpu", "cpu"),
+        "{bdf}": ("/sys/bus/pci/devices", ""),
+        "{driver}": (VENDORS[0].driver_dir or "", ""),
+    }
+    head, _, rest = pattern.partition("{")
+    if not rest:
+        yield pattern
+        return
+    key = "{" + rest.split("}", 1)[0] + "}"
+    tail = rest.split("}", 1)[1]
+    if key == "{index}":
+        base = head.rstrip("/")
+        for idx in root.listdir(base, 64):
+            if idx.startswith("index"):
+                yield from _expand(root, f"{base}/{idx}{tail}", cgroup)
+        return
+    base, prefix = fields[key]
+    for name in root.listdir(base):
+        if not prefix or (name.startswith(prefix) and name[len(prefix) :].isdigit()):
+            yield from _expand(root, f"{base}/{name}{tail}", cgroup)
+
+
+def gather_paths(root: Root) -> list[str]:
+    """Every file the reader would open on this machine (``read_paths()``, expanded)."""
+    cgroup = SysfsSource(root).allowed(frozenset()).directory
+    out: list[str] = []
+    for pattern in read_paths():
+        out.extend(_expand(root, pattern, cgroup))
+    return list(dict.fromkeys(out))
+
+
+def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
+    import tarfile  # writing what numabind made itself: no input is parsed here
+
+    count = 0
+    prefix = "numabind-capture"
+    now = int(time.time())
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for path in gather_paths(root):
+            text = root.opt(path)
+            if text is None:
+                continue
+            data = (text + "\n").encode()
+            info = tarfile.TarInfo(prefix + path)
+            info.size = len(data)
+            info.mtime = now
+            tar.addfile(info, io.BytesIO(data))
+            count += 1
+        env = {k: environ[k] for k in RECORDED_VARIABLES if k in environ}
+        data = json.dumps({"environ": env}, indent=1, sort_keys=True).encode()
+        info = tarfile.TarInfo(f"{prefix}/{ENV_FILE}")
+        info.size = len(data)
+        info.mtime = now
+        tar.addfile(info, io.BytesIO(data))
+    return count
+
+
+def gather(out: OutputFile, environ: Mapping[str, str], root_path: str = "/") -> int:
+    """Write a tarball of the files numabind reads, plus the rank/device environment, to
+    ``out`` (the one way a command writes a file: never through a link).  Returns how
+    many files it holds."""
+    from .._roots import for_path
+
+    root = for_path(root_path)
+    buf = io.BytesIO()
+    try:
+        n = _write_tar(buf, root, environ)
+    finally:
+        root.close()
+    out.write(buf.getvalue())
+    return n
