@@ -45,3 +45,44 @@ def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess
     return subprocess.run(
         [*pre, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
+
+
+def as_live(root: str) -> tuple[list[str], str]:
+    """The command prefix that runs a program with a generated machine mounted over /sys
+    (and /proc/driver, where the tree has one) in a private mount namespace, so that the
+    hook reads it through the live reader exactly as a rank on that machine would; or
+    ([], why that is not possible here: it needs root, unshare(1) and mount(8))."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):
+        return [], "needs root, unshare(1) and mount(8)"
+    driver = os.path.isdir(f"{root}/proc/driver") and os.path.isdir("/proc/driver")
+    script = 'mount --bind "$0/sys" /sys && '
+    if driver:
+        script += 'mount --bind "$0/proc/driver" /proc/driver && '
+    script += 'exec "$@"'
+    prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, root]
+    probe = subprocess.run(
+        [*prefix, "cat", "/sys/devices/system/cpu/online"], capture_output=True, text=True
+    )
+    expected = open(f"{root}/sys/devices/system/cpu/online").read()
+    if probe.returncode != 0 or probe.stdout != expected:
+        return [], f"a private mount namespace could not be set up ({probe.stderr.strip()!r})"
+    return prefix, ""
+
+
+# What a rank's hook loads and opens: the audit hook is installed before site.main()
+# runs the .pth files (python -S, then site.main() by hand), so it sees the hook's opens
+# and none of the interpreter's own start.
+COUNT_HOOK = (
+    "import json, sys; opened = []\n"
+    "def machine(path):\n"
+    "    return isinstance(path, str) and (path.startswith(('/sys', '/proc')) or not path.startswith('/'))\n"
+    "def audit(event, args):\n"
+    "    if event in ('open', 'os.scandir', 'os.listdir') and machine(args[0]):\n"
+    "        opened.append(args[0])\n"
+    "sys.addaudithook(audit)\n"
+    "import site; site.main()\n"
+    "mods = sorted(m for m in sys.modules if m == 'numabind' or m.startswith('numabind.'))\n"
+    "print(json.dumps({'modules': mods, 'files': opened}))\n"
+)

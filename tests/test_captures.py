@@ -44,7 +44,7 @@ def test_dgx2_xml(hwloc_dir: Path) -> None:
     m = Machine.from_capture(str(hwloc_dir / "nvidiaDGX2.xml"))
     assert [n.id for n in m.nodes] == [0, 1]
     assert m.node(0).cpus == cl("0-1") and m.node(1).cpus == cl("24-25")
-    gpus = m.accelerators
+    gpus = m.all_accelerators
     assert len(gpus) == 16, "12 NVSwitches (class 0680) are not GPUs"
     assert all(g.vendor == "nvidia" and g.uuid and g.uuid.startswith("GPU-") for g in gpus)
     ps = plans(m, 16)
@@ -70,7 +70,7 @@ def test_power8_pci_domain_carries_locality(hwloc_dir: Path) -> None:
 
 def test_even_odd_numbering_and_bmc_vga(hwloc_dir: Path) -> None:
     m = Machine.from_capture(str(hwloc_dir / "24em64t-2n6c2t-pci.xml"))
-    assert [a.pci for a in m.accelerators] == ["0000:06:00.0", "0000:11:00.0", "0000:14:00.0"], (
+    assert [a.pci for a in m.all_accelerators] == ["0000:06:00.0", "0000:11:00.0", "0000:14:00.0"], (
         "the ATI ES1000 BMC VGA (1002:515e) is not a compute GPU"
     )
     ps = plans(m, 3)
@@ -81,7 +81,7 @@ def test_even_odd_numbering_and_bmc_vga(hwloc_dir: Path) -> None:
 def test_disallowed_node_is_reported_not_bound_elsewhere(hwloc_dir: Path) -> None:
     m = Machine.from_capture(str(hwloc_dir / "irregulargroups-disallowed.xml"))
     assert m.allowed.cpus == cl("0-15") and m.allowed.mems == cl("0-1")
-    gpus = m.accelerators
+    gpus = m.all_accelerators
     assert [(g.pci, g.numa_node) for g in gpus] == [("0002:01:00.0", 4), ("0004:01:00.0", 7)]
     for p, cpus in zip(plans(m, 2), ("32-39", "56-63")):
         assert p.status == "skipped" and p.problem and not p.cpus
@@ -99,7 +99,7 @@ def test_power9_gpu_memory_nodes(capture: Callable[[str], str]) -> None:
     assert m.node(0).cpus == cl("0-15") and m.node(8).cpus == cl("88-103")
     assert m.allowed.cpus == cl("0-15"), "cgroup v1 cpuset.effective_cpus 0-87 ∩ online"
     assert m.allowed.kind == "cgroup-v1" and m.allowed.directory.endswith("/jjh")
-    gpus = m.accelerators
+    gpus = m.all_accelerators
     assert [g.pci for g in gpus] == [
         "0004:05:00.0",
         "0004:06:00.0",
@@ -121,17 +121,17 @@ def test_nec_vector_engines_are_not_gpus(capture: Callable[[str], str]) -> None:
     m = _tar(capture("32intel64-2p8co2t+8ve.tar.bz2"))
     assert m.online_cpus == cl("0-31")
     assert m.node(0).cpus == cl("0-7,16-23") and m.node(1).cpus == cl("8-15,24-31")
-    assert m.accelerators == (), "class 0x0b40 co-processors are not compute GPUs"
+    assert m.all_accelerators == (), "class 0x0b40 co-processors are not compute GPUs"
     info = m.cpu_info(0)
     assert info.siblings == {0, 16} and info.package == 0
-    assert m.node(0).distances == ((0, 10), (1, 21))
-    assert m.node(0).memory_bytes and m.node(0).memory_bytes > 40 * 2**30
+    assert m.node(0, full=True).distances == ((0, 10), (1, 21))
+    assert m.node(0, full=True).memory_bytes and m.node(0, full=True).memory_bytes > 40 * 2**30
 
 
 def test_unknown_locality_everywhere(capture: Callable[[str], str]) -> None:
     m = _tar(capture("40intel64-2g2n4c+pcilocality.tar.bz2"))
     assert m.node(2).cpus == frozenset(range(2, 40, 4))
-    assert m.accelerators == (), "the Matrox VGA is not a compute GPU"
+    assert m.all_accelerators == (), "the Matrox VGA is not a compute GPU"
     assert "cgroup v1" in m.allowed.source and "torque" in m.allowed.source
     # a device of unknown locality is never given node 0
     from numabind._model import Accelerator
@@ -157,7 +157,7 @@ def test_cgroup2_restriction(capture: Callable[[str], str]) -> None:
 def test_snc2_round_robin(capture: Callable[[str], str]) -> None:
     m = _tar(capture("memorysidecaches.tar.bz2"))
     assert m.node(0).cpus == frozenset(range(0, 80, 4))
-    assert m.node(0).distance_to(2) == 11 and m.node(0).distance_to(1) == 21
+    assert m.node(0, full=True).distance_to(2) == 11 and m.node(0, full=True).distance_to(1) == 21
     ps = plans(m, 4, mode="socket")
     # socket mode takes both SNC halves of the package: nodes 0+2 (even CPUs)
     assert ps[0].cpus == frozenset(range(0, 80, 2))
@@ -169,5 +169,5 @@ def test_kept_console_agrees_with_power9_reading(
 ) -> None:
     text = (hwloc_dir / "nvidiagpunumanodes-kept.console").read_text()
     m = _tar(capture("nvidiagpunumanodes.tar.bz2"))
-    for g in m.accelerators:
+    for g in m.all_accelerators:
         assert f"P#{g.memory_node}" in text and g.pci in text

@@ -168,7 +168,7 @@ def test_amd_uuid_tokens_from_unique_id(synth_machine: MakeMachine) -> None:
     for i, g in enumerate(spec.gpus):
         g.unique_id = f"{0xA3D6E2FA74D1B200 + i:x}"
     m = synth_machine(spec)
-    assert m.accelerators[3].uuid == f"GPU-{0xA3D6E2FA74D1B203:x}"
+    assert m.all_accelerators[3].uuid == f"GPU-{0xA3D6E2FA74D1B203:x}"
     v = resolve(m, {"ROCR_VISIBLE_DEVICES": f"GPU-{0xA3D6E2FA74D1B206:x},1"})
     assert pcis(v) == [spec.gpus[6].bdf, spec.gpus[1].bdf]
     v = resolve(m, {"HIP_VISIBLE_DEVICES": f"GPU-{0xA3D6E2FA74D1B205:X}"})

@@ -45,7 +45,7 @@ def plans(
 def test_dgx_node_mode(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.dgx_h100())
     assert len(m.online_cpus) == 224
-    gpus = [a for a in m.accelerators if a.vendor == "nvidia"]
+    gpus = [a for a in m.all_accelerators if a.vendor == "nvidia"]
     assert len(gpus) == 8, "NVSwitches and the BMC VGA are not GPUs"
     ps = plans(m, 8)
     assert [p.numa_node for p in ps] == [0] * 4 + [1] * 4
@@ -142,14 +142,14 @@ def test_gb200_memory_only_nodes(synth_machine: MakeMachine) -> None:
     ps = plans(m, 4)
     assert [p.numa_node for p in ps] == [0, 0, 1, 1], "GPU memory nodes 2-5 have no CPUs"
     assert all(p.memory_nodes == {p.numa_node} for p in ps), "never a memory-only node"
-    assert [a.memory_node for a in m.accelerators] == [2, 3, 4, 5]
+    assert [a.memory_node for a in m.all_accelerators] == [2, 3, 4, 5]
     sock = plans(m, 4, "socket")
     assert sock[0].cpus == frozenset(range(72)), "socket mode never adds memory-only nodes"
 
 
 def test_mi300x_processing_accelerator_class(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.mi300x())
-    assert [a.vendor for a in m.accelerators] == ["amd"] * 8
+    assert [a.vendor for a in m.all_accelerators] == ["amd"] * 8
     ps = plans(m, 8)
     assert [p.numa_node for p in ps] == [0] * 4 + [1] * 4
     ps2 = plans(m, 2, env={"HIP_VISIBLE_DEVICES": "7,0"})
@@ -160,7 +160,7 @@ def test_mi300x_processing_accelerator_class(synth_machine: MakeMachine) -> None
 
 def test_container_sees_two_of_eight(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.container_2_of_8())
-    assert len([a for a in m.accelerators if a.vendor == "nvidia"]) == 8, "sysfs shows the host's"
+    assert len([a for a in m.all_accelerators if a.vendor == "nvidia"]) == 8, "sysfs shows the host's"
     visible = resolve(m, {})
     assert [d.pci for d in visible.devices] == ["0000:3a:00.0", "0000:ab:00.0"]
     ps = plans(m, 2)

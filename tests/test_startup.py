@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import support
+from support import COUNT_HOOK, as_live, clean_env
 import synth
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,46 +83,63 @@ def test_active_hook_stays_off_heavy_modules(dgx_root: str) -> None:
     assert not (added & FORBIDDEN), added & FORBIDDEN
 
 
-def test_a_rank_with_nothing_to_bind_loads_no_kernel_layer(tmp_path: Path) -> None:
-    """On a one-node machine (a workstation, a one-GPU cloud VM) the hook only plans: the
-    apply, kernel, registry and device layers, ctypes and the error classes stay unloaded
-    (each module costs the rank ~0.2 ms of interpreter start here)."""
-    root = synth.write(synth.one_node(), str(tmp_path / "one"))
-    base = set(py(SHOW_MODULES, clean_env()).stdout.split())
-    r = py(
-        SHOW_MODULES,
-        clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=root, NUMABIND_VERBOSE="1"),
+def _counted(root: str, env: dict[str, str]) -> tuple[dict[str, list[str]], bool]:
+    """What the hook of a rank with ``env`` loads and opens on the machine ``root``: read
+    as a rank reads it (mounted over /sys in a private mount namespace) where this test may
+    do that, else through NUMABIND_SYSROOT (one more module: the capture reader)."""
+    prefix, _why = as_live(root)
+    if not prefix:
+        env = {**env, "NUMABIND_SYSROOT": root}
+    r = subprocess.run(
+        [*prefix, sys.executable, "-S", "-c", COUNT_HOOK],
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=120,
     )
-    assert r.returncode == 0 and "nothing to bind" in r.stderr, r.stderr
-    added = set(r.stdout.split()) - base
-    assert "numabind._plan" in added and "numabind._apply" in added
-    heavy = {
-        "numabind._kernel",
-        "numabind._registry",
-        "numabind._devices",
-        "numabind._errors",
-        "numabind._guard",
-        "_ctypes",
-    }
-    assert not (added & heavy), sorted(added & heavy)
+    assert r.returncode == 0, r.stderr
+    data: dict[str, list[str]] = json.loads(r.stdout)
+    return data, bool(prefix)
 
 
-def test_a_bound_rank_loads_no_reader_it_does_not_run(dgx_root: str) -> None:
-    """Binding from sysfs needs neither the tarball reader nor check's registry reader
-    (rank 3: GPU 3's node 0 holds this host's CPUs 0-1, so the binding succeeds and
-    registers)."""
-    base = set(py(SHOW_MODULES, clean_env()).stdout.split())
-    r = py(SHOW_MODULES, clean_env(LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=dgx_root))
-    added = set(r.stdout.split()) - base
-    assert "numabind._apply" in added and "numabind._registry" in added
-    idle = {
-        "numabind._tarroot",
-        "numabind._hwloc",
-        "numabind._capture",
-        "numabind._errors",
-        "tarfile",
-    }
-    assert not (added & idle), sorted(added & idle)
+def test_a_one_node_rank_loads_ten_modules_and_no_kernel_layer(tmp_path: Path) -> None:
+    """On a one-node machine (a workstation, a one-GPU cloud VM) the hook only plans: at
+    most 10 numabind modules, and none of the kernel, registry or device layers, ctypes
+    or the error classes (each module costs the rank ~0.2 ms of interpreter start)."""
+    root = synth.write(synth.one_node(), str(tmp_path / "one"))
+    data, live = _counted(root, {"LOCAL_RANK": "0"})
+    mods = set(data["modules"])
+    assert "numabind._plan" in mods and "numabind._apply" in mods
+    assert len(mods) <= (10 if live else 11), sorted(mods)
+    heavy = {"numabind._kernel", "numabind._registry", "numabind._devices", "numabind._errors"}
+    assert not (mods & heavy), sorted(mods & heavy)
+
+
+def test_a_bound_dgx_rank_loads_15_modules_and_opens_30_files(dgx_root: str) -> None:
+    """A bound rank of an 8-GPU DGX: at most 15 numabind modules (0.2.0: 23) and 30 files
+    and directories opened (0.2.0: 68; now only its own GPU's driver files are read), no
+    capture reader and no registry reader."""
+    data, live = _counted(dgx_root, {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8"})
+    mods = set(data["modules"])
+    assert "numabind._apply" in mods and "numabind._registry" in mods, sorted(mods)
+    assert len(mods) <= (15 if live else 16), sorted(mods)
+    # the machine's files, apart from the binding's own (its parent's mask, its threads,
+    # its numa_maps to migrate, its start time and registry entry)
+    own = ("/proc/self/task", "/proc/self/numa_maps")
+    files = [
+        f
+        for f in data["files"]
+        if f.startswith(
+            ("/sys", "/proc/driver", "/proc/self/mounts", "/proc/self/cgroup", "/proc/self/status")
+        )
+        or (not live and not f.startswith(("/proc", "numabind", ".")) and f not in own)
+    ]
+    assert len(files) <= 30, files
+    assert len(data["files"]) - len(files) <= 7, data["files"]
+    driver = [f for f in files if "driver/nvidia/gpus/0000:" in f]
+    assert all("0000:5d:00.0" in f for f in driver), "GPU 3's driver files, no other GPU's"
+    idle = {"numabind._tarroot", "numabind._hwloc", "numabind._capture", "numabind._errors"}
+    assert not (mods & idle), sorted(mods & idle)
 
 
 def test_hook_is_quiet_on_success_and_verbose_on_request(dgx_root: str) -> None:

@@ -82,7 +82,7 @@ def test_the_picture(tmp_path: Path, name: str, mode: str) -> None:
             assert f"rank {p.local_rank}: {p.reason[:30]}" in joined.replace("\n", " ")
     # every GPU appears, in the box of the node the plan binds it to (or the planner's node)
     bound_node = {p.device.pci: p.numa_node for p in plans if p.bound and p.device}
-    for a in m.accelerators:
+    for a in m.all_accelerators:
         node = bound_node.get(a.pci, device_node(m, a).node)
         if node is None:
             assert a.pci in joined
@@ -105,7 +105,7 @@ def test_gb200_gpus_are_drawn_on_the_grace_nodes(tmp_path: Path) -> None:
         group = root.find(f".//{NS}g[@data-node='{node}']")
         text = "\n".join(t.text or "" for t in group.iter(f"{NS}text"))  # type: ignore[union-attr]
         for i in gpus:
-            assert m.accelerators[i].pci in text, "the plan binds it here, not to HBM node 2-5"
+            assert m.all_accelerators[i].pci in text, "the plan binds it here, not to HBM node 2-5"
 
 
 def test_sixteen_ranks_sixteen_colours(tmp_path: Path) -> None:

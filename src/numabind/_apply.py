@@ -159,7 +159,7 @@ class Binding:
     def __str__(self) -> str:
         p = self.plan
         if not p.bound:
-            return " ".join([p.summary(), *(f"[{w}]" for w in self.warnings)])
+            return " ".join([p.summary(), *(f"[{n}]" for n in (*self.notes, *self.warnings))])
         parts = [p.who() + ":"]
         if self.cpus_applied:
             threads = "thread" if self.threads_rebound == 1 else "threads"
@@ -350,6 +350,8 @@ def enter(
     if not plan.bound:
         b = Binding(plan)
         b.warnings.extend(cfg.warnings)
+        if cfg.verbose:
+            b.notes.extend(cfg.notes)
         if strict and b.failed:
             from ._errors import BindingError
 

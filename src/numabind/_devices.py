@@ -104,6 +104,8 @@ def reachable(
     else:
         devs = [a for a in machine.accelerators if a.vendor == vendor.key]
     slurm = _slurm_gpu_minors(environ) if vendor is NVIDIA else None
+    if slurm is not None:
+        devs = [machine.detailed(d) for d in devs]  # the minor numbers are the driver's
     if slurm is not None and devs and all(d.minor is not None for d in devs):
         var, minors = slurm
         cvd = environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -192,6 +194,7 @@ def _parse_list(
     text: str,
     devs: tuple[Accelerator, ...],
     nvml: NvmlBackend | LazyNvml | None,
+    machine: Machine,
 ) -> tuple[tuple[Accelerator, ...], str | None, list[str]]:
     """Resolve a visibility list the way the runtimes do: entries in order, and the
     first entry that is invalid ends the list (CUDA ignores it and everything after it).
@@ -202,6 +205,8 @@ def _parse_list(
     subdevice = vis.grammar == "level-zero"
     limit = len(devs) + 1
     tokens = text.split(",", limit)
+    if any(not t.strip().isdigit() for t in tokens[:limit]):
+        devs = tuple(machine.detailed(d) for d in devs)  # UUIDs are the driver's facts
     for pos, raw in enumerate(tokens[:limit]):
         token = raw.strip()
         if subdevice and "." in token:
@@ -274,7 +279,7 @@ def resolve(
                 source=f"{shown} hides every GPU",
                 notes=tuple(notes),
             )
-        devs, problem, n = _parse_list(vis, text.strip(), devs, nvml)
+        devs, problem, n = _parse_list(vis, text.strip(), devs, nvml, machine)
         notes.extend(n)
         sources.append(shown)
         if problem:
@@ -329,7 +334,10 @@ def find_device(
         return None, f"device index {spec} is not visible ({len(devs)} are)"
     pci = normalize_pci(spec)
     pool = tuple(dict.fromkeys((*devs, *machine.accelerators)))
-    found = [a for a in pool if a.pci == pci] if pci is not None else _match_uuid(spec, pool)
+    if pci is not None:
+        found = [a for a in pool if a.pci == pci]
+    else:
+        found = _match_uuid(spec, tuple(machine.detailed(a) for a in pool))
     if len(found) == 1:
         return found[0], None
     if len(found) > 1:

@@ -290,8 +290,12 @@ def _redirect(knob: Knob, raw: str | None, own: bool, notes: list[str]) -> str:
     if own and os.geteuid() == 0:
         why = root_owned_path(raw)
         if why is None and knob.field == "registry":
+            real = os.path.realpath(raw)
+            kernel = [p for p in ("/proc", "/sys", "/dev") if real == p or real.startswith(p + "/")]
             if not os.path.isdir(raw):
                 why = "not a directory"
+            elif kernel and not (real == "/dev/shm" or real.startswith("/dev/shm/")):
+                why = f"under {kernel[0]}, the kernel's own files"
             else:
                 kind = fs_type(raw)
                 if kind is None or kind in _PSEUDO_FS:

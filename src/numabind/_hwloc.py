@@ -385,7 +385,9 @@ class HwlocSource(Source):
     def node_ids(self) -> tuple[int, ...]:
         return tuple(sorted(self._nodes))
 
-    def node(self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...]) -> Node:
+    def node(
+        self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...], full: bool = True
+    ) -> Node:
         cpus, mem = self._nodes[node_id]
         return Node(
             id=node_id,
@@ -403,7 +405,7 @@ class HwlocSource(Source):
         cpus = self._allowed_cpus if self._allowed_cpus is not None else online
         return Allowed(cpus=cpus & online, mems=self._allowed_mems, kind="hwloc")
 
-    def accelerators(self) -> tuple[Accelerator, ...]:
+    def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
         out = []
         for acc in self._accs:
             mem = self._gpu_mem.get(acc.pci)

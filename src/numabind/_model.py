@@ -216,6 +216,12 @@ class Accelerator(Record):
     ``memory_node`` is the CPU-less node holding the GPU's own memory, where the driver
     exposes one (POWER9 and Grace systems).  ``uuid`` is the token a visibility list can
     name it by (NVIDIA ``GPU-...``; AMD ``GPU-<unique_id>``).  Unreadable fields are None.
+
+    A reading may stop short (``read``): ``id`` holds the vendor and device id,
+    ``located`` adds ``numa_node`` (and the CPU locality when ``numa_node`` is -1);
+    :meth:`numabind.Machine.located` and :meth:`~numabind.Machine.detailed` read on.  The
+    startup hook of an 8-GPU rank reads where its own GPU is and that GPU's driver files,
+    not every GPU's.
     """
 
     pci: str
@@ -229,6 +235,21 @@ class Accelerator(Record):
     memory_node: int | None = None
     name: str | None = None
     minor: int | None = None
+    # how much was read: "all", or "id"/"located" (Machine.located() and .detailed() read on)
+    read: str = "all"
+
+    @property
+    def detailed(self) -> bool:
+        return self.read == "all"
+
+    def __eq__(self, other: object) -> bool:
+        """One device is one PCI function: a brief and a detailed reading are equal."""
+        if not isinstance(other, Accelerator):
+            return NotImplemented
+        return (self.pci, self.vendor) == (other.pci, other.vendor)
+
+    def __hash__(self) -> int:
+        return hash((self.pci, self.vendor))
 
     @property
     def model(self) -> str:

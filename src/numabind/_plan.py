@@ -61,6 +61,10 @@ class Request(Record):
     size_source: str | None = None
     notes: tuple[str, ...] = ()
     device: Accelerator | None = None  # chosen by an argument (apply(device=...)), not by rank
+    # compute the thread budget (in node mode the only use of the other devices' nodes):
+    # the startup hook asks for it only with NUMABIND_THREADS set, and reads their files
+    # only then
+    budget: bool = True
 
 
 def request_for(info: RankInfo, visible: Visible | None, mode: str, memory: str) -> Request:
@@ -118,11 +122,12 @@ def device_node(machine: Machine, dev: Accelerator) -> NodeChoice:
     distance from every CPU node.
     """
     cpu_nodes = machine.cpu_nodes
+    dev = machine.located(dev)
     if dev.numa_node is not None:
         n = machine.node(dev.numa_node)
         if n is not None and n.cpus:
             return NodeChoice(node=n.id, locality=None, how="numa_node")
-    local = dev.local_cpus
+    local = machine.local_cpus(dev)
     if local is not None:
         local = local & machine.online_cpus
     if local:
@@ -341,6 +346,7 @@ class _Planner:
             node_id, what, peers, package = self._cpu_only_node(visible)
         else:
             dev, index = self._pick_device(devs)
+            dev = self.m.detailed(dev)  # the chosen device's driver facts, not every GPU's
             self.device, self.index = dev, index
             choice = device_node(self.m, dev)
             node_id, locality, self.how = choice.node, choice.locality, choice.how
@@ -358,7 +364,8 @@ class _Planner:
             )
             peers = None
             if node_id is not None:
-                peers = self._device_peers(frozenset({node_id}), devs)
+                if r.mode != "node" or r.budget:
+                    peers = self._device_peers(frozenset({node_id}), devs)
                 if r.mode == "socket":
                     pkg_nodes = package_nodes(self.m, node_id)
                     if pkg_nodes is not None:
@@ -412,7 +419,11 @@ class _Planner:
             status="bound",
             reason=what,
             notes=tuple(self.notes),
-            threads=max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1)),
+            threads=(
+                max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1))
+                if r.budget
+                else None
+            ),
         )
 
     def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int | None]:

@@ -36,7 +36,8 @@ import stat
 
 from . import _sysfs
 from ._kernel import process_uids, start_time
-from ._model import REGISTRY_POLICIES, Record
+from ._model import MODE_NAMES, REGISTRY_POLICIES, Record
+from ._sysfs import normalize_pci
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -141,11 +142,22 @@ class Entry(Record):
                 values[name] = value if name in raw else default
         if values["pid"] > 1 << 31 or values["memory_policy"] not in REGISTRY_POLICIES:
             return None
+        device = values["device"]
+        if device and normalize_pci(device) != device:
+            return None  # numabind writes a PCI address in sysfs spelling, nothing else
+        if values["mode"] not in MODE_NAMES or not _is_text(values["rank_source"], 64):
+            return None
         return cls(**values)
 
 
 _NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})
 _NAME = frozenset("_0123456789")
+
+
+def _is_text(text: str, limit: int) -> bool:
+    """Short printable text (what numabind writes); the rest of an entry's text is escaped
+    wherever it is shown."""
+    return len(text) <= limit and text.isprintable()
 
 
 def _is_name(text: str) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 
 from . import _sysfs
-from ._model import BY_PCI, NVIDIA, VENDORS, Accelerator, Allowed, CpuInfo, Node
+from ._model import BY_KEY, BY_PCI, NVIDIA, VENDORS, Accelerator, Allowed, CpuInfo, Node, Vendor
 from ._sysfs import normalize_pci, pci_sort_key
 
 SYS_NODE = "/sys/devices/system/node"
@@ -167,7 +167,10 @@ class Source:
     def node_ids(self) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def node(self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...]) -> Node:
+    def node(
+        self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...], full: bool = True
+    ) -> Node:
+        """Node ``node_id``: its CPUs, and with ``full`` its memory and distances."""
         raise NotImplementedError
 
     def cpu_info(self, cpu: int) -> CpuInfo:
@@ -193,14 +196,18 @@ class Source:
     def allowed(self, online: frozenset[int]) -> Allowed:
         raise NotImplementedError
 
-    def accelerators(self) -> tuple[Accelerator, ...]:
+    def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
         raise NotImplementedError
 
-    def accelerator(self, bdf: str) -> Accelerator | None:
-        for acc in self.accelerators():
+    def accelerator(self, bdf: str, detail: bool = False) -> Accelerator | None:
+        for acc in self.accelerators(detail):
             if acc.pci == bdf:
                 return acc
         return None
+
+    def locate(self, acc: Accelerator) -> Accelerator:
+        """``acc`` with where it is read (sources that read everything at once: itself)."""
+        return acc
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the vendor's driver lists as this process's GPUs, or None when
@@ -224,7 +231,8 @@ class SysfsSource(Source):
         super().__init__()
         self.root = root
         self.description = root.description
-        self._pci_cache: dict[str, Accelerator | None] = {}
+        self._pci_cache: dict[tuple[str, bool], Accelerator | None] = {}
+        self._located: dict[tuple[str, str], Accelerator] = {}
         self._driver_info: dict[str, dict[str, str]] = {}
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._cpu_limit: int | None = None
@@ -319,11 +327,15 @@ class SysfsSource(Source):
                     )
         return tuple(sorted(ids))
 
-    def node(self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...]) -> Node:
+    def node(
+        self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...], full: bool = True
+    ) -> Node:
         base = f"{SYS_NODE}/node{node_id}"
         cpus = self.cpulist(f"{base}/cpulist")
         if cpus is None:
             cpus = self.cpumask(f"{base}/cpumap") or frozenset()
+        if not full:
+            return Node(id=node_id, cpus=cpus & online)
         memory = None
         meminfo = self._read(f"{base}/meminfo")
         if meminfo:
@@ -375,13 +387,13 @@ class SysfsSource(Source):
         return cpuset(self.root, online)
 
     # --- accelerators
-    def accelerators(self) -> tuple[Accelerator, ...]:
+    def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
         found: list[Accelerator] = []
         driver = set(self.driver_gpus("nvidia") or ())
         for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
             if normalize_pci(bdf) != bdf:
                 continue  # not a PCI address: nothing the kernel would write here
-            acc = self._accelerator(bdf, bdf in driver)
+            acc = self._accelerator(bdf, bdf in driver, detail)
             if acc is not None:
                 if len(found) >= _sysfs.MAX_ACCELERATORS:
                     self.warn(
@@ -393,33 +405,93 @@ class SysfsSource(Source):
         found.sort(key=lambda a: pci_sort_key(a.pci))
         return tuple(found)
 
-    def accelerator(self, bdf: str) -> Accelerator | None:
-        return self._accelerator(bdf, bdf in (self.driver_gpus("nvidia") or ()))
+    def accelerator(self, bdf: str, detail: bool = False) -> Accelerator | None:
+        return self._accelerator(bdf, bdf in (self.driver_gpus("nvidia") or ()), detail)
 
-    def _accelerator(self, bdf: str, driver_listed: bool) -> Accelerator | None:
-        if bdf in self._pci_cache:
-            return self._pci_cache[bdf]
-
+    def _accelerator(self, bdf: str, driver_listed: bool, detail: bool) -> Accelerator | None:
+        """One PCI function as an accelerator, or None; read in three steps, each only
+        when asked for: its identity (vendor, device id; the class where the vendor's
+        driver does not list it), then where it is (``numa_node``, and the CPU locality
+        when ``numa_node`` does not say: :meth:`locate`), then everything (``detail``:
+        the class, UUID, the driver's model name, minor number and memory node)."""
+        if (bdf, True) in self._pci_cache:
+            return self._pci_cache[(bdf, True)]
+        acc = self._identity(bdf, driver_listed)
+        if acc is None or not detail:
+            return acc
+        acc = self.locate(acc)
         base = f"{SYS_PCI}/{bdf}"
-        vendor_id = _sysfs.parse_int(self._read(f"{base}/vendor"))
-        vendor = BY_PCI.get(vendor_id) if vendor_id is not None else None
-        if vendor is None and not driver_listed:
-            # one read decides for the hundreds of bridges, NICs and chipset functions
-            self._pci_cache[bdf] = None
-            return None
-        pci_class = _sysfs.parse_int(self._read(f"{base}/class"))
-        device_id = _sysfs.parse_int(self._read(f"{base}/device"))
+        vendor = BY_KEY[acc.vendor]
+        local = acc.local_cpus
+        if local is None:
+            local = self.cpulist(f"{base}/local_cpulist")
+        if local is None:
+            local = self.cpumask(f"{base}/local_cpus")
+        pci_class = acc.pci_class
+        if pci_class is None:
+            pci_class = _sysfs.parse_int(self._read(f"{base}/class"))
+        full = self._driver_facts(
+            acc.replace(pci_class=pci_class, local_cpus=local, read="all"), vendor, base, bdf
+        )
+        self._pci_cache[(bdf, True)] = full
+        return full
+
+    def _identity(self, bdf: str, driver_listed: bool) -> Accelerator | None:
+        if (bdf, False) in self._pci_cache:
+            return self._pci_cache[(bdf, False)]
+        base = f"{SYS_PCI}/{bdf}"
+        pci_class = None
         if driver_listed:
             vendor = NVIDIA  # the NVIDIA driver lists it: whatever sysfs claims
-        elif vendor is None or not vendor.is_compute(device_id, pci_class):
-            self._pci_cache[bdf] = None
-            return None
+            vendor_id: int | None = NVIDIA.pci_vendor
+        else:
+            vendor_id = _sysfs.parse_int(self._read(f"{base}/vendor"))
+            found_vendor = BY_PCI.get(vendor_id) if vendor_id is not None else None
+            if found_vendor is None:
+                # one read decides for the hundreds of bridges, NICs and chipset functions
+                self._pci_cache[(bdf, False)] = None
+                return None
+            vendor = found_vendor
+        device_id = _sysfs.parse_int(self._read(f"{base}/device"))
+        if not driver_listed:
+            pci_class = _sysfs.parse_int(self._read(f"{base}/class"))
+            if not vendor.is_compute(device_id, pci_class):
+                self._pci_cache[(bdf, False)] = None
+                return None
+        acc = Accelerator(
+            pci=bdf,
+            vendor=vendor.key,
+            vendor_id=vendor_id,
+            device_id=device_id,
+            pci_class=pci_class,
+            read="id",
+        )
+        self._pci_cache[(bdf, False)] = acc
+        return acc
+
+    def locate(self, acc: Accelerator) -> Accelerator:
+        """``acc`` with ``numa_node`` read, and its CPU locality where ``numa_node`` does
+        not name a node (-1)."""
+        if acc.read != "id":
+            return acc
+        key = (acc.pci, "located")
+        found = self._located.get(key)
+        if found is not None:
+            return found
+        base = f"{SYS_PCI}/{acc.pci}"
         numa_node = _sysfs.parse_int(self._read(f"{base}/numa_node"))
         if numa_node is not None and not 0 <= numa_node < self.node_limit:
             numa_node = None  # -1: the firmware does not say
-        local = self.cpulist(f"{base}/local_cpulist")
-        if local is None:
-            local = self.cpumask(f"{base}/local_cpus")
+        local = None
+        if numa_node is None:
+            local = self.cpulist(f"{base}/local_cpulist")
+            if local is None:
+                local = self.cpumask(f"{base}/local_cpus")
+        found = acc.replace(numa_node=numa_node, local_cpus=local, read="located")
+        self._located[key] = found
+        return found
+
+    def _driver_facts(self, acc: Accelerator, vendor: Vendor, base: str, bdf: str) -> Accelerator:
         uuid = name = None
         minor = memory_node = None
         if vendor.uuid_file:
@@ -440,21 +512,12 @@ class SysfsSource(Source):
                     memory_node = _sysfs.parse_int(value)
                     if memory_node is not None and not 0 <= memory_node < self.node_limit:
                         memory_node = None
-        acc = Accelerator(
-            pci=bdf,
-            vendor=vendor.key,
-            vendor_id=vendor_id,
-            device_id=device_id,
-            pci_class=pci_class,
-            numa_node=numa_node,
-            local_cpus=local,
+        return acc.replace(
             uuid=_sysfs.clean_line(uuid, 80) if uuid else None,
             memory_node=memory_node,
             name=_sysfs.clean_line(name, 80) if name else None,
             minor=minor,
         )
-        self._pci_cache[bdf] = acc
-        return acc
 
     def _driver_information(self, vendor: str, bdf: str) -> dict[str, str]:
         if bdf not in self._driver_info:

@@ -151,7 +151,8 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
-        p = plan(machine, request_for(info, visible, cfg.mode, cfg.memory))
+        request = request_for(info, visible, cfg.mode, cfg.memory)
+        p = plan(machine, request.replace(budget=cfg.threads != "off"))
         # strict mode here is an exit before user code, after the binding's own line
         binding = enter(p, machine, cfg, environ=env, strict=False, threads="env", report=False)
     finally:

@@ -33,6 +33,8 @@ class Machine:
         self._online: frozenset[int] | None = None
         self._node_ids: tuple[int, ...] | None = None
         self._nodes: dict[int, Node] = {}
+        self._full_nodes: dict[int, Node] = {}
+        self._detailed: dict[str, Accelerator] = {}
         self._cpu: dict[int, CpuInfo] = {}
         self._package: dict[int, int | None] = {}
         self._siblings: dict[int, frozenset[int]] = {}
@@ -114,29 +116,33 @@ class Machine:
             self._node_ids = self.source.node_ids()
         return self._node_ids
 
-    def node(self, node_id: int) -> Node | None:
-        """Node ``node_id``, or None when the machine has no such node."""
-        if node_id not in self._nodes:
+    def node(self, node_id: int, full: bool = False) -> Node | None:
+        """Node ``node_id``, or None when the machine has no such node.  Its CPUs; with
+        ``full`` also its memory and distances (the planner needs only the CPUs, and reads
+        only those)."""
+        store = self._full_nodes if full else self._nodes
+        if node_id not in store:
             ids = self.node_ids
             if not ids and node_id == 0:
                 # A kernel built without NUMA has no node directory: one node holds all.
-                self._nodes[0] = Node(id=0, cpus=self.online_cpus)
+                store[0] = Node(id=0, cpus=self.online_cpus)
             elif node_id not in ids:
                 return None
             else:
-                self._nodes[node_id] = self.source.node(node_id, self.online_cpus, ids)
-        return self._nodes[node_id]
+                store[node_id] = self.source.node(node_id, self.online_cpus, ids, full)
+        return store[node_id]
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        """Every NUMA node, memory-only ones included."""
+        """Every NUMA node, memory-only ones included, with memory and distances."""
         ids = self.node_ids or (0,)
-        return tuple(n for n in (self.node(i) for i in ids) if n is not None)
+        return tuple(n for n in (self.node(i, full=True) for i in ids) if n is not None)
 
     @property
     def cpu_nodes(self) -> tuple[Node, ...]:
-        """Nodes that have CPUs (memory-only nodes left out)."""
-        return tuple(n for n in self.nodes if n.cpus)
+        """Nodes that have CPUs (memory-only nodes left out), with their CPUs only."""
+        ids = self.node_ids or (0,)
+        return tuple(n for n in (self.node(i) for i in ids) if n is not None and n.cpus)
 
     def node_of_cpu(self, cpu: int) -> int | None:
         """The node holding ``cpu``, None when no node lists it."""
@@ -203,7 +209,8 @@ class Machine:
     @property
     def accelerators(self) -> tuple[Accelerator, ...]:
         """Every compute accelerator on the host's PCI bus, in PCI order (sysfs is not
-        namespaced: a container sees the host's devices here, reachable or not)."""
+        namespaced: a container sees the host's devices here, reachable or not), read
+        brief (:meth:`detailed` reads the rest of one)."""
         if self._accelerators is None:
             self._accelerators = self.source.accelerators()
         return self._accelerators
@@ -216,6 +223,30 @@ class Machine:
                     return acc
             return None
         return self.source.accelerator(bdf)
+
+    def detailed(self, acc: Accelerator) -> Accelerator:
+        """``acc`` with every fact read: its class, UUID, the driver's model name, minor
+        number and GPU-memory node, and its CPU locality."""
+        if acc.detailed:
+            return acc
+        if acc.pci not in self._detailed:
+            self._detailed[acc.pci] = self.source.accelerator(acc.pci, detail=True) or acc
+        return self._detailed[acc.pci]
+
+    @property
+    def all_accelerators(self) -> tuple[Accelerator, ...]:
+        """Every accelerator, detailed (what ``show`` reports)."""
+        return tuple(self.detailed(a) for a in self.accelerators)
+
+    def located(self, acc: Accelerator) -> Accelerator:
+        """``acc`` with its ``numa_node`` (and, where that is -1, its CPU locality) read."""
+        return self.source.locate(acc)
+
+    def local_cpus(self, acc: Accelerator) -> frozenset[int] | None:
+        """The CPU locality of ``acc`` (read when a short reading left it out)."""
+        if acc.local_cpus is not None or acc.detailed:
+            return acc.local_cpus
+        return self.detailed(acc).local_cpus
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the driver of ``vendor`` lists (NVIDIA: /proc/driver/nvidia/gpus,

@@ -303,7 +303,7 @@ def gpu_copies(
     cpu_nodes = [n for n in machine.cpu_nodes]
     if gpu_node is None or not cpu_nodes:
         return "no GPU node known"
-    local = machine.node(gpu_node)
+    local = machine.node(gpu_node, full=True)
     far = max(
         cpu_nodes,
         key=lambda n: (local.distance_to(n.id) or 0) if local is not None else 0,

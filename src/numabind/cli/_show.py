@@ -181,7 +181,7 @@ class ShowReport(Record):
 def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowReport:
     indices = {d.pci: i for i, d in enumerate(visible.devices)}
     devices = []
-    for acc in machine.accelerators:
+    for acc in machine.all_accelerators:
         choice = device_node(machine, acc)
         devices.append(
             DeviceRow(
@@ -245,7 +245,7 @@ def show_text(
     out += _table(rows)
     out += notice_lines("problem", machine.warnings, "  ")
     out += ["", f"Accelerators ({visible.source})"]
-    accs = machine.accelerators
+    accs = machine.all_accelerators
     inferred = False
     if accs:
         indices = {d.pci: i for i, d in enumerate(visible.devices)}

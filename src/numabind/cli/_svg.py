@@ -120,7 +120,7 @@ def _device_nodes(machine: Machine, plans: list[Plan]) -> dict[str, int | None]:
     for p in plans:
         if p.device is not None and p.bound and p.numa_node is not None:
             where.setdefault(p.device.pci, p.numa_node)
-    for a in machine.accelerators:
+    for a in machine.all_accelerators:
         if a.pci not in where:
             where[a.pci] = device_node(machine, a).node
     return where
@@ -186,8 +186,8 @@ def render(
             assert node is not None
             cpus = sorted(node.cpus)
             rows = (len(cpus) + COLS - 1) // COLS
-            accs = [a for a in machine.accelerators if dev_node.get(a.pci) == nid]
-            mem_of = [a for a in machine.accelerators if a.memory_node == nid]
+            accs = [a for a in machine.all_accelerators if dev_node.get(a.pci) == nid]
+            mem_of = [a for a in machine.all_accelerators if a.memory_node == nid]
             on_node = [p for p in plans if p.bound and p.numa_node == nid]
             top = c.y + 4
             y = top + LINE
@@ -239,7 +239,7 @@ def render(
                 c.text(2 * PAD + 16, ry, fit(text, inner - 16), FONT)
             c.parts.append("</g>")
             c.y = top + height
-    unplaced = [a for a in machine.accelerators if dev_node.get(a.pci) is None]
+    unplaced = [a for a in machine.all_accelerators if dev_node.get(a.pci) is None]
     if unplaced:
         c.y += LINE + 4
         c.text(PAD, c.y, "accelerators whose node is unknown", 13, bold=True)
