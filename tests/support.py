@@ -65,7 +65,8 @@ def as_live(root: str) -> tuple[list[str], str]:
     probe = subprocess.run(
         [*prefix, "cat", "/sys/devices/system/cpu/online"], capture_output=True, text=True
     )
-    expected = open(f"{root}/sys/devices/system/cpu/online").read()
+    with open(f"{root}/sys/devices/system/cpu/online") as f:
+        expected = f.read()
     if probe.returncode != 0 or probe.stdout != expected:
         return [], f"a private mount namespace could not be set up ({probe.stderr.strip()!r})"
     return prefix, ""
@@ -77,7 +78,8 @@ def as_live(root: str) -> tuple[list[str], str]:
 COUNT_HOOK = (
     "import json, sys; opened = []\n"
     "def machine(path):\n"
-    "    return isinstance(path, str) and (path.startswith(('/sys', '/proc')) or not path.startswith('/'))\n"
+    "    return isinstance(path, str) and (\n"
+    "        path.startswith(('/sys', '/proc')) or not path.startswith('/'))\n"
     "def audit(event, args):\n"
     "    if event in ('open', 'os.scandir', 'os.listdir') and machine(args[0]):\n"
     "        opened.append(args[0])\n"

@@ -70,9 +70,11 @@ def test_power8_pci_domain_carries_locality(hwloc_dir: Path) -> None:
 
 def test_even_odd_numbering_and_bmc_vga(hwloc_dir: Path) -> None:
     m = Machine.from_capture(str(hwloc_dir / "24em64t-2n6c2t-pci.xml"))
-    assert [a.pci for a in m.all_accelerators] == ["0000:06:00.0", "0000:11:00.0", "0000:14:00.0"], (
-        "the ATI ES1000 BMC VGA (1002:515e) is not a compute GPU"
-    )
+    assert [a.pci for a in m.all_accelerators] == [
+        "0000:06:00.0",
+        "0000:11:00.0",
+        "0000:14:00.0",
+    ], "the ATI ES1000 BMC VGA (1002:515e) is not a compute GPU"
     ps = plans(m, 3)
     assert [p.numa_node for p in ps] == [0, 1, 1]
     assert ps[0].cpus == frozenset(range(0, 24, 2)) and ps[1].cpus == frozenset(range(1, 24, 2))

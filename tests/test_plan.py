@@ -160,7 +160,9 @@ def test_mi300x_processing_accelerator_class(synth_machine: MakeMachine) -> None
 
 def test_container_sees_two_of_eight(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.container_2_of_8())
-    assert len([a for a in m.all_accelerators if a.vendor == "nvidia"]) == 8, "sysfs shows the host's"
+    assert len([a for a in m.all_accelerators if a.vendor == "nvidia"]) == 8, (
+        "sysfs shows the host's"
+    )
     visible = resolve(m, {})
     assert [d.pci for d in visible.devices] == ["0000:3a:00.0", "0000:ab:00.0"]
     ps = plans(m, 2)

@@ -45,7 +45,7 @@ def control_bytes(data: bytes) -> list[int]:
     return [ord(c) for c in text if c != "\n" and not c.isprintable()]
 
 
-# --- what root sees ------------------------------------------------------------------------------
+# --- what root sees ----------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_every_text_line_goes_through_the_escaping_writer() -> None:
             assert bad not in source, f"{path.name}: {bad}"
 
 
-# --- what root writes ----------------------------------------------------------------------------
+# --- what root writes --------------------------------------------------------------------------
 
 
 def _svg(tmp_path: Path, target: Path, *extra: str) -> subprocess.CompletedProcess[bytes]:
@@ -191,7 +191,7 @@ def test_dash_is_stdout_and_two_stdouts_are_a_usage_error() -> None:
     assert p.returncode == 2 and b"both write to standard output" in p.stderr
 
 
-# --- which redirections an interpreter takes ----------------------------------------------------------
+# --- which redirections an interpreter takes ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,7 @@ def test_root_never_creates_a_registry_in_a_kernel_file_system(base: str) -> Non
         shutil.rmtree(root, ignore_errors=True)
 
 
-# --- where numabind's lines go --------------------------------------------------------------------
+# --- where numabind's lines go -----------------------------------------------------------------
 
 
 def test_nothing_is_written_into_a_file_that_took_fd_2(tmp_path: Path) -> None:
@@ -265,7 +265,7 @@ def test_nothing_is_written_into_a_file_that_took_fd_2(tmp_path: Path) -> None:
         [sys.executable, "-c", code],
         env=clean_env(LOCAL_RANK="x"),  # a garbled rank: the hook has a line to say too
         stdout=subprocess.PIPE,
-        preexec_fn=lambda: os.close(2),  # noqa: PLW1509 (the test needs fd 2 closed)
+        preexec_fn=lambda: os.close(2),  # the test needs fd 2 closed
         timeout=60,
     )
     assert r.returncode == 0
@@ -284,13 +284,13 @@ def test_a_reopened_fd_2_is_not_written_to(tmp_path: Path) -> None:
     assert r.returncode == 0 and log.read_text() == "mine\n"
 
 
-# --- work bounded by the process, not by what it maps ---------------------------------------------
+# --- work bounded by the process, not by what it maps ------------------------------------------
 
 MAPPER = r"""
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
 fd = os.open(sys.argv[1], os.O_RDONLY)
 for i in range(int(sys.argv[2])):  # PROT_READ, MAP_PRIVATE: one mapping each, not merged
     addr = libc.mmap(None, 4096, 1, 2, fd, 0)

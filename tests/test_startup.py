@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import support
-from support import COUNT_HOOK, as_live, clean_env
 import synth
+from support import COUNT_HOOK, as_live
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {

@@ -156,6 +156,25 @@ def _by_uuid(
     return None, f"no reachable GPU has UUID {short(token)}"
 
 
+def _mig_parent(
+    token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | LazyNvml | None
+) -> tuple[Accelerator | None, str | None]:
+    """The GPU a MIG instance belongs to: from the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``
+    spelling, else NVML, else the only GPU there is."""
+    rest = token[4:]
+    if rest.upper().startswith("GPU-"):
+        found = _match_uuid(rest.split("/", 1)[0], devs)
+        if len(found) == 1:
+            return found[0], None
+    bdf = nvml.mig_parent_pci(token) if nvml is not None else None
+    parent = next((d for d in devs if d.pci == bdf), None) if bdf is not None else None
+    if parent is not None:
+        return parent, None
+    if len(devs) == 1:
+        return devs[0], None
+    return None, f"MIG device {short(token)} cannot be mapped to its GPU without NVML"
+
+
 def _resolve_token(
     token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | LazyNvml | None, vis: Visibility
 ) -> tuple[Accelerator | None, str | None]:
@@ -167,21 +186,7 @@ def _resolve_token(
         return _index(token, devs)
     upper = token.upper()
     if vis.grammar == "cuda" and upper.startswith("MIG-"):
-        rest = token[4:]
-        if rest.upper().startswith("GPU-"):
-            parent = rest.split("/", 1)[0]  # legacy MIG-GPU-<uuid>/<gi>/<ci>
-            found = _match_uuid(parent, devs)
-            if len(found) == 1:
-                return found[0], None
-        if nvml is not None:
-            bdf = nvml.mig_parent_pci(token)
-            if bdf is not None:
-                for d in devs:
-                    if d.pci == bdf:
-                        return d, None
-        if len(devs) == 1:
-            return devs[0], None
-        return None, f"MIG device {short(token)} cannot be mapped to its GPU without NVML"
+        return _mig_parent(token, devs, nvml)
     if vis.grammar in ("cuda", "rocm") and upper.startswith("GPU-"):
         return _by_uuid(token, devs, nvml, vendor)
     if vis.grammar == "level-zero":

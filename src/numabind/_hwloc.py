@@ -95,75 +95,81 @@ def _check_encoding(data: bytes, where: str) -> bytes:
     return data
 
 
+class _Builder:
+    """The expat callbacks: build :class:`_El` elements within the caps, and refuse what
+    hwloc never writes (see the module docstring)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.root: list[_El] = []
+        self.stack: list[_El] = []
+        self.count = 0
+
+    def refuse(self, what: str) -> HwlocError:
+        return HwlocError(f"{self.where}: {what}; hwloc exports never do, not read")
+
+    def doctype(self, name: str, system: str | None, public: str | None, internal: int) -> None:
+        if internal:
+            raise self.refuse("declares an internal DTD subset")
+
+    def entity(self, *_: object) -> None:
+        raise self.refuse("declares XML entities")
+
+    def notation(self, *_: object) -> None:
+        raise self.refuse("declares XML notations")
+
+    def external(self, *_: object) -> int:
+        raise self.refuse("references an external entity")
+
+    def skipped(self, name: str, is_parameter: int) -> None:
+        # an entity the document uses but never declares (its DTD is external): expat
+        # would skip it silently; hwloc never writes one
+        raise self.refuse(f"references the undeclared entity {_sysfs.short(name)}")
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
+        self.count += 1
+        if self.count > MAX_ELEMENTS:
+            raise HwlocError(f"{self.where}: more than {MAX_ELEMENTS} elements; not read")
+        if len(self.stack) >= MAX_DEPTH:
+            raise HwlocError(f"{self.where}: objects nested deeper than {MAX_DEPTH}; not read")
+        for value in attrs.values():
+            if len(value) > ATTR_CAP:
+                raise HwlocError(f"{self.where}: an attribute of {len(value)} characters; not read")
+        el = _El(tag, attrs)
+        (self.stack[-1].children if self.stack else self.root).append(el)
+        self.stack.append(el)
+
+    def end(self, tag: str) -> None:
+        self.stack.pop()
+
+    def chars(self, text: str) -> None:
+        if self.stack and self.stack[-1].tag in _TEXT_TAGS:
+            kept = self.stack[-1].text
+            if sum(map(len, kept)) + len(text) > TEXT_CAP:
+                raise HwlocError(
+                    f"{self.where}: a text of more than {TEXT_CAP} characters; not read"
+                )
+            kept.append(text)
+
+
 def parse(data: bytes, where: str) -> _El:
     """Parse an hwloc XML document into :class:`_El` elements, refusing (one
     :class:`HwlocError`) whatever hwloc itself never writes; see the module docstring."""
     from xml.parsers import expat
 
     data = _check_encoding(data, where)
-
-    def refuse(what: str) -> HwlocError:
-        return HwlocError(f"{where}: {what}; hwloc exports never do, not read")
-
+    b = _Builder(where)
     parser = expat.ParserCreate(encoding="UTF-8")
     parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
-    root: list[_El] = []
-    stack: list[_El] = []
-    count = [0]
-
-    def doctype(name: str, system: str | None, public: str | None, internal: int) -> None:
-        if internal:
-            raise refuse("declares an internal DTD subset")
-
-    def entity(*_: object) -> None:
-        raise refuse("declares XML entities")
-
-    def notation(*_: object) -> None:
-        raise refuse("declares XML notations")
-
-    def external(*_: object) -> int:
-        raise refuse("references an external entity")
-
-    def skipped(name: str, is_parameter: int) -> None:
-        # an entity the document uses but never declares (its DTD is external): expat
-        # would skip it silently; hwloc never writes one
-        raise refuse(f"references the undeclared entity {_sysfs.short(name)}")
-
-    def start(tag: str, attrs: dict[str, str]) -> None:
-        count[0] += 1
-        if count[0] > MAX_ELEMENTS:
-            raise HwlocError(f"{where}: more than {MAX_ELEMENTS} elements; not read")
-        if len(stack) >= MAX_DEPTH:
-            raise HwlocError(f"{where}: objects nested deeper than {MAX_DEPTH}; not read")
-        for value in attrs.values():
-            if len(value) > ATTR_CAP:
-                raise HwlocError(f"{where}: an attribute of {len(value)} characters; not read")
-        el = _El(tag, attrs)
-        if stack:
-            stack[-1].children.append(el)
-        else:
-            root.append(el)
-        stack.append(el)
-
-    def end(tag: str) -> None:
-        stack.pop()
-
-    def chars(text: str) -> None:
-        if stack and stack[-1].tag in _TEXT_TAGS:
-            kept = stack[-1].text
-            if sum(map(len, kept)) + len(text) > TEXT_CAP:
-                raise HwlocError(f"{where}: a text of more than {TEXT_CAP} characters; not read")
-            kept.append(text)
-
-    parser.StartDoctypeDeclHandler = doctype
-    parser.EntityDeclHandler = entity
-    parser.UnparsedEntityDeclHandler = entity
-    parser.NotationDeclHandler = notation
-    parser.ExternalEntityRefHandler = external
-    parser.SkippedEntityHandler = skipped
-    parser.StartElementHandler = start
-    parser.EndElementHandler = end
-    parser.CharacterDataHandler = chars
+    parser.StartDoctypeDeclHandler = b.doctype
+    parser.EntityDeclHandler = b.entity
+    parser.UnparsedEntityDeclHandler = b.entity
+    parser.NotationDeclHandler = b.notation
+    parser.ExternalEntityRefHandler = b.external
+    parser.SkippedEntityHandler = b.skipped
+    parser.StartElementHandler = b.start
+    parser.EndElementHandler = b.end
+    parser.CharacterDataHandler = b.chars
     try:
         parser.Parse(data, True)
     except HwlocError:
@@ -172,9 +178,9 @@ def parse(data: bytes, where: str) -> _El:
         raise HwlocError(f"{where}: not well-formed XML ({err})") from None
     except Exception as err:  # nothing a document holds may end in a traceback
         raise HwlocError(f"{where}: not readable XML ({type(err).__name__}: {err})") from None
-    if not root:
+    if not b.root:
         raise HwlocError(f"{where}: no elements: not an hwloc XML export")
-    return root[0]
+    return b.root[0]
 
 
 def _index(obj: _El, attr: str, path: str, limit: int) -> int:

@@ -261,6 +261,18 @@ def plan(machine: Machine, request: Request) -> Plan:
         )
 
 
+class _Place(Record):
+    """Where a rank goes: its node (None: only the device's CPU ``locality`` is known),
+    the line that says why, its position among the ranks on that node (and how many), and
+    how many ranks share its package (socket mode)."""
+
+    node: int | None
+    what: str
+    locality: frozenset[int] | None = None
+    peers: tuple[int, int] | None = None
+    package: int | None = None
+
+
 class _Skip(Exception):
     def __init__(self, kind: SkipKind, reason: str) -> None:
         super().__init__(reason)
@@ -316,6 +328,45 @@ class _Planner:
     # --- which device, which node
     def _run(self) -> Plan:
         r = self.r
+        devs = self._check_request()
+        if nothing_to_bind(self.m, r.mode):
+            if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
+                self.device, self.index = self._pick_device(devs)
+            raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
+        self._machine_notes()
+        if not devs and r.device is None:
+            where = self._cpu_only_node(r.visible)
+        else:
+            where = self._device_place(devs)
+        self.node = where.node
+        cpus, sharers = self._cpus(where)
+        mem_nodes, policy = self._memory(cpus, where.node)
+        return Plan(
+            local_rank=r.local_rank,
+            rank_source=r.rank_source,
+            local_world_size=r.local_world_size,
+            size_source=r.size_source,
+            device=self.device,
+            device_index=self.index,
+            numa_node=where.node,
+            node_how=self.how,
+            cpus=frozenset(cpus),
+            memory_nodes=mem_nodes,
+            memory_policy=policy,
+            mode=r.mode,
+            status="bound",
+            reason=where.what,
+            notes=tuple(self.notes),
+            threads=(
+                max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1))
+                if r.budget
+                else None
+            ),
+        )
+
+    def _check_request(self) -> tuple[Accelerator, ...]:
+        """Skip on bad input; the visible devices otherwise."""
+        r = self.r
         if r.mode not in MODES:
             raise _Skip(
                 "bad-input", f"unknown mode {r.mode!r} (use one of {', '.join(MODE_NAMES)})"
@@ -333,97 +384,73 @@ class _Planner:
         devs = visible.devices if visible is not None else ()
         if r.device is not None and r.device not in devs:
             self.notes.append(f"{r.device.pci} is not among the devices this process sees")
-        if nothing_to_bind(self.m, r.mode):
-            if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
-                self.device, self.index = self._pick_device(devs)
-            raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
-        self._machine_notes()
-        allowed = self.m.allowed.cpus
-        locality: frozenset[int] | None = None
-        package: int | None = None
-        node_id: int | None
-        if not devs and r.device is None:
-            node_id, what, peers, package = self._cpu_only_node(visible)
-        else:
-            dev, index = self._pick_device(devs)
-            dev = self.m.detailed(dev)  # the chosen device's driver facts, not every GPU's
-            self.device, self.index = dev, index
-            choice = device_node(self.m, dev)
-            node_id, locality, self.how = choice.node, choice.locality, choice.how
-            if node_id is None and locality is None:
-                raise _Skip(
-                    "unknown-node",
-                    f"the NUMA node of {describe_device(dev, index)} is unknown (sysfs numa_node "
-                    "is -1 and its CPU locality is the whole machine); left unbound rather "
-                    "than guess",
-                )
-            what = (
-                f"{describe_device(dev, index)} is on node {node_id}"
-                if node_id is not None
-                else f"{describe_device(dev, index)}: {choice.describe()}"
+        return devs
+
+    def _device_place(self, devs: tuple[Accelerator, ...]) -> _Place:
+        """Where the rank's device is: its node (or only its CPU locality), and the ranks
+        that share the node (and package) with it."""
+        r = self.r
+        dev, index = self._pick_device(devs)
+        dev = self.m.detailed(dev)  # the chosen device's driver facts, not every GPU's
+        self.device, self.index = dev, index
+        choice = device_node(self.m, dev)
+        node_id, self.how = choice.node, choice.how
+        if node_id is None and choice.locality is None:
+            raise _Skip(
+                "unknown-node",
+                f"the NUMA node of {describe_device(dev, index)} is unknown (sysfs numa_node "
+                "is -1 and its CPU locality is the whole machine); left unbound rather "
+                "than guess",
             )
-            peers = None
-            if node_id is not None:
-                if r.mode != "node" or r.budget:
-                    peers = self._device_peers(frozenset({node_id}), devs)
-                if r.mode == "socket":
-                    pkg_nodes = package_nodes(self.m, node_id)
-                    if pkg_nodes is not None:
-                        found = self._device_peers(pkg_nodes, devs)
-                        package = found[1] if found else None
-        self.node = node_id
-        sharers: int | None = None
         if node_id is None:
-            assert locality is not None
-            cpus = locality & allowed
+            what = f"{describe_device(dev, index)}: {choice.describe()}"
+            return _Place(node=None, what=what, locality=choice.locality)
+        peers = package = None
+        if r.mode != "node" or r.budget:
+            peers = self._device_peers(frozenset({node_id}), devs)
+        if r.mode == "socket":
+            pkg_nodes = package_nodes(self.m, node_id)
+            if pkg_nodes is not None:
+                found = self._device_peers(pkg_nodes, devs)
+                package = found[1] if found else None
+        what = f"{describe_device(dev, index)} is on node {node_id}"
+        return _Place(node=node_id, what=what, peers=peers, package=package)
+
+    def _cpus(self, where: _Place) -> tuple[frozenset[int], int | None]:
+        """The rank's CPUs (the mode's share of the node this process may use) and how
+        many ranks get exactly those."""
+        allowed = self.m.allowed.cpus
+        if where.node is None:
+            assert where.locality is not None
+            cpus = where.locality & allowed
             if not cpus:
-                raise _Skip("cgroup", f"{what}, but this process may use only CPUs {fmt(allowed)}")
-            self.notes.append("node unknown: bound to the device's CPU locality instead")
-        else:
-            node = self.m.node(node_id)
-            assert node is not None
-            base = node.cpus & allowed
-            if not base:
                 raise _Skip(
-                    "cgroup",
-                    f"{what}, whose CPUs {fmt(node.cpus)} are all outside the CPUs this process "
-                    f"may use ({fmt(allowed) or 'none'}, from {self.m.allowed.source}); "
-                    "not bound elsewhere",
+                    "cgroup", f"{where.what}, but this process may use only CPUs {fmt(allowed)}"
                 )
-            cpus, sharers = MODES[r.mode](
-                ModeInput(
-                    machine=self.m,
-                    node_id=node_id,
-                    base=base,
-                    allowed=allowed,
-                    position=peers[0] if peers else None,
-                    count=peers[1] if peers else None,
-                    package_count=package,
-                ),
-                self.notes,
+            self.notes.append("node unknown: bound to the device's CPU locality instead")
+            return cpus, None
+        node = self.m.node(where.node)
+        assert node is not None
+        base = node.cpus & allowed
+        if not base:
+            raise _Skip(
+                "cgroup",
+                f"{where.what}, whose CPUs {fmt(node.cpus)} are all outside the CPUs this "
+                f"process may use ({fmt(allowed) or 'none'}, from {self.m.allowed.source}); "
+                "not bound elsewhere",
             )
-        mem_nodes, policy = self._memory(cpus, node_id)
-        return Plan(
-            local_rank=r.local_rank,
-            rank_source=r.rank_source,
-            local_world_size=r.local_world_size,
-            size_source=r.size_source,
-            device=self.device,
-            device_index=self.index,
-            numa_node=node_id,
-            node_how=self.how,
-            cpus=frozenset(cpus),
-            memory_nodes=mem_nodes,
-            memory_policy=policy,
-            mode=r.mode,
-            status="bound",
-            reason=what,
-            notes=tuple(self.notes),
-            threads=(
-                max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1))
-                if r.budget
-                else None
+        peers = where.peers
+        return MODES[self.r.mode](
+            ModeInput(
+                machine=self.m,
+                node_id=where.node,
+                base=base,
+                allowed=allowed,
+                position=peers[0] if peers else None,
+                count=peers[1] if peers else None,
+                package_count=where.package,
             ),
+            self.notes,
         )
 
     def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int | None]:
@@ -454,9 +481,7 @@ class _Planner:
         allowed = self.m.allowed.cpus
         return [n.id for n in self.m.cpu_nodes if n.cpus & allowed]
 
-    def _cpu_only_node(
-        self, visible: Visible | None
-    ) -> tuple[int, str, tuple[int, int], int | None]:
+    def _cpu_only_node(self, visible: Visible | None) -> _Place:
         r = self.r
         why = visible.source if visible is not None else "no accelerator visible"
         size = r.local_world_size
@@ -478,12 +503,12 @@ class _Planner:
                 package = sum(
                     block_count(i, size, len(nodes)) for i, n in enumerate(nodes) if n in pkg_nodes
                 )
-        return (
-            node,
-            f"no accelerator visible ({why}): CPU-only job, {_plural(size, 'local rank')} "
-            f"spread block-wise over nodes {fmt(nodes)}: node {node}",
-            (position, count),
-            package,
+        return _Place(
+            node=node,
+            what=f"no accelerator visible ({why}): CPU-only job, "
+            f"{_plural(size, 'local rank')} spread block-wise over nodes {fmt(nodes)}: node {node}",
+            peers=(position, count),
+            package=package,
         )
 
     def _device_peers(

@@ -106,48 +106,53 @@ class Entry(Record):
                 return None
             if key in cls._fields:
                 raw[key] = value
+        if not raw.get("pid") or not raw.get("start"):
+            return None  # no identity
         values: dict[str, Any] = {}
         for name in cls._fields:
-            value = raw.get(name, "")
-            default = cls._defaults.get(name)
-            if name in ("pid", "start") or name in _NUMBERS:
-                if not value:
-                    if name in ("pid", "start"):
-                        return None
-                    values[name] = None
-                    continue
-                if not (value.isascii() and value.isdigit() and len(value) < 20):
-                    return None
-                values[name] = value if name == "start" else int(value)
-            elif isinstance(default, frozenset):
-                try:
-                    values[name] = (
-                        _sysfs.parse_nodelist(value)
-                        if name == "memory_nodes"
-                        else _sysfs.parse_cpulist(value)
-                    )
-                except ValueError:
-                    return None
-            elif name == "thread_env":
-                pairs = []
-                if value.count(",") >= 16:
-                    return None  # more variables than numabind sets
-                for item in value.split(",") if value else ():
-                    k, _, v = item.partition(":")
-                    if not (_is_name(k) and v.isascii() and v.isdigit() and len(v) < 7):
-                        return None
-                    pairs.append((k, v))
-                values[name] = tuple(pairs)
-            else:
-                values[name] = value if name in raw else default
-        if values["pid"] > 1 << 31 or values["memory_policy"] not in REGISTRY_POLICIES:
+            try:
+                values[name] = _field(name, raw.get(name), cls._defaults.get(name))
+            except ValueError:
+                return None
+        entry = cls(**values)
+        return entry if entry._sane() else None
+
+    def _sane(self) -> bool:
+        return (
+            self.pid <= 1 << 31
+            and self.memory_policy in REGISTRY_POLICIES
+            # numabind writes a PCI address in sysfs spelling, nothing else
+            and (not self.device or normalize_pci(self.device) == self.device)
+            and self.mode in MODE_NAMES
+            and _is_text(self.rank_source, 64)
+        )
+
+
+def _field(name: str, value: str | None, default: Any) -> Any:
+    """One field of an entry, parsed and bounded; ``ValueError`` when it is not."""
+    if name in ("pid", "start") or name in _NUMBERS:
+        if not value:
             return None
-        device = values["device"]
-        if device and normalize_pci(device) != device:
-            return None  # numabind writes a PCI address in sysfs spelling, nothing else
-        if values["mode"] not in MODE_NAMES or not _is_text(values["rank_source"], 64):
-            return None
-        return cls(**values)
+        if not (value.isascii() and value.isdigit() and len(value) < 20):
+            raise ValueError(name)
+        return value if name == "start" else int(value)
+    if isinstance(default, frozenset):
+        if name == "memory_nodes":
+            return _sysfs.parse_nodelist(value or "")
+        return _sysfs.parse_cpulist(value or "")
+    if name == "thread_env":
+        if not value:
+            return ()
+        if value.count(",") >= 16:
+            raise ValueError(name)  # more variables than numabind sets
+        pairs = []
+        for item in value.split(","):
+            k, _, v = item.partition(":")
+            if not (_is_name(k) and v.isascii() and v.isdigit() and len(v) < 7):
+                raise ValueError(name)
+            pairs.append((k, v))
+        return tuple(pairs)
+    return default if value is None else value
 
 
 _NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})
@@ -351,6 +356,34 @@ class Scan:
         self.ignored[why] = self.ignored.get(why, 0) + 1
 
 
+def _read_file(fd: int, name: str, owner: int) -> tuple[str | None, bytes, int]:
+    """An entry file's bytes and owner, or why it is ignored (a link, a socket, gone, not
+    the directory owner's or root's, larger than an entry)."""
+    try:
+        efd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return "special", b"", -1
+    try:
+        st = os.fstat(efd)
+        if not stat.S_ISREG(st.st_mode):
+            return "special", b"", -1
+        if st.st_uid not in (owner, 0):
+            return "foreign", b"", -1
+        try:
+            return None, _sysfs.read_fd(efd, name, ENTRY_CAP), st.st_uid
+        except OSError:
+            return "malformed", b"", -1
+    finally:
+        os.close(efd)
+
+
+def _prune(fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+
+
 def _read_dir(fd: int, owner: int, scan: Scan, prune: bool, want: int | None = None) -> None:
     try:
         names, cut = _sysfs.entries(fd, DIR_CAP)
@@ -366,50 +399,24 @@ def _read_dir(fd: int, owner: int, scan: Scan, prune: bool, want: int | None = N
             scan.ignore("temporary" if name.startswith(".") else "special")
             continue
         pid = int(name)
-        try:
-            efd = os.open(
-                name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
-            )
-        except OSError:
-            scan.ignore("special")  # a link, a socket, gone
+        why, data, file_uid = _read_file(fd, name, owner)
+        if why is not None:
+            scan.ignore(why)
             continue
-        try:
-            st = os.fstat(efd)
-            if not stat.S_ISREG(st.st_mode):
-                scan.ignore("special")
-                continue
-            if st.st_uid not in (owner, 0):
-                scan.ignore("foreign")
-                continue
-            try:
-                data = _sysfs.read_fd(efd, name, ENTRY_CAP)
-            except OSError:
-                scan.ignore("malformed")
-                continue
-        finally:
-            os.close(efd)
         entry = Entry.parse(data)
+        uids = process_uids(pid)
         if entry is None or entry.pid != pid:
             scan.ignore("malformed")
-            if prune and process_uids(pid) is None:
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            continue
-        uids = process_uids(pid)
-        if uids is None or start_time(pid) != entry.start:
+            if prune and uids is None:
+                _prune(fd, name)
+        elif uids is None or start_time(pid) != entry.start:
             scan.ignore("stale")
             if prune:
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            continue
-        if st.st_uid != 0 and st.st_uid not in uids:
+                _prune(fd, name)
+        elif file_uid != 0 and file_uid not in uids:
             scan.ignore("foreign")  # uid U may describe only U's own processes
-            continue
-        scan.entries[pid] = entry
+        else:
+            scan.entries[pid] = entry
 
 
 def _registry_uids(environ: Mapping[str, str]) -> list[int]:

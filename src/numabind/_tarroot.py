@@ -139,6 +139,81 @@ def _cstr(field: bytes) -> str:
     return field.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+def _within(body: int, size: int, data: bytes, where: str) -> None:
+    if body + size > len(data):
+        raise _sysfs.ReadError(f"{where}: truncated member; not a readable tar archive")
+
+
+def _extension(flag: bytes, payload: bytes, override: dict[str, str], where: str) -> bool:
+    """A header that describes the next member (pax, GNU long names): its records go to
+    ``override``; True when ``flag`` is one."""
+    if flag in (b"x", b"X", b"g"):
+        if len(payload) > PAX_CAP:
+            raise _sysfs.ReadError(
+                f"{where}: a pax header of {len(payload)} bytes (more than {PAX_CAP}); not read"
+            )
+        records = _pax(payload, where)
+        if flag != b"g":  # a global header's path would rename everything: ignored
+            override.update(records)
+        return True
+    if flag in (b"L", b"K"):
+        if len(payload) > PATH_MAX + 1:
+            raise _sysfs.ReadError(f"{where}: a name longer than {PATH_MAX}; not read")
+        override["path" if flag == b"L" else "linkpath"] = _cstr(payload)
+        return True
+    return False
+
+
+def _names(block: bytes, override: dict[str, str], size: int, where: str) -> tuple[str, str, int]:
+    """A member's name, link target and size, with what extension headers said."""
+    name = _cstr(block[0:100])
+    if block[257:263] == b"ustar\0":  # POSIX; GNU's "ustar  " has no prefix field
+        prefix = _cstr(block[345:500])
+        if prefix:
+            name = f"{prefix}/{name}"
+    name = override.get("path", name)
+    target = override.get("linkpath", _cstr(block[157:257]))
+    if "size" in override:
+        text = override["size"]
+        if not (text.isascii() and text.isdigit() and len(text) < 12):
+            raise _sysfs.ReadError(f"{where}: a malformed pax size; not read")
+        size = int(text)
+    if len(name) > PATH_MAX or len(target) > PATH_MAX:
+        raise _sysfs.ReadError(
+            f"{where}: a member name or link target longer than {PATH_MAX} bytes; not read"
+        )
+    return name, target, size
+
+
+class _Counts:
+    """The archive-wide budgets: members, name bytes, path components."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.members = self.names = self.components = 0
+
+    def member(self, name: str, target: str) -> list[str]:
+        """Count one member; its path components (``..`` dropped)."""
+        where = self.where
+        self.members += 1
+        if self.members > TAR_MEMBERS:
+            raise _sysfs.ReadError(f"{where}: more than {TAR_MEMBERS} members; not read")
+        parts = [p for p in split_path(name) if p != ".."]
+        if len(parts) > MAX_COMPONENTS:
+            raise _sysfs.ReadError(
+                f"{where}: a member name of {len(parts)} components (more than "
+                f"{MAX_COMPONENTS}); not read"
+            )
+        self.names += len(name) + len(target)
+        self.components += len(parts)
+        if self.names > NAME_BUDGET or self.components > COMPONENT_BUDGET:
+            raise _sysfs.ReadError(
+                f"{where}: member names add up to more than {NAME_BUDGET >> 20} MiB or "
+                f"{COMPONENT_BUDGET} components; not read"
+            )
+        return parts
+
+
 class TarRoot(Root, Resolver):
     """A capture tarball, indexed in memory.  Nothing is written to disk."""
 
@@ -154,12 +229,12 @@ class TarRoot(Root, Resolver):
     # --- parsing the archive
     def _index(self, data: bytes, where: str) -> None:
         pos = 0
-        members = names = components = 0
+        counts = _Counts(where)
         override: dict[str, str] = {}
         while True:
             block = data[pos : pos + _BLOCK]
             if len(block) < _BLOCK:
-                if members:
+                if counts.members:
                     break  # the end-of-archive blocks are missing: what came is read
                 raise _sysfs.ReadError(f"{where}: truncated; not a readable tar archive")
             if block == bytes(_BLOCK):
@@ -171,58 +246,14 @@ class TarRoot(Root, Resolver):
             size = _octal(block[124:136], "member size", where, TAR_CAP)
             body = pos + _BLOCK
             pos = body + -(-size // _BLOCK) * _BLOCK
-            if body + size > len(data):
-                raise _sysfs.ReadError(f"{where}: truncated member; not a readable tar archive")
+            _within(body, size, data, where)
             flag = block[156:157]
-            if flag in (b"x", b"X", b"g"):
-                if size > PAX_CAP:
-                    raise _sysfs.ReadError(
-                        f"{where}: a pax header of {size} bytes (more than {PAX_CAP}); not read"
-                    )
-                records = _pax(data[body : body + size], where)
-                if flag != b"g":  # a global header's path would rename everything: ignored
-                    override.update(records)
+            if _extension(flag, data[body : body + size], override, where):
                 continue
-            if flag in (b"L", b"K"):
-                if size > PATH_MAX + 1:
-                    raise _sysfs.ReadError(f"{where}: a name longer than {PATH_MAX}; not read")
-                override["path" if flag == b"L" else "linkpath"] = _cstr(data[body : body + size])
-                continue
-            name = _cstr(block[0:100])
-            if block[257:263] == b"ustar\0":  # POSIX; GNU's "ustar  " has no prefix field
-                prefix = _cstr(block[345:500])
-                if prefix:
-                    name = f"{prefix}/{name}"
-            name = override.get("path", name)
-            target = override.get("linkpath", _cstr(block[157:257]))
-            if "size" in override:
-                text = override["size"]
-                if not (text.isascii() and text.isdigit() and len(text) < 12):
-                    raise _sysfs.ReadError(f"{where}: a malformed pax size; not read")
-                size = int(text)
-                if body + size > len(data):
-                    raise _sysfs.ReadError(f"{where}: truncated member; not a readable tar archive")
+            name, target, size = _names(block, override, size, where)
+            _within(body, size, data, where)
             override = {}
-            if len(name) > PATH_MAX or len(target) > PATH_MAX:
-                raise _sysfs.ReadError(
-                    f"{where}: a member name or link target longer than {PATH_MAX} bytes; not read"
-                )
-            members += 1
-            if members > TAR_MEMBERS:
-                raise _sysfs.ReadError(f"{where}: more than {TAR_MEMBERS} members; not read")
-            parts = [p for p in split_path(name) if p != ".."]
-            if len(parts) > MAX_COMPONENTS:
-                raise _sysfs.ReadError(
-                    f"{where}: a member name of {len(parts)} components (more than "
-                    f"{MAX_COMPONENTS}); not read"
-                )
-            names += len(name) + len(target)
-            components += len(parts)
-            if names > NAME_BUDGET or components > COMPONENT_BUDGET:
-                raise _sysfs.ReadError(
-                    f"{where}: member names add up to more than {NAME_BUDGET >> 20} MiB or "
-                    f"{COMPONENT_BUDGET} components; not read"
-                )
+            parts = counts.member(name, target)
             if parts:
                 self._add(parts, _Member(_KINDS.get(flag, "special"), body, size, target))
 

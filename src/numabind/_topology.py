@@ -85,6 +85,16 @@ class Machine:
 
         return cls(open_source(path))
 
+    @classmethod
+    def from_example(cls, name: str) -> Machine:
+        """One of the example machines numabind generates (``dgx-h100``, ``gb200``,
+        ``mi300x``, ``nps4``, ...: ``numabind show --example``), read from memory; for
+        trying numabind without a GPU server."""
+        from ._examples import example_root
+        from ._sources import SysfsSource
+
+        return cls(SysfsSource(example_root(name)))
+
     @property
     def recorded_environ(self) -> dict[str, str] | None:
         """The rank and device variables a capture recorded with its machine

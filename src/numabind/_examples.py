@@ -1,0 +1,382 @@
+"""Example machines, generated: the GPU servers numabind is for, as sysfs/procfs trees.
+
+``numabind show --example dgx-h100`` and :meth:`numabind.Machine.from_example` read them
+from memory (:class:`MemoryRoot`); the tests write the same trees to disk with
+:func:`write` and read them back through the live reader's own code.  Everything is
+written from a few parameters (:class:`Spec`), in the layout the kernel uses: node and CPU
+directories with caches and SMT siblings, PCI functions with their locality, NVIDIA's
+driver directory, a cgroup v2 cpuset.
+
+Not on the startup path (``dataclasses`` is fine here).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from . import _sysfs
+from ._sources import Root
+from ._sysfs import format_cpulist
+
+
+@dataclass
+class Gpu:
+    bdf: str
+    node: int  # what sysfs numa_node says (-1: unknown)
+    vendor: int = 0x10DE
+    device: int = 0x2330
+    pci_class: int = 0x030200
+    local_cpus: Sequence[int] | None = None
+    uuid: str | None = None
+    minor: int | None = None
+    memory_node: int | None = None
+    driver: bool = True  # listed under /proc/driver/nvidia/gpus
+    unique_id: str | None = None  # amdgpu's sysfs unique_id (hex)
+    model: str = "NVIDIA H100 80GB HBM3"
+
+
+@dataclass
+class Spec:
+    nodes: list[list[int]]  # CPUs of each node (empty: memory-only node)
+    package_of_node: list[int]
+    smt: int = 1  # threads per core: siblings are cpu, cpu+stride, ...
+    smt_stride: int = 0
+    l3: list[list[int]] = field(default_factory=list)  # cache domains (default: per node)
+    memory_gib: int = 256
+    gpus: list[Gpu] = field(default_factory=list)
+    filler_pci: int = 0  # other PCI functions (bridges, NICs, ...)
+    cgroup_cpus: Iterable[int] | None = None
+    cgroup_mems: Iterable[int] | None = None
+    proc_nvidia: bool = True
+    environ: dict[str, str] | None = None
+    kernel: str = "6.8.0-generic"
+    numa_balancing: int | None = None  # /proc/sys/kernel/numa_balancing (None: absent)
+
+
+def _mask(cpus: Iterable[int]) -> str:
+    """A kernel bitmap (32-bit hex words, most significant first)."""
+    cpus = sorted(cpus)
+    top = (max(cpus) // 32 + 1) if cpus else 1
+    words = []
+    for w in range(top):
+        v = 0
+        for c in cpus:
+            if w * 32 <= c < (w + 1) * 32:
+                v |= 1 << (c - w * 32)
+        words.append(f"{v:08x}")
+    return ",".join(reversed(words))
+
+
+class _Tree:
+    """The files of one machine, as path -> text."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.files: dict[str, str] = {}
+        self.all_cpus = sorted(c for n in spec.nodes for c in n)
+        self.online = format_cpulist(self.all_cpus)
+        self.node_ids = list(range(len(spec.nodes)))
+
+    def w(self, path: str, text: str) -> None:
+        self.files[path] = text + "\n"
+
+    def nodes(self) -> None:
+        spec, ids = self.spec, self.node_ids
+        self.w("/sys/devices/system/cpu/online", self.online)
+        self.w("/sys/devices/system/cpu/present", self.online)
+        self.w("/sys/devices/system/node/online", format_cpulist(ids))
+        has_cpu = format_cpulist(i for i, n in enumerate(spec.nodes) if n)
+        self.w("/sys/devices/system/node/has_cpu", has_cpu)
+        for i, cpus in enumerate(spec.nodes):
+            base = f"/sys/devices/system/node/node{i}"
+            self.w(f"{base}/cpulist", format_cpulist(cpus))
+            self.w(f"{base}/cpumap", _mask(cpus))
+            kib = spec.memory_gib * 1024 * 1024
+            self.w(f"{base}/meminfo", f"Node {i} MemTotal:       {kib} kB")
+            self.w(f"{base}/distance", " ".join(str(self.distance(i, j)) for j in ids))
+
+    def distance(self, i: int, j: int) -> int:
+        spec = self.spec
+        if i == j:
+            return 10
+        if not spec.nodes[i] or not spec.nodes[j]:
+            return 80
+        return 12 if spec.package_of_node[i] == spec.package_of_node[j] else 32
+
+    def cpus(self) -> None:
+        spec = self.spec
+        l3 = spec.l3 or [n for n in spec.nodes if n]
+        l3_of = {c: dom for dom in l3 for c in dom}
+        for i, cpus in enumerate(spec.nodes):
+            for c in cpus:
+                base = f"/sys/devices/system/cpu/cpu{c}"
+                if spec.smt > 1:
+                    first = c % spec.smt_stride if c >= spec.smt_stride else c
+                    sib = [first + k * spec.smt_stride for k in range(spec.smt)]
+                else:
+                    sib = [c]
+                self.w(f"{base}/topology/physical_package_id", str(spec.package_of_node[i]))
+                self.w(f"{base}/topology/core_cpus_list", format_cpulist(sib))
+                self.w(f"{base}/topology/thread_siblings_list", format_cpulist(sib))
+                caches = [
+                    (1, "Data", sib),
+                    (1, "Instruction", sib),
+                    (2, "Unified", sib),
+                    (3, "Unified", l3_of.get(c, cpus)),
+                ]
+                for idx, (level, kind, shared) in enumerate(caches):
+                    cb = f"{base}/cache/index{idx}"
+                    self.w(f"{cb}/level", str(level))
+                    self.w(f"{cb}/type", kind)
+                    self.w(f"{cb}/shared_cpu_list", format_cpulist(shared))
+
+    def pci(self) -> None:
+        spec = self.spec
+        for k in range(spec.filler_pci):
+            bdf = f"0000:{(k // 32) % 256:02x}:{k % 32:02x}.{k % 4}"
+            base = f"/sys/bus/pci/devices/{bdf}"
+            self.w(f"{base}/vendor", "0x8086")
+            self.w(f"{base}/device", "0x09a2")
+            self.w(f"{base}/class", "0x088000" if k % 3 else "0x060400")
+            self.w(f"{base}/numa_node", str(k % max(len(spec.nodes), 1)))
+            self.w(f"{base}/local_cpulist", self.online)
+        for g in spec.gpus:
+            self.gpu(g)
+
+    def gpu(self, g: Gpu) -> None:
+        spec = self.spec
+        base = f"/sys/bus/pci/devices/{g.bdf}"
+        self.w(f"{base}/vendor", f"0x{g.vendor:04x}")
+        self.w(f"{base}/device", f"0x{g.device:04x}")
+        self.w(f"{base}/class", f"0x{g.pci_class:06x}")
+        self.w(f"{base}/numa_node", str(g.node))
+        local = g.local_cpus
+        if local is None:
+            local = spec.nodes[g.node] if g.node >= 0 else self.all_cpus
+        self.w(f"{base}/local_cpulist", format_cpulist(local))
+        self.w(f"{base}/local_cpus", _mask(local))
+        if g.unique_id is not None:
+            self.w(f"{base}/unique_id", g.unique_id)
+        if g.vendor == 0x10DE and g.pci_class >> 16 == 3 and spec.proc_nvidia and g.driver:
+            pbase = f"/proc/driver/nvidia/gpus/{g.bdf}"
+            self.w(
+                f"{pbase}/information",
+                f"Model: \t\t {g.model}\nIRQ:   \t\t 123\n"
+                f"GPU UUID: \t {g.uuid or 'GPU-unknown'}\n"
+                f"Video BIOS: \t 96.00.74.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+                f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {g.bdf}\n"
+                f"Device Minor: \t {g.minor}",
+            )
+            if g.memory_node is not None:
+                self.w(f"{pbase}/numa_status", f"Node:      {g.memory_node}\nStatus:    online")
+
+    def process(self) -> None:
+        spec = self.spec
+        self.w("/proc/sys/kernel/osrelease", spec.kernel)
+        if spec.numa_balancing is not None:
+            self.w("/proc/sys/kernel/numa_balancing", str(spec.numa_balancing))
+        self.w("/proc/self/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0")
+        if spec.cgroup_cpus is not None:
+            self.w("/proc/self/cgroup", "0::/job/step")
+            d = "/sys/fs/cgroup/job/step"
+            self.w(f"{d}/cpuset.cpus.effective", format_cpulist(spec.cgroup_cpus))
+            mems = spec.cgroup_mems if spec.cgroup_mems is not None else self.node_ids
+            self.w(f"{d}/cpuset.mems.effective", format_cpulist(mems))
+        else:
+            self.w("/proc/self/cgroup", "0::/")
+            self.w("/sys/fs/cgroup/cpuset.cpus.effective", self.online)
+            self.w("/sys/fs/cgroup/cpuset.mems.effective", format_cpulist(self.node_ids))
+        if spec.environ is not None:
+            self.w("/numabind-env.json", json.dumps({"environ": spec.environ}))
+
+
+def files(spec: Spec) -> dict[str, str]:
+    """The machine ``spec`` describes, as path -> file text."""
+    tree = _Tree(spec)
+    tree.nodes()
+    tree.cpus()
+    tree.pci()
+    tree.process()
+    return tree.files
+
+
+def write(spec: Spec, root: str) -> str:
+    """Write the tree for ``spec`` under ``root``; returns ``root``."""
+    for path, text in files(spec).items():
+        full = root + path
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w") as f:
+            f.write(text)
+    return root
+
+
+class MemoryRoot(Root):
+    """A generated machine served from memory (``show --example``): nothing on disk."""
+
+    def __init__(self, tree: dict[str, str], description: str) -> None:
+        self.description = description
+        Root.__init__(self)
+        self._files = tree
+        self._dirs: dict[str, set[str]] = {}
+        for path in tree:
+            parts = path.strip("/").split("/")
+            for i in range(len(parts)):
+                self._dirs.setdefault("/" + "/".join(parts[:i]), set()).add(parts[i])
+
+    def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
+        text = self._files.get(path)
+        if text is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", f"{self.description}:{path}")
+        self.budget.charge(files=1, nbytes=len(text))
+        return text[:cap].strip()
+
+    def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
+        key = "/" + path.strip("/") if path.strip("/") else "/"
+        return sorted(self._dirs.get(key, ()))[:cap]
+
+    def isdir(self, path: str) -> bool:
+        key = "/" + path.strip("/") if path.strip("/") else "/"
+        return key in self._dirs
+
+
+# --- the machines ------------------------------------------------------------------------
+
+
+def _uuid(i: int) -> str:
+    return f"GPU-{i:08x}-1111-2222-3333-{i:012x}"
+
+
+DGX_BDFS = [
+    "0000:18:00.0",
+    "0000:2a:00.0",
+    "0000:3a:00.0",
+    "0000:5d:00.0",
+    "0000:9a:00.0",
+    "0000:ab:00.0",
+    "0000:ba:00.0",
+    "0000:db:00.0",
+]
+
+
+def dgx_h100(**over: object) -> Spec:
+    """DGX/HGX H100: 2 sockets x 56 cores x 2 threads (224 CPUs), 8 GPUs, 4 per socket,
+    4 NVSwitches, an ASPEED BMC VGA, ~400 PCI functions in all."""
+    n0 = list(range(0, 56)) + list(range(112, 168))
+    n1 = list(range(56, 112)) + list(range(168, 224))
+    gpus = [Gpu(b, 0 if i < 4 else 1, uuid=_uuid(i), minor=i) for i, b in enumerate(DGX_BDFS)]
+    gpus += [
+        Gpu(f"0000:{0xC0 + k:02x}:00.0", 1, device=0x22A3, pci_class=0x068000) for k in range(4)
+    ]
+    gpus.append(Gpu("0000:03:00.0", 0, vendor=0x1A03, device=0x2000, pci_class=0x030000))
+    spec = Spec(
+        nodes=[n0, n1],
+        package_of_node=[0, 1],
+        smt=2,
+        smt_stride=112,
+        memory_gib=1024,
+        gpus=gpus,
+        filler_pci=387,
+    )
+    for k, v in over.items():
+        setattr(spec, k, v)
+    return spec
+
+
+def nps4() -> Spec:
+    """2-socket AMD EPYC in NPS4 (8 nodes of 16 cores, 2 CCX of 8 cores each), 4 GPUs whose
+    PCI order lands them on nodes 3, 1, 7, 5."""
+    nodes = [list(range(16 * i, 16 * i + 16)) for i in range(8)]
+    l3 = [list(range(8 * i, 8 * i + 8)) for i in range(16)]
+    gpus = [
+        Gpu(f"0000:{b:02x}:00.0", n, device=0x20B0, uuid=_uuid(i), minor=i, model="A100")
+        for i, (b, n) in enumerate([(0x01, 3), (0x41, 1), (0x81, 7), (0xC1, 5)])
+    ]
+    return Spec(nodes=nodes, package_of_node=[0, 0, 0, 0, 1, 1, 1, 1], l3=l3, gpus=gpus)
+
+
+def gb200() -> Spec:
+    """2 Grace CPUs (nodes 0, 1; 72 cores each) and 4 Blackwell GPUs whose memory shows as
+    CPU-less nodes 2-5; each GPU's PCI numa_node names its memory node, as NVML does."""
+    nodes = [list(range(0, 72)), list(range(72, 144)), [], [], [], []]
+    gpus = [
+        Gpu(
+            f"{(i + 1) * 8:04x}:01:00.0",
+            2 + i,
+            device=0x2941,
+            uuid=_uuid(i),
+            minor=i,
+            memory_node=2 + i,
+            local_cpus=nodes[i // 2],
+            model="NVIDIA GB200",
+        )
+        for i in range(4)
+    ]
+    return Spec(nodes=nodes, package_of_node=[0, 1, 0, 0, 1, 1], gpus=gpus)
+
+
+def mi300x() -> Spec:
+    """8 AMD MI300X (class 0x1200, processing accelerator), 4 per socket, 2 sockets."""
+    n0, n1 = list(range(0, 96)), list(range(96, 192))
+    gpus = [
+        Gpu(
+            f"0000:{b:02x}:00.0",
+            0 if i < 4 else 1,
+            vendor=0x1002,
+            device=0x74A1,
+            pci_class=0x120000,
+        )
+        for i, b in enumerate([0x05, 0x15, 0x65, 0x75, 0x85, 0x95, 0xE5, 0xF5])
+    ]
+    return Spec(nodes=[n0, n1], package_of_node=[0, 1], gpus=gpus)
+
+
+def container_2_of_8() -> Spec:
+    """A container granted GPUs 2 and 5 of a DGX: sysfs lists all 8, the driver's /proc
+    only the two mounted ones; the cgroup allows both sockets' first 8 cores."""
+    spec = dgx_h100(filler_pci=20)
+    for i, g in enumerate(spec.gpus[:8]):
+        g.driver = i in (2, 5)
+    spec.cgroup_cpus = list(range(0, 8)) + list(range(56, 64))
+    return spec
+
+
+def two_nodes(gpus: int = 2) -> Spec:
+    """The smallest two-node machine a 2-CPU host can really bind to: node 0 = CPU 0,
+    node 1 = CPU 1, GPUs alternating between them (GPU i on node i % 2)."""
+    return Spec(
+        nodes=[[0], [1]],
+        package_of_node=[0, 1],
+        memory_gib=1,
+        gpus=[Gpu(f"0000:{i + 1:02x}:00.0", i % 2) for i in range(gpus)],
+    )
+
+
+def one_node() -> Spec:
+    """A workstation or a one-GPU cloud VM: one node holding CPUs 0-1 and one GPU, where
+    a rank has nothing to bind."""
+    return Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[Gpu("0000:01:00.0", 0)])
+
+
+EXAMPLES = {
+    "dgx-h100": dgx_h100,
+    "gb200": gb200,
+    "mi300x": mi300x,
+    "nps4": nps4,
+    "container": container_2_of_8,
+    "two-nodes": two_nodes,
+    "one-node": one_node,
+}
+
+
+def example_root(name: str) -> MemoryRoot:
+    """The example ``name`` (:data:`EXAMPLES`) as a root in memory."""
+    from ._errors import CaptureError
+
+    make = EXAMPLES.get(name)
+    if make is None:
+        raise CaptureError(f"no example {name!r} (there are: {', '.join(EXAMPLES)})")
+    return MemoryRoot(files(make()), f"example {name}")
