@@ -14,9 +14,11 @@ import pytest
 
 import synth
 from numabind._plan import device_node
+from numabind._sysfs import format_cpulist
 from numabind._topology import Machine
+from numabind.cli._picture import DISALLOWED, PALETTE, build, draw
 from numabind.cli._show import plans_for
-from numabind.cli._svg import DISALLOWED, PALETTE, render, text_width
+from numabind.cli._svg import render, text_width
 
 NS = "{http://www.w3.org/2000/svg}"
 HWLOC = Path(__file__).resolve().parent / "data" / "hwloc"
@@ -95,6 +97,39 @@ def test_the_picture(tmp_path: Path, name: str, mode: str) -> None:
     fills = {r.get("fill") for r in root.iter(f"{NS}rect")}
     if outside:
         assert DISALLOWED in fills
+    # every CPU of a node with CPUs is drawn, once, with its number; one frame per L3
+    cells = [r.get("data-cpu") for r in root.iter(f"{NS}rect") if r.get("data-cpu")]
+    assert sorted(int(c) for c in cells) == sorted(c for n in m.cpu_nodes for c in n.cpus)
+    assert {str(c) for n in m.cpu_nodes for c in n.cpus} <= set(words)
+    domains = {
+        (m.cache_of(c) or frozenset()) & n.cpus if m.cache_of(c) else n.cpus
+        for n in m.cpu_nodes
+        for c in n.cpus
+    }
+    frames = [r for r in root.iter(f"{NS}rect") if r.get("data-l3")]
+    assert len(frames) == len(domains)
+    # a colour per set of ranks sharing CPUs, each explained in the legend
+    pic = build(m, plans, mode, "preferred")
+    assert len({s.colour for s in pic.sets}) == len(pic.sets)
+    for s in pic.sets:
+        assert s.colour in fills
+        assert f"CPUs {format_cpulist(s.cpus)}" in joined.replace("\n", " ")
+    # every text inside its node box
+    for group in root.iter(f"{NS}g"):
+        frame = group.find(f"{NS}rect")
+        assert frame is not None
+        fx, fw = float(frame.get("x", 0)), float(frame.get("width", 0))
+        fy, fh = float(frame.get("y", 0)), float(frame.get("height", 0))
+        for t in group.iter(f"{NS}text"):
+            x, y, size = float(t.get("x", 0)), float(t.get("y", 0)), float(t.get("font-size", 12))
+            w = text_width(t.text or "", size)
+            left = x - w / 2 if t.get("text-anchor") == "middle" else x
+            assert fx <= left and left + w <= fx + fw + 0.5, t.text
+            assert fy <= y - size and y <= fy + fh, t.text
+    # the terminal drawing names the same ranks and devices
+    text = "\n".join(draw(pic))
+    for p in plans:
+        assert (f"rank {p.local_rank}: CPUs" if p.bound else f"rank {p.local_rank}: ") in text
 
 
 def test_gb200_gpus_are_drawn_on_the_grace_nodes(tmp_path: Path) -> None:
@@ -116,6 +151,14 @@ def test_sixteen_ranks_sixteen_colours(tmp_path: Path) -> None:
     root = ET.fromstring(render(m, plans, mode="exclusive"))
     used = {r.get("fill") for r in root.iter(f"{NS}rect")} & set(PALETTE)
     assert len(set(PALETTE)) >= 16 and len(used) >= 16
+
+
+def test_sixty_four_ranks_sixty_four_colours(tmp_path: Path) -> None:
+    m = Machine.from_example("mi300x")
+    _, plans, _ = plans_for(m, {}, 64, "exclusive", "preferred")
+    pic = build(m, plans, "exclusive", "preferred")
+    assert len(pic.sets) == 64 and len({s.colour for s in pic.sets}) == 64
+    assert len({s.symbol for s in pic.sets}) == 64
 
 
 def test_canvas_is_sized_to_content(tmp_path: Path) -> None:

@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw the machine and the ranks as SVG (- : standard output, instead of "
         "the text)",
     )
+    show.add_argument(
+        "--draw",
+        action="store_true",
+        help="the same picture as text: per node, one character per core, its ranks' letter",
+    )
     show.add_argument("--force", action="store_true", help="replace an existing --svg file")
 
     gather = sub.add_parser(

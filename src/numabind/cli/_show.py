@@ -314,7 +314,14 @@ def run_show(args: argparse.Namespace) -> int:
     from .._topology import Machine
 
     svg = OutputFile(args.svg, "--svg", "show", args.force).check() if args.svg else None
-    one_stdout((("--json", args.json), ("--svg -", svg is not None and svg.stdout)), "show")
+    one_stdout(
+        (
+            ("--json", args.json),
+            ("--svg -", svg is not None and svg.stdout),
+            ("--draw", args.draw),
+        ),
+        "show",
+    )
     if args.input is not None:
         try:
             machine = Machine.from_capture(args.input)
@@ -350,6 +357,10 @@ def run_show(args: argparse.Namespace) -> int:
             svg.write(render(machine, plans, mode=mode, memory=memory))
         if args.json:
             write_json(report.to_dict())
+        elif args.draw:
+            from ._picture import build, draw
+
+            write_lines(draw(build(machine, plans, mode, memory)))
         elif svg is None or not svg.stdout:
             lines = show_text(machine, visible, plans, source, mode, memory)
             if this is not None:

@@ -1,46 +1,44 @@
-"""``numabind show --svg FILE``: the machine and its ranks as a picture for a ticket.
+"""``numabind show --svg FILE``: the machine and its ranks as a picture for a ticket (and
+``bench --svg``: the measurements as bars).
 
-Written directly as SVG text (no plotting dependency).  Top to bottom: a title (machine,
-mode, memory policy), then one box per NUMA node, grouped by package, each with a grid of
-its CPUs (coloured by the rank planned onto them, greyed where this process may not run),
-the accelerators the plan places there (the planner's own node rule,
-:func:`numabind._plan.device_node`, or the node a plan binds the device to), and a line per
-rank on that node; then the ranks that were not bound, with their reason.
+Written directly as SVG text (no plotting dependency) from the model in
+:mod:`numabind.cli._picture`.  Top to bottom: a title, then per package one box per NUMA
+node: its header (CPUs, memory; a memory-only node says whose memory it is), its cache
+domains as frames around their cores, each core a column of its SMT threads with the CPU
+number in each cell and the colour of the set of ranks planned onto it; the accelerators
+placed there, and a line per rank; then the ranks not bound, the NUMA distance matrix
+with node numbers on both axes, and a legend with a swatch for every colour and mark.
 
 Every text is measured with :func:`text_width` (a conservative width for sans-serif) and
-shortened or wrapped to fit its box, and lines are stacked, never overlaid: the tests parse
-the SVG back and check that no two texts overlap and every text fits the canvas.
+wrapped to fit its box, never cut at a fixed length, and lines are stacked, never
+overlaid: the tests parse the SVG back and check that no two texts overlap, every text
+fits the canvas and its box, and every rank and device is named.
 """
 
 from __future__ import annotations
 
 from html import escape
 
-from .._plan import describe_device, device_node
-from .._sysfs import format_cpulist
+from ._picture import DISALLOWED, FREE, Cell, NodeBox, Picture, build, colour, legend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .._model import Accelerator
     from .._plan import Plan
     from .._topology import Machine
 
-# Kelly's 22 colours of maximum contrast, without white and black: 20 distinct colours
-PALETTE = (
-    "#f3c300", "#875692", "#f38400", "#a1caf1", "#be0032", "#c2b280", "#00a6a6",
-    "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
-    "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26",
-)  # fmt: skip
-DISALLOWED = "#d9d9d9"
-FREE = "#ffffff"
-CELL, GAP, COLS = 12, 2, 32
+CELL_W, CELL_H, GAP = 22, 13, 2
+CORES_PER_ROW = 24
 PAD = 12
 FONT = 12
+CELL_FONT = 7
 TITLE_FONT = 15
 CHAR_EM = 0.62  # width of one character in em, generous for DejaVu Sans / Helvetica
 LINE = 17
+WIDTH = 2 * PAD + 2 * 8 + CORES_PER_ROW * (CELL_W + GAP) + 2 * 8 + 2 * PAD
+INNER = WIDTH - 4 * PAD  # what text inside a node box may take
+SWATCH = 11
 
 
 def text_width(text: str, size: float = FONT) -> float:
@@ -49,42 +47,50 @@ def text_width(text: str, size: float = FONT) -> float:
 
 
 def fit(text: str, width: float, size: float = FONT) -> str:
-    """``text`` shortened with an ellipsis to fit ``width``."""
+    """``text`` shortened with an ellipsis to fit ``width`` (for bar labels only)."""
     if text_width(text, size) <= width:
         return text
     keep = max(int(width / (size * CHAR_EM)) - 1, 1)
     return text[:keep] + "…"
 
 
-def wrap(text: str, width: float, size: float = FONT, max_lines: int = 4) -> list[str]:
-    """``text`` in lines that fit ``width`` (the last one shortened if there are more)."""
+def wrap(text: str, width: float, size: float = FONT) -> list[str]:
+    """``text`` in as many lines as it takes to fit ``width`` (a word longer than a line
+    is split, never cut)."""
     per = max(int(width / (size * CHAR_EM)), 8)
     lines: list[str] = []
     current = ""
     for word in text.split():
+        while len(word) > per:
+            if current:
+                lines.append(current)
+                current = ""
+            lines.append(word[:per])
+            word = word[per:]
         cand = f"{current} {word}" if current else word
         if len(cand) <= per:
             current = cand
             continue
-        if current:
-            lines.append(current)
-        current = word if len(word) <= per else word[: per - 1] + "…"
+        lines.append(current)
+        current = word
     if current:
         lines.append(current)
-    if len(lines) > max_lines:
-        lines = [*lines[: max_lines - 1], fit(" ".join(lines[max_lines - 1 :]), width, size)]
     return lines or [""]
 
 
-def colour(rank: int) -> str:
-    return PALETTE[rank % len(PALETTE)]
+def _dark(fill: str) -> bool:
+    """Whether a fill is dark enough for white text."""
+    if fill.startswith("hsl("):
+        return int(fill.rsplit(",", 1)[1].strip(" %)")) < 55
+    r, g, b = (int(fill[i : i + 2], 16) for i in (1, 3, 5))
+    return 0.299 * r + 0.587 * g + 0.114 * b < 140
 
 
 class _Canvas:
     def __init__(self, width: float) -> None:
         self.width = width
         self.parts: list[str] = []
-        self.y = PAD
+        self.y: float = PAD
 
     def document(self, title: str) -> str:
         """The whole picture: as tall as what was drawn, on white, titled for viewers."""
@@ -97,11 +103,22 @@ class _Canvas:
         )
         return head + "\n".join(self.parts) + "\n</svg>\n"
 
-    def text(self, x: float, y: float, text: str, size: float = FONT, bold: bool = False) -> None:
+    def text(
+        self, x: float, y: float, text: str, size: float = FONT, bold: bool = False, **attrs: str
+    ) -> None:
         weight = ' font-weight="bold"' if bold else ""
+        extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
         self.parts.append(
-            f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{weight}>{escape(text)}</text>'
+            f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{weight}{extra}>{escape(text)}</text>'
         )
+
+    def lines(
+        self, x: float, text: str, width: float, size: float = FONT, bold: bool = False
+    ) -> None:
+        """``text`` wrapped to ``width``, each line below the last."""
+        for line in wrap(text, width, size):
+            self.y += LINE if size <= FONT else size + 4
+            self.text(x, self.y, line, size, bold)
 
     def rect(self, x: float, y: float, w: float, h: float, fill: str, **attrs: str) -> None:
         extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items() if k != "title")
@@ -112,156 +129,144 @@ class _Canvas:
             + body
         )
 
+    def swatch_line(
+        self, x: float, fill: str, text: str, width: float, stroke: str = "#333"
+    ) -> None:
+        """A swatch and its text (wrapped beside it)."""
+        self.y += LINE
+        self.rect(x, self.y - 10, SWATCH, SWATCH, fill, stroke=stroke)
+        lines = wrap(text, width - 16)
+        self.text(x + 16, self.y, lines[0])
+        for more in lines[1:]:
+            self.y += LINE
+            self.text(x + 16, self.y, more)
 
-def _device_nodes(machine: Machine, plans: list[Plan]) -> dict[str, int | None]:
-    """Where each accelerator is drawn: the node a plan binds it to, else the planner's
-    rule for the device (so the picture never disagrees with the plan JSON)."""
-    where: dict[str, int | None] = {}
-    for p in plans:
-        if p.device is not None and p.bound and p.numa_node is not None:
-            where.setdefault(p.device.pci, p.numa_node)
-    for a in machine.all_accelerators:
-        if a.pci not in where:
-            where[a.pci] = device_node(machine, a).node
-    return where
+
+def _cell(c: _Canvas, pic: Picture, cell: Cell, x: float, y: float) -> None:
+    found = pic.set_of(cell.ranks) if cell.ranks else None
+    fill = found.colour if found is not None else FREE
+    stroke = "#999"
+    tip = f"CPU {cell.cpu}"
+    if found is not None:
+        tip += (
+            f": rank{'s' if len(cell.ranks) > 1 else ''} {', '.join(map(str, sorted(cell.ranks)))}"
+        )
+    if not cell.allowed:
+        fill, stroke = DISALLOWED, "#bbb"
+        tip += " (outside the CPUs this process may use)"
+    c.rect(x, y, CELL_W, CELL_H, fill, stroke=stroke, title=tip, data_cpu=str(cell.cpu))
+    ink = "white" if fill not in (FREE, DISALLOWED) and _dark(fill) else "#222"
+    c.text(
+        x + CELL_W / 2, y + CELL_H - 3.5, str(cell.cpu), CELL_FONT, fill=ink, text_anchor="middle"
+    )
+
+
+def _groups(c: _Canvas, pic: Picture, box: NodeBox, left: float) -> None:
+    for group in box.groups:
+        what = (
+            f"L3 / CCX: CPUs {_fmt(group.cpus)} ({len(group.cores)} cores)"
+            if group.known
+            else f"{len(group.cores)} cores (cache domains unknown)"
+        )
+        top = c.y + 6
+        c.y = top
+        c.lines(left + 6, what, INNER - 12, 10)
+        grid_top = c.y + 5
+        rows = (len(group.cores) + CORES_PER_ROW - 1) // CORES_PER_ROW
+        height = pic.smt * (CELL_H + 1)
+        for i, core in enumerate(group.cores):
+            x = left + 8 + (i % CORES_PER_ROW) * (CELL_W + GAP)
+            y = grid_top + (i // CORES_PER_ROW) * (height + GAP)
+            for k, cell in enumerate(core.cells):
+                _cell(c, pic, cell, x, y + k * (CELL_H + 1))
+        c.y = grid_top + rows * (height + GAP) + 2
+        c.rect(left - 4, top, INNER + 8, c.y - top, "none", stroke="#777", rx="4", data_l3="1")
+
+
+def _fmt(cpus: frozenset[int]) -> str:
+    from .._sysfs import format_cpulist
+
+    return format_cpulist(cpus)
+
+
+def _node(c: _Canvas, pic: Picture, box: NodeBox) -> None:
+    left = 2 * PAD - 8
+    top = c.y + 4
+    c.y = top
+    c.parts.append(f'<g data-node="{box.id}">')
+    mark = len(c.parts)
+    c.lines(2 * PAD, box.header, INNER, FONT, bold=True)
+    _groups(c, pic, box, 2 * PAD)
+    for g in box.gpus:
+        found = next((s for s in pic.sets if g.ranks & s.ranks), None)
+        c.swatch_line(2 * PAD, found.colour if found else FREE, g.text, INNER)
+    for rank, line in box.ranks:
+        found = next((s for s in pic.sets if rank in s.ranks), None)
+        c.swatch_line(2 * PAD, found.colour if found else FREE, line, INNER)
+    c.y += 8
+    frame = (
+        f'<rect x="{left:.1f}" y="{top:.1f}" width="{INNER + 16:.1f}" '
+        f'height="{c.y - top:.1f}" fill="#f7f7f7" stroke="#555" rx="6"></rect>'
+    )
+    c.parts.insert(mark, frame)
+    c.parts.append("</g>")
+
+
+def _distances(c: _Canvas, pic: Picture) -> None:
+    if not pic.distances:
+        return
+    c.y += LINE + 4
+    c.text(PAD, c.y, "NUMA distances (from row to column)", 13, bold=True)
+    cols = len(pic.distances[0])
+    width = max(text_width(cell) for row in pic.distances for cell in row) + 10
+    per_row = max(int((WIDTH - 3 * PAD) // width), 2)
+    for start in range(1, cols, per_row - 1):  # wide matrices in column blocks
+        for r, row in enumerate(pic.distances):
+            c.y += LINE
+            cells = [row[0], *row[start : start + per_row - 1]]
+            for k, value in enumerate(cells):
+                c.text(2 * PAD + k * width, c.y, value, FONT, bold=r == 0 or k == 0)
+
+
+def _legend(c: _Canvas, pic: Picture) -> None:
+    c.y += LINE + 4
+    c.text(PAD, c.y, "legend", 13, bold=True)
+    for s, line in zip(pic.sets, legend(pic, text=False)):
+        c.swatch_line(PAD, s.colour, line, WIDTH - 2 * PAD)
+    rest = legend(pic, text=False)[len(pic.sets) :]
+    c.swatch_line(PAD, FREE, rest[0], WIDTH - 2 * PAD)
+    c.swatch_line(PAD, DISALLOWED, rest[1], WIDTH - 2 * PAD, stroke="#bbb")
+    for line in rest[2:]:
+        c.lines(PAD, line, WIDTH - 2 * PAD)
 
 
 def render(
     machine: Machine, plans: list[Plan], mode: str = "node", memory: str = "preferred"
 ) -> str:
     """The SVG document for ``machine`` and ``plans``."""
-    grid_w = COLS * (CELL + GAP) - GAP
-    inner = max(grid_w, 560)
-    width = inner + 4 * PAD
-    c = _Canvas(width)
-    title = f"numabind: {machine.description}"
-    for line in wrap(title, inner + 2 * PAD, TITLE_FONT, 2):
-        c.y += TITLE_FONT + 4
-        c.text(PAD, c.y, line, TITLE_FONT, bold=True)
-    c.y += LINE
-    c.text(
-        PAD,
-        c.y,
-        fit(
-            f"mode {mode}, memory {memory}; {len(plans)} local rank"
-            f"{'' if len(plans) == 1 else 's'}",
-            inner + 2 * PAD,
-        ),
-    )
-    c.y += 10
-
-    allowed = machine.allowed.cpus
-    owner: dict[int, list[int]] = {}
-    for p in plans:
-        if p.bound and p.local_rank is not None:
-            for cpu in p.cpus:
-                owner.setdefault(cpu, []).append(p.local_rank)
-    dev_node = _device_nodes(machine, plans)
-    ranks_by_pci: dict[str, list[int]] = {}
-    for p in plans:
-        if p.device is not None and p.local_rank is not None:
-            ranks_by_pci.setdefault(p.device.pci, []).append(p.local_rank)
-    index_of = {p.device.pci: p.device_index for p in plans if p.device is not None}
-
-    def device_label(a: Accelerator) -> str:
-        ranks = ranks_by_pci.get(a.pci)
-        text = describe_device(a, index_of.get(a.pci))
-        if a.name:
-            text += f" {a.name}"
-        if ranks:
-            text += f": rank{'s' if len(ranks) > 1 else ''} {format_cpulist(ranks)}"
-        return text
-
-    packages: dict[int | None, list[int]] = {}
-    for n in machine.nodes:
-        pkg = machine.package_of(min(n.cpus)) if n.cpus else None
-        packages.setdefault(pkg, []).append(n.id)
-    for pkg, node_ids in sorted(packages.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+    pic = build(machine, plans, mode, memory)
+    c = _Canvas(WIDTH)
+    c.lines(PAD, pic.title, WIDTH - 2 * PAD, TITLE_FONT, bold=True)
+    c.lines(PAD, pic.subtitle, WIDTH - 2 * PAD)
+    c.y += 6
+    for label, boxes in pic.packages:
         c.y += LINE + 4
-        label = f"package {pkg}" if pkg is not None else "memory-only nodes (no CPUs)"
         c.text(PAD, c.y, label, 13, bold=True)
-        c.y += 6
-        for nid in node_ids:
-            node = machine.node(nid)
-            assert node is not None
-            cpus = sorted(node.cpus)
-            rows = (len(cpus) + COLS - 1) // COLS
-            accs = [a for a in machine.all_accelerators if dev_node.get(a.pci) == nid]
-            mem_of = [a for a in machine.all_accelerators if a.memory_node == nid]
-            on_node = [p for p in plans if p.bound and p.numa_node == nid]
-            top = c.y + 4
-            y = top + LINE
-            kind = f"CPUs {format_cpulist(cpus)}" if cpus else "memory only"
-            if mem_of:
-                kind += " (memory of " + ", ".join(a.pci for a in mem_of) + ")"
-            texts: list[tuple[float, str, bool]] = [(y, fit(f"node {nid}: {kind}", inner), True)]
-            cells_top = y + 6
-            y = cells_top + rows * (CELL + GAP) + (4 if rows else 0)
-            for a in accs:
-                y += LINE
-                texts.append((y, fit(device_label(a), inner), False))
-            rank_lines: list[tuple[float, Plan]] = []
-            for p in on_node:
-                y += LINE
-                rank_lines.append((y, p))
-            height = y - top + 8
-            c.parts.append(f'<g data-node="{nid}">')
-            c.rect(2 * PAD - 8, top, inner + 16, height, "#f7f7f7", stroke="#555", rx="6")
-            for ty, text, bold in texts:
-                c.text(2 * PAD, ty, text, FONT, bold=bold)
-            for i, cpu in enumerate(cpus):
-                cx = 2 * PAD + (i % COLS) * (CELL + GAP)
-                cy = cells_top + (i // COLS) * (CELL + GAP)
-                ranks = owner.get(cpu, [])
-                fill = colour(min(ranks)) if ranks else FREE
-                stroke = "#999"
-                if cpu not in allowed:
-                    fill, stroke = DISALLOWED, "#bbb"
-                tip = f"CPU {cpu}" + (f": rank {', '.join(map(str, ranks))}" if ranks else "")
-                if cpu not in allowed:
-                    tip += " (outside the CPUs this process may use)"
-                c.rect(cx, cy, CELL, CELL, fill, stroke=stroke, title=tip)
-                if len(ranks) > 1 and cpu in allowed:  # shared: the next rank's colour inside
-                    c.rect(cx + 3, cy + 3, CELL - 6, CELL - 6, colour(sorted(ranks)[1]))
-            for ry, p in rank_lines:
-                c.rect(2 * PAD, ry - 10, 11, 11, colour(p.local_rank or 0), stroke="#333")
-                text = (
-                    f"rank {p.local_rank}: CPUs {format_cpulist(p.cpus)}, memory {p.memory_text()}"
-                )
-                sharing = sorted(
-                    q.local_rank
-                    for q in on_node
-                    if q is not p and q.local_rank is not None and q.cpus & p.cpus
-                )
-                if sharing:
-                    many = "s" if len(sharing) > 1 else ""
-                    text += f"; shares CPUs with rank{many} {format_cpulist(sharing)}"
-                c.text(2 * PAD + 16, ry, fit(text, inner - 16), FONT)
-            c.parts.append("</g>")
-            c.y = top + height
-    unplaced = [a for a in machine.all_accelerators if dev_node.get(a.pci) is None]
-    if unplaced:
-        c.y += LINE + 4
-        c.text(PAD, c.y, "accelerators whose node is unknown", 13, bold=True)
-        for a in unplaced:
-            c.y += LINE
-            c.text(2 * PAD, c.y, fit(device_label(a), inner), FONT)
-    skipped = [p for p in plans if not p.bound]
-    if skipped:
-        c.y += LINE + 4
-        c.text(PAD, c.y, "not bound", 13, bold=True)
-        for p in skipped:
-            lines = wrap(f"rank {p.local_rank}: {p.reason}", inner - 16)
-            c.y += LINE
-            c.rect(2 * PAD, c.y - 10, 11, 11, FREE, stroke="#333")
-            c.text(2 * PAD + 16, c.y, lines[0], FONT)
-            for more in lines[1:]:
-                c.y += LINE
-                c.text(2 * PAD + 16, c.y, more, FONT)
-    c.y += LINE
-    c.rect(PAD, c.y - 10, 11, 11, DISALLOWED, stroke="#bbb")
-    c.text(PAD + 16, c.y, "CPU outside this process's allowed set", FONT)
-    return c.document(title)
+        c.y += 4
+        for box in boxes:
+            _node(c, pic, box)
+    for heading, items in (
+        ("accelerators whose node is unknown", [g.text for g in pic.unplaced]),
+        ("not bound", list(pic.skipped)),
+    ):
+        if items:
+            c.y += LINE + 4
+            c.text(PAD, c.y, heading, 13, bold=True)
+            for item in items:
+                c.swatch_line(2 * PAD, FREE, item, WIDTH - 3 * PAD)
+    _distances(c, pic)
+    _legend(c, pic)
+    return c.document(pic.title)
 
 
 def render_bench(report: dict[str, Any]) -> str:
