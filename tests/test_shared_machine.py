@@ -367,3 +367,36 @@ def test_check_all_stops_at_its_deadline_and_lists_what_it_skipped() -> None:
     assert {s.pid for s in sleepers} <= set(data["skipped"]), data["skipped"]
     assert r.returncode == 0, "the exit status comes from the processes checked"
     assert b"not reached before the deadline" in t.stdout
+
+
+@needs_root
+def test_check_of_a_process_another_user_owns_is_one_clear_verdict() -> None:
+    """An ordinary user's ``check --pid`` of a root rank: its environ, numa_maps and maps
+    are not theirs to read; the verdict says what could not be read, no traceback."""
+    rank = subprocess.Popen(["sleep", "60"], env=clean_env(LOCAL_RANK="0"))
+    try:
+        r = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={ATTACKER}",
+                f"--regid={ATTACKER}",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "numabind",
+                "check",
+                "--pid",
+                str(rank.pid),
+            ],
+            capture_output=True,
+            text=True,
+            env=clean_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src")),
+            cwd="/",
+            timeout=120,
+        )
+    finally:
+        rank.kill()
+        rank.wait()
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 3 and r.stdout.startswith("UNKNOWN"), r.stdout + r.stderr
+    assert "not readable by this user" in r.stdout and "Permission denied" in r.stdout

@@ -145,7 +145,7 @@ def _plan(
                 visible = visible.replace(devices=(), problem=why)
         else:
             chosen = device
-        if chosen is not None and info.local_rank is None:
+        if info.local_rank is None:  # the device was named: say by whom, found or not
             info = RankInfo(rank_source=source)
     request = request_for(info, visible, mode or cfg.mode, memory or cfg.memory)
     return plan(m, request.replace(device=chosen))

@@ -62,6 +62,10 @@ class _Prefixed(Root):
     def isdir(self, path: str) -> bool:
         return self.inner.isdir(self.prefix + path)
 
+    def realpath(self, path: str) -> str | None:
+        found = self.inner.realpath(self.prefix + path)
+        return found.removeprefix(self.prefix) if found is not None else None
+
     def close(self) -> None:
         self.inner.close()
 

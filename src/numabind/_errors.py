@@ -38,6 +38,30 @@ class IntegrationError(NumabindError, RuntimeError):
     the internal and the versions numabind was tested against."""
 
 
+class FrameworkMissing(IntegrationError, ImportError):
+    """``numabind.torch.install()`` / ``numabind.ray.install()`` in a Python without the
+    framework: one line naming the interpreter and the install command (an
+    ``ImportError`` too, so ``except ImportError`` around an optional install works)."""
+
+
+def require(module: str, product: str, pip: str, caller: str) -> None:
+    """Raise :class:`FrameworkMissing` unless ``module`` can be imported here, so the
+    user reads what is missing and where, not "No module named 'ray._private'"."""
+    import importlib.util
+    import sys
+
+    loaded = sys.modules.get(module, False)
+    try:
+        found = bool(loaded) or (loaded is False and importlib.util.find_spec(module) is not None)
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise FrameworkMissing(
+            f"{caller}: {product} is not installed for this Python ({sys.executable}); "
+            f"install it ({pip}) or leave the call out"
+        )
+
+
 class UsageError(NumabindError):
     """Bad command-line arguments or an unreadable input: one line, exit status 2."""
 

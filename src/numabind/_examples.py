@@ -37,6 +37,11 @@ class Gpu:
     driver: bool = True  # listed under /proc/driver/nvidia/gpus
     unique_id: str | None = None  # amdgpu's sysfs unique_id (hex)
     model: str = "NVIDIA H100 80GB HBM3"
+    # Where it hangs in the PCI tree: host bridge ("pci0000:15") first, then each bridge
+    # port; the device's directory then lives under /sys/devices/... and
+    # /sys/bus/pci/devices/<bdf> is a link to it, as on a live machine (None: no tree).
+    bridges: tuple[str, ...] | None = None
+    rdma: str | None = None  # an RDMA adapter's /sys/class/infiniband name (mlx5_0)
 
 
 @dataclass
@@ -77,6 +82,7 @@ class _Tree:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.files: dict[str, str] = {}
+        self.links: dict[str, str] = {}  # link path -> absolute target
         self.all_cpus = sorted(c for n in spec.nodes for c in n)
         self.online = format_cpulist(self.all_cpus)
         self.node_ids = list(range(len(spec.nodes)))
@@ -150,6 +156,12 @@ class _Tree:
     def gpu(self, g: Gpu) -> None:
         spec = self.spec
         base = f"/sys/bus/pci/devices/{g.bdf}"
+        if g.bridges:
+            real = "/sys/devices/" + "/".join((*g.bridges, g.bdf))
+            self.links[base] = real
+            base = real
+        if g.rdma:
+            self.links[f"/sys/class/infiniband/{g.rdma}/device"] = base
         self.w(f"{base}/vendor", f"0x{g.vendor:04x}")
         self.w(f"{base}/device", f"0x{g.device:04x}")
         self.w(f"{base}/class", f"0x{g.pci_class:06x}")
@@ -194,53 +206,79 @@ class _Tree:
             self.w("/numabind-env.json", json.dumps({"environ": spec.environ}))
 
 
-def files(spec: Spec) -> dict[str, str]:
-    """The machine ``spec`` describes, as path -> file text."""
+def build(spec: Spec) -> _Tree:
+    """The machine ``spec`` describes: its files and its links."""
     tree = _Tree(spec)
     tree.nodes()
     tree.cpus()
     tree.pci()
     tree.process()
-    return tree.files
+    return tree
+
+
+def files(spec: Spec) -> dict[str, str]:
+    """The machine ``spec`` describes, as path -> file text (links left out)."""
+    return build(spec).files
 
 
 def write(spec: Spec, root: str) -> str:
-    """Write the tree for ``spec`` under ``root``; returns ``root``."""
-    for path, text in files(spec).items():
+    """Write the tree for ``spec`` under ``root`` (links as relative symlinks, as sysfs
+    has them); returns ``root``."""
+    tree = build(spec)
+    for path, text in tree.files.items():
         full = root + path
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "w") as f:
             f.write(text)
+    for link, target in tree.links.items():
+        full = root + link
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        os.symlink(os.path.relpath(target, os.path.dirname(link)), full)
     return root
 
 
 class MemoryRoot(Root):
-    """A generated machine served from memory (``show --example``): nothing on disk."""
+    """A generated machine served from memory (``show --example``): nothing on disk.
+    Links are one level deep (a device's bus entry to its place in the tree)."""
 
-    def __init__(self, tree: dict[str, str], description: str) -> None:
+    def __init__(
+        self, tree: dict[str, str], description: str, links: dict[str, str] | None = None
+    ) -> None:
         self.description = description
         Root.__init__(self)
         self._files = tree
+        self._links = dict(links or {})
         self._dirs: dict[str, set[str]] = {}
-        for path in tree:
+        for path in (*tree, *self._links):
             parts = path.strip("/").split("/")
             for i in range(len(parts)):
                 self._dirs.setdefault("/" + "/".join(parts[:i]), set()).add(parts[i])
 
+    def _resolve(self, path: str) -> str:
+        key = "/" + path.strip("/") if path.strip("/") else "/"
+        parts = key.split("/")
+        for i in range(len(parts), 1, -1):
+            target = self._links.get("/".join(parts[:i]))
+            if target is not None:
+                return "/".join((target, *parts[i:]))
+        return key
+
     def read(self, path: str, cap: int = _sysfs.READ_CAP) -> str:
-        text = self._files.get(path)
+        text = self._files.get(self._resolve(path))
         if text is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", f"{self.description}:{path}")
         self.budget.charge(files=1, nbytes=len(text))
         return text[:cap].strip()
 
     def listdir(self, path: str, cap: int = _sysfs.LIST_CAP) -> list[str]:
-        key = "/" + path.strip("/") if path.strip("/") else "/"
-        return sorted(self._dirs.get(key, ()))[:cap]
+        return sorted(self._dirs.get(self._resolve(path), ()))[:cap]
 
     def isdir(self, path: str) -> bool:
-        key = "/" + path.strip("/") if path.strip("/") else "/"
-        return key in self._dirs
+        return self._resolve(path) in self._dirs
+
+    def realpath(self, path: str) -> str | None:
+        real = self._resolve(path)
+        return real if real in self._dirs or real in self._files else None
 
 
 # --- the machines ------------------------------------------------------------------------
@@ -267,11 +305,32 @@ def dgx_h100(**over: object) -> Spec:
     4 NVSwitches, an ASPEED BMC VGA, ~400 PCI functions in all."""
     n0 = list(range(0, 56)) + list(range(112, 168))
     n1 = list(range(56, 112)) + list(range(168, 224))
-    gpus = [Gpu(b, 0 if i < 4 else 1, uuid=_uuid(i), minor=i) for i, b in enumerate(DGX_BDFS)]
+    gpus, nics = [], []
+    for i, b in enumerate(DGX_BDFS):
+        # each GPU behind its own PCIe switch, which it shares with one ConnectX-7 (as on
+        # the real board): GPU-NIC pairs are PIX, GPUs of a socket NODE, across SYS
+        bus = int(b[5:7], 16)
+        host = (f"pci0000:{bus - 3:02x}", f"0000:{bus - 3:02x}:01.0", f"0000:{bus - 2:02x}:00.0")
+        node = 0 if i < 4 else 1
+        gpus.append(
+            Gpu(b, node, uuid=_uuid(i), minor=i, bridges=(*host, f"0000:{bus - 1:02x}:00.0"))
+        )
+        nics.append(
+            Gpu(
+                f"0000:{bus + 1:02x}:00.0",
+                node,
+                vendor=0x15B3,
+                device=0x1021,
+                pci_class=0x020700,
+                bridges=(*host, f"0000:{bus - 1:02x}:01.0"),
+                rdma=f"mlx5_{i}",
+            )
+        )
     gpus += [
         Gpu(f"0000:{0xC0 + k:02x}:00.0", 1, device=0x22A3, pci_class=0x068000) for k in range(4)
     ]
     gpus.append(Gpu("0000:03:00.0", 0, vendor=0x1A03, device=0x2000, pci_class=0x030000))
+    gpus += nics  # after the GPUs: spec.gpus[:8] are the eight H100s
     spec = Spec(
         nodes=[n0, n1],
         package_of_node=[0, 1],
@@ -379,4 +438,5 @@ def example_root(name: str) -> MemoryRoot:
     make = EXAMPLES.get(name)
     if make is None:
         raise CaptureError(f"no example {name!r} (there are: {', '.join(EXAMPLES)})")
-    return MemoryRoot(files(make()), f"example {name}")
+    tree = build(make())
+    return MemoryRoot(tree.files, f"example {name}", tree.links)

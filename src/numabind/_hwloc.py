@@ -27,7 +27,17 @@ from __future__ import annotations
 
 from . import _sysfs
 from ._errors import CaptureError
-from ._model import HWLOC_UUID_KEYS, Accelerator, Allowed, CpuInfo, Node, classify
+from ._model import (
+    HWLOC_UUID_KEYS,
+    Accelerator,
+    Allowed,
+    CpuInfo,
+    Nic,
+    Node,
+    OtherDevice,
+    classify,
+    unhandled,
+)
 from ._sources import Source
 from ._sysfs import normalize_pci, pci_sort_key
 
@@ -214,6 +224,17 @@ class _Context:
         self.cache = cache
 
 
+def _bridge_path(ancestors: list[_El]) -> tuple[str, ...]:
+    """The bridges above a PCI device, host bridge first: a host bridge is named by the
+    buses it spans (it has no PCI address), a PCI bridge by its address."""
+    out = []
+    for a in ancestors:
+        if a.get("type") == "Bridge":
+            busid = normalize_pci(a.get("pci_busid") or "")
+            out.append(busid or f"host {a.get('bridge_pci') or a.get('gp_index') or '?'}")
+    return tuple(out)
+
+
 def _cache_level(kind: str) -> int | None:
     digits = kind[1:-5]
     if kind.startswith("L") and kind.endswith("Cache") and digits.isascii() and digits.isdigit():
@@ -237,6 +258,9 @@ class HwlocSource(Source):
         self._nodes: dict[int, tuple[frozenset[int], int | None]] = {}
         self._cpu: dict[int, CpuInfo] = {}
         self._accs: list[Accelerator] = []
+        self._nics: list[Nic] = []
+        self._others: list[OtherDevice] = []
+        self._paths: dict[str, tuple[str, ...]] = {}
         self._gpu_mem: dict[str, int] = {}
         self._walk(machine, [], _Context())
         self._distances = self._read_distances(root)
@@ -330,17 +354,34 @@ class HwlocSource(Source):
             )
             return
         infos: dict[str, str] = {}
+        rdma = None
         for osdev in obj.findall("object"):
             if osdev.get("type") == "OSDev":
+                if osdev.get("osdev_type") == "3" and rdma is None:  # OpenFabrics
+                    rdma = osdev.get("name")
                 for info in osdev.findall("info"):
                     infos.setdefault(info.get("name", "") or "", info.get("value", "") or "")
-        vendor = classify(vendor_id, device_id, cls)
-        if vendor is None:
-            return
+        self._paths[busid] = _bridge_path(ancestors)
         locality = next((a for a in reversed(ancestors) if a.get("type") not in _IO_TYPES), None)
         cpus = self._mask(locality, "cpuset") if locality is not None else None
         nodes = self._mask(locality, "nodeset", _sysfs.MAX_NODES) if locality is not None else None
         numa = next(iter(nodes)) if nodes is not None and len(nodes) == 1 else None
+        if rdma is not None and cls >> 16 == 0x02 and len(self._nics) < _sysfs.MAX_ACCELERATORS:
+            name = _sysfs.clean_line(rdma, 64)
+            self._nics.append(Nic(pci=busid, name=name, numa_node=numa, local_cpus=cpus))
+        vendor = classify(vendor_id, device_id, cls)
+        if vendor is None:
+            if unhandled(vendor_id, cls) and len(self._others) < _sysfs.MAX_ACCELERATORS:
+                self._others.append(
+                    OtherDevice(
+                        pci=busid,
+                        vendor_id=vendor_id,
+                        device_id=device_id,
+                        pci_class=cls,
+                        numa_node=numa,
+                    )
+                )
+            return
         uuid = next((infos[k] for k in HWLOC_UUID_KEYS if infos.get(k)), None)
         model = infos.get("GPUModel")
         self._accs.append(
@@ -410,6 +451,15 @@ class HwlocSource(Source):
     def allowed(self, online: frozenset[int]) -> Allowed:
         cpus = self._allowed_cpus if self._allowed_cpus is not None else online
         return Allowed(cpus=cpus & online, mems=self._allowed_mems, kind="hwloc")
+
+    def pci_path(self, bdf: str) -> tuple[str, ...] | None:
+        return self._paths.get(bdf)
+
+    def nics(self) -> tuple[Nic, ...]:
+        return tuple(sorted(self._nics, key=lambda n: pci_sort_key(n.pci)))
+
+    def others(self) -> tuple[OtherDevice, ...]:
+        return tuple(sorted(self._others, key=lambda d: pci_sort_key(d.pci)))
 
     def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
         out = []

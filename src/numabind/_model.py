@@ -257,6 +257,17 @@ class Accelerator(Record):
         return self.name or f"{self.vendor_id or 0:04x}:{self.device_id or 0:04x}"
 
 
+class Nic(Record):
+    """A network adapter a rank may use for RDMA (``show --matrix`` places it beside the
+    GPUs): its PCI address, its RDMA device name where the kernel or hwloc gives one, and
+    its locality."""
+
+    pci: str
+    name: str | None = None
+    numa_node: int | None = None
+    local_cpus: frozenset[int] | None = None
+
+
 if TYPE_CHECKING:
     from typing import Literal
 
@@ -432,6 +443,53 @@ HWLOC_UUID_KEYS: tuple[str, ...] = tuple(v.hwloc_uuid_key for v in VENDORS if v.
 VISIBILITY_VARIABLES: tuple[str, ...] = tuple(
     dict.fromkeys(vis.variable for v in VENDORS for vis in v.visibility)
 )
+
+
+# PCI classes of compute devices: a function of one of these classes from a vendor that is
+# not in VENDORS is an accelerator numabind sees but does not handle (``numabind doctor``
+# names it rather than ignore it without a word)
+COMPUTE_CLASSES: dict[int, str] = {
+    0x0302: "3D controller",
+    0x0380: "display controller",
+    0x0B40: "co-processor",
+    0x1200: "processing accelerator",
+}
+# what the PCI vendor ids of accelerators numabind does not handle are (for the message)
+OTHER_ACCELERATOR_VENDORS: dict[int, str] = {
+    0x1BCF: "NEC SX-Aurora Vector Engine",
+    0x1DA3: "Habana Gaudi",
+    0x1D0F: "AWS Inferentia/Trainium",
+    0x1AE0: "Google TPU",
+    0x1E52: "Tenstorrent",
+    0x1E0F: "Graphcore IPU",
+    0x1F0A: "Cerebras",
+}
+
+
+class OtherDevice(Record):
+    """A compute-class PCI function of a vendor numabind has no table row for."""
+
+    pci: str
+    vendor_id: int
+    device_id: int | None
+    pci_class: int
+    numa_node: int | None = None
+
+    def label(self) -> str:
+        known = OTHER_ACCELERATOR_VENDORS.get(self.vendor_id)
+        kind = COMPUTE_CLASSES.get(self.pci_class >> 8, f"class {self.pci_class:06x}")
+        ids = f"{self.vendor_id:04x}:{self.device_id or 0:04x}"
+        return f"{known} ({kind}, {ids})" if known else f"{kind} {ids}"
+
+
+def unhandled(vendor_id: int | None, pci_class: int | None) -> bool:
+    """A compute-class function whose vendor numabind does not know (:data:`VENDORS`)."""
+    return (
+        vendor_id is not None
+        and vendor_id not in BY_PCI
+        and pci_class is not None
+        and pci_class >> 8 in COMPUTE_CLASSES
+    )
 
 
 def uuid_matches(token: str, uuids: Iterable[tuple[str | None, T]]) -> list[T]:

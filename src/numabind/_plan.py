@@ -223,6 +223,9 @@ class Plan(Record):
         if self.local_rank is None and self.device is not None and self.rank_source:
             index = "" if self.device_index is None else f"{self.device_index} "
             return f"device {index}({self.device.pci}; {self.rank_source})"
+        named = self.rank_source or ""
+        if self.local_rank is None and named.startswith(("--", "device argument")):
+            return named  # numabind run --node N / --cpus LIST, a device not found
         who = "no local rank" if self.local_rank is None else f"local rank {self.local_rank}"
         if self.rank_source:
             who += f" ({self.rank_source}"
@@ -711,3 +714,49 @@ def peers_on_node(rank: int, size: int, devices: int, on_node: frozenset[int]) -
     count = full * len(on_node) + sum(1 for j in on_node if j < rem)
     position = (rank // devices) * len(on_node) + sum(1 for j in on_node if j < rank % devices)
     return position, count
+
+
+# --- a binding asked for explicitly --------------------------------------------------------------
+
+
+def explicit(
+    machine: Machine,
+    *,
+    cpus: frozenset[int] | None = None,
+    node: int | None = None,
+    memory: str = "preferred",
+) -> Plan:
+    """The plan of ``numabind run --node N`` or ``--cpus LIST`` (numactl's habits): those
+    CPUs (of the node, as far as this process may use them) and the memory of their
+    nodes under ``memory``.  Never raises: a node without CPUs or CPUs outside the cgroup
+    are a skip with the reason."""
+    allowed = machine.allowed.cpus
+    source = f"--node {node}" if node is not None else f"--cpus {fmt(cpus or ())}"
+    planner = _Planner(machine, Request(local_rank=None, rank_source=source, memory=memory))
+    if node is not None:
+        found = machine.node(node)
+        if found is None or not found.cpus:
+            why = "no such node" if found is None else "a node without CPUs (memory only)"
+            return planner.skipped("bad-input", f"node {node}: {why}")
+        cpus = found.cpus
+    wanted = frozenset(cpus or ())
+    chosen = wanted & allowed
+    if not chosen:
+        return planner.skipped(
+            "cgroup", f"CPUs {fmt(wanted)} are all outside the CPUs this process may use"
+        )
+    if chosen != wanted:
+        planner.notes.append(f"CPUs {fmt(wanted - chosen)} are outside the cgroup: left out")
+    home = node if node is not None else machine.node_of_cpu(min(chosen))
+    mem_nodes, policy = planner._memory(chosen, home)
+    return Plan(
+        local_rank=None,
+        rank_source=source,
+        numa_node=home,
+        cpus=chosen,
+        memory_nodes=mem_nodes,
+        memory_policy=policy,
+        status="bound",
+        reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
+        notes=tuple(planner.notes),
+    )

@@ -71,10 +71,21 @@ class Resolver:
 
     def resolve(self, path: str, display: str) -> Any:
         """The handle ``path`` names, every link followed inside the tree."""
+        return self._follow(path, display)[0]
+
+    def realpath(self, path: str) -> str | None:
+        """Where ``path`` leads inside the tree, links followed (None: nowhere)."""
+        try:
+            return "/" + "/".join(self._follow(path, path)[1])
+        except OSError:
+            return None
+
+    def _follow(self, path: str, display: str) -> tuple[Any, list[str]]:
         if len(path) > PATH_MAX:
             raise OSError(errno.ENAMETOOLONG, "path too long", display)
         top = self._top()
         stack = [top]
+        names: list[str] = []
         pending = split_path(path)
         pending.reverse()
         hops = 0
@@ -83,6 +94,7 @@ class Resolver:
             if name == "..":
                 if len(stack) > 1:
                     stack.pop()
+                    names.pop()
                 continue
             handle = self._child(stack[-1], name)
             if handle is None:
@@ -96,7 +108,7 @@ class Resolver:
                 if len(target) > PATH_MAX:
                     raise OSError(errno.ENAMETOOLONG, "link target too long", display)
                 if target.startswith("/"):
-                    stack = [top]  # absolute: the capture's own root
+                    stack, names = [top], []  # absolute: the capture's own root
                 more = split_path(target)
                 more.reverse()
                 pending.extend(more)
@@ -104,7 +116,8 @@ class Resolver:
             if pending and kind != "dir":
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", display)
             stack.append(handle)
-        return stack[-1]
+            names.append(name)
+        return stack[-1], names
 
     def parent(self, path: str, display: str) -> tuple[Any, str]:
         """``path``'s directory, resolved (and remembered by its spelling), and the last
@@ -166,6 +179,8 @@ class DirRoot(Root, Resolver):
     The directory is opened once, here (a missing one raises ``FileNotFoundError``, one
     that is not a directory ``NotADirectoryError``); every later open starts from that
     descriptor, so a top directory renamed or swapped afterwards changes nothing."""
+
+    realpath = Resolver.realpath
 
     def __init__(self, path: str) -> None:
         self.description = path

@@ -30,12 +30,26 @@ from __future__ import annotations
 import os
 
 from . import _sysfs
-from ._model import BY_KEY, BY_PCI, NVIDIA, VENDORS, Accelerator, Allowed, CpuInfo, Node, Vendor
+from ._model import (
+    BY_KEY,
+    BY_PCI,
+    NVIDIA,
+    VENDORS,
+    Accelerator,
+    Allowed,
+    CpuInfo,
+    Nic,
+    Node,
+    OtherDevice,
+    Vendor,
+    unhandled,
+)
 from ._sysfs import normalize_pci, pci_sort_key
 
 SYS_NODE = "/sys/devices/system/node"
 SYS_CPU = "/sys/devices/system/cpu"
 SYS_PCI = "/sys/bus/pci/devices"
+SYS_INFINIBAND = "/sys/class/infiniband"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 
 
@@ -68,6 +82,11 @@ class Root:
     def isdir(self, path: str) -> bool:
         raise NotImplementedError
 
+    def realpath(self, path: str) -> str | None:
+        """Where ``path`` leads, links followed (a PCI device's place in the PCI tree);
+        None when it leads nowhere."""
+        return None
+
     def close(self) -> None:
         """Release what the root holds (a tarball's bytes, a directory descriptor)."""
 
@@ -96,6 +115,9 @@ class LiveRoot(Root):
 
     def isdir(self, path: str) -> bool:
         return os.path.isdir(path)
+
+    def realpath(self, path: str) -> str | None:
+        return os.path.realpath(path) if os.path.exists(path) else None
 
 
 # --- the facts ---------------------------------------------------------------------------------
@@ -208,6 +230,19 @@ class Source:
     def locate(self, acc: Accelerator) -> Accelerator:
         """``acc`` with where it is read (sources that read everything at once: itself)."""
         return acc
+
+    def pci_path(self, bdf: str) -> tuple[str, ...] | None:
+        """The bridges between the host bridge and the device ``bdf``, the host bridge
+        first (None when the source does not know the PCI tree)."""
+        return None
+
+    def nics(self) -> tuple[Nic, ...]:
+        """The RDMA-capable network adapters (``show --matrix``)."""
+        return ()
+
+    def others(self) -> tuple[OtherDevice, ...]:
+        """Compute-class PCI functions of vendors numabind does not handle."""
+        return ()
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the vendor's driver lists as this process's GPUs, or None when
@@ -518,6 +553,68 @@ class SysfsSource(Source):
             name=_sysfs.clean_line(name, 80) if name else None,
             minor=minor,
         )
+
+    def pci_path(self, bdf: str) -> tuple[str, ...] | None:
+        real = self.root.realpath(f"{SYS_PCI}/{bdf}")
+        if real is None:
+            return None
+        parts = real.strip("/").split("/")
+        hosts = [i for i, p in enumerate(parts) if p.startswith("pci") and ":" in p]
+        if not hosts or parts[-1] != bdf:
+            return None
+        return tuple(parts[hosts[0] : -1])
+
+    def nics(self) -> tuple[Nic, ...]:
+        """RDMA devices the kernel names (/sys/class/infiniband), else PCI functions of
+        class InfiniBand or a Mellanox/NVIDIA network function."""
+        named: dict[str, str] = {}
+        for name in self.root.listdir(SYS_INFINIBAND, _sysfs.MAX_ACCELERATORS):
+            real = self.root.realpath(f"{SYS_INFINIBAND}/{name}/device")
+            bdf = real.rsplit("/", 1)[-1] if real else None
+            if bdf and normalize_pci(bdf) == bdf:
+                named.setdefault(bdf, name)
+        if not named:
+            for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
+                if normalize_pci(bdf) != bdf or len(named) >= _sysfs.MAX_ACCELERATORS:
+                    continue
+                cls = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/class")) or 0
+                vendor = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/vendor"))
+                if cls >> 8 == 0x0207 or (cls >> 16 == 0x02 and vendor == 0x15B3):
+                    named[bdf] = ""
+        out = []
+        for bdf, name in sorted(named.items(), key=lambda kv: pci_sort_key(kv[0])):
+            node = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/numa_node"))
+            out.append(
+                Nic(
+                    pci=bdf,
+                    name=_sysfs.clean_line(name, 64) or None,
+                    numa_node=node if node is not None and 0 <= node < self.node_limit else None,
+                    local_cpus=self.cpulist(f"{SYS_PCI}/{bdf}/local_cpulist"),
+                )
+            )
+        return tuple(out)
+
+    def others(self) -> tuple[OtherDevice, ...]:
+        out: list[OtherDevice] = []
+        for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
+            if normalize_pci(bdf) != bdf or len(out) >= _sysfs.MAX_ACCELERATORS:
+                continue
+            vendor = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/vendor"))
+            if vendor is None or vendor in BY_PCI:
+                continue  # one read decides for nearly every function
+            cls = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/class"))
+            if vendor is not None and cls is not None and unhandled(vendor, cls):
+                node = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/numa_node"))
+                out.append(
+                    OtherDevice(
+                        pci=bdf,
+                        vendor_id=vendor,
+                        device_id=_sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/device")),
+                        pci_class=cls,
+                        numa_node=node if node is not None and node >= 0 else None,
+                    )
+                )
+        return tuple(sorted(out, key=lambda d: pci_sort_key(d.pci)))
 
     def _driver_information(self, vendor: str, bdf: str) -> dict[str, str]:
         if bdf not in self._driver_info:

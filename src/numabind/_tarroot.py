@@ -217,6 +217,8 @@ class _Counts:
 class TarRoot(Root, Resolver):
     """A capture tarball, indexed in memory.  Nothing is written to disk."""
 
+    realpath = Resolver.realpath
+
     def __init__(self, data: bytes, description: str) -> None:
         self.description = description
         Root.__init__(self)

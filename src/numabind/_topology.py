@@ -9,7 +9,7 @@ for what its rank's plan touches, and the values never change once seen.
 
 from __future__ import annotations
 
-from ._model import Accelerator, Allowed, CpuInfo, Node
+from ._model import Accelerator, Allowed, CpuInfo, Nic, Node, OtherDevice
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ class Machine:
         self._nodes: dict[int, Node] = {}
         self._full_nodes: dict[int, Node] = {}
         self._detailed: dict[str, Accelerator] = {}
+        self._nics: tuple[Nic, ...] | None = None
+        self._others: tuple[OtherDevice, ...] | None = None
         self._cpu: dict[int, CpuInfo] = {}
         self._package: dict[int, int | None] = {}
         self._siblings: dict[int, frozenset[int]] = {}
@@ -257,6 +259,24 @@ class Machine:
         if acc.local_cpus is not None or acc.detailed:
             return acc.local_cpus
         return self.detailed(acc).local_cpus
+
+    def pci_path(self, bdf: str) -> tuple[str, ...] | None:
+        """The bridges between the host bridge and device ``bdf`` (host bridge first), or
+        None when the machine's files do not say."""
+        return self.source.pci_path(bdf)
+
+    @property
+    def nics(self) -> tuple[Nic, ...]:
+        """The RDMA-capable network adapters, in PCI order."""
+        if self._nics is None:
+            self._nics = self.source.nics()
+        return self._nics
+
+    def others(self) -> tuple[OtherDevice, ...]:
+        """Compute-class PCI functions of vendors numabind has no row for (``doctor``)."""
+        if self._others is None:
+            self._others = self.source.others()
+        return self._others
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the driver of ``vendor`` lists (NVIDIA: /proc/driver/nvidia/gpus,

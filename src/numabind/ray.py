@@ -152,6 +152,9 @@ def install() -> None:
     import functools
     import importlib
 
+    from ._errors import require
+
+    require("ray", "Ray", "pip install 'ray[default]'", "numabind.ray.install()")
     utils: Any = importlib.import_module("ray._private.utils")
     if getattr(utils.set_visible_accelerator_ids, "_numabind", False):
         return

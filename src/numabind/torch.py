@@ -308,6 +308,9 @@ def install(*, mode: str | None = None, memory: str | None = None) -> None:
     """
     import importlib
 
+    from ._errors import require
+
+    require("torch", "PyTorch", "pip install torch", "numabind.torch.install()")
     if _set_device_wanted():
         install_set_device()
     spawn_mod: Any = importlib.import_module("torch.multiprocessing.spawn")

@@ -25,6 +25,9 @@ def _chain() -> None:
 
 
 def _hook() -> None:
+    # under a second name too: the module it chains to takes the name "sitecustomize",
+    # and ``numabind doctor`` must still see that this one ran
+    sys.modules["_numabind_sitecustomize"] = sys.modules[__name__]
     try:
         from _numabind_start import start  # the same cheap environment check as the .pth
     except ImportError as err:

@@ -18,7 +18,7 @@ from .. import __version__
 from .._environ import KNOBS, MAX_LOCAL
 from .._errors import CaptureError, UsageError
 from .._model import MEMORY_POLICY_TABLE, MODE_NAMES, MODE_TABLE, USER_POLICIES
-from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help
+from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help, write_json, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 MAX_NPROC = 4096  # --nproc ceiling: more local ranks than any machine has GPUs or nodes
+
+
+def _example_names() -> list[str]:
+    from .._examples import EXAMPLES
+
+    return list(EXAMPLES)
 
 
 def _modes_help() -> str:
@@ -75,6 +81,14 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
             if close and close[0] != word:
                 return f" (did you mean {close[0]}?)"
     return ""
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
+    return parser
 
 
 def _int_in(name: str, lo: int, hi: int) -> Any:
@@ -128,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(hwloc-gather-topology, numabind gather extracted), a tarball of one, or an hwloc "
         "XML export (told apart by content)",
     )
+    show.add_argument(
+        "--example",
+        metavar="NAME",
+        choices=sorted(_example_names()),
+        help="an example machine instead of this one: " + ", ".join(sorted(_example_names())),
+    )
     show.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode (see below)")
     show.add_argument(
         "--memory", choices=USER_POLICIES, default=None, help="memory policy (see below)"
@@ -145,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also draw the machine and the ranks as SVG (- : standard output, instead of "
         "the text)",
+    )
+    show.add_argument(
+        "--matrix",
+        action="store_true",
+        help="the nvidia-smi topo -m view from the PCI tree: the path between every pair of "
+        "GPUs and RDMA NICs, and each one's CPUs and node",
+    )
+    show.add_argument(
+        "--numactl",
+        action="store_true",
+        help="the numactl (or taskset) command line that gives each rank its binding",
     )
     show.add_argument(
         "--draw",
@@ -183,6 +214,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="the local rank (default: LOCAL_RANK, SLURM_LOCALID, ...)",
+    )
+    where = run.add_mutually_exclusive_group()
+    where.add_argument(
+        "--device",
+        metavar="D",
+        help="bind to this device's node instead: an index among the visible devices, a PCI "
+        "address or a UUID",
+    )
+    where.add_argument(
+        "--node",
+        type=_int_in("--node", 0, 1023),
+        metavar="N",
+        help="bind to NUMA node N's CPUs and memory (numactl --cpunodebind=N --preferred=N)",
+    )
+    where.add_argument(
+        "--cpus",
+        metavar="LIST",
+        help="bind to these CPUs (0-7,16) and the memory of their nodes (numactl --physcpubind)",
     )
     run.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode")
     run.add_argument("--memory", choices=USER_POLICIES, default=None, help="memory policy")
@@ -263,6 +312,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--force", action="store_true", help="replace an existing --svg file")
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="say what would keep a rank from being bound here, before the job runs",
+        description="Check that the startup hook is installed and runs for an interpreter "
+        "(this one, or the one a launcher will use: --python), that no other .pth file or "
+        "sitecustomize gets in its way, which trigger variables are set, whether this "
+        "container lets a process set its CPUs and memory policy and move pages, and "
+        "which accelerators numabind does not handle.",
+        epilog=exit_help(),
+        formatter_class=fmt,
+    )
+    doctor.add_argument(
+        "--python",
+        metavar="PATH",
+        help="the interpreter to check (default: the one running numabind)",
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
     sub.add_parser(
         "sitecustomize-path",
         help="print the PYTHONPATH entry of numabind's sitecustomize",
@@ -321,7 +388,11 @@ def _silence_stdout() -> None:
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the subcommand and the option it does not take
+        sub = _subparser(parser, args.command)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "show":
         from ._show import run_show
 
@@ -338,6 +409,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         from ._bench import run_bench
 
         return run_bench(args)
+    if args.command == "doctor":
+        return _cmd_doctor(args)
     if args.command == "sitecustomize-path":
         from .._startup import sitecustomize_dir
 
@@ -349,6 +422,34 @@ def _dispatch(argv: Sequence[str] | None) -> int:
 
 def console_main() -> None:
     sys.exit(main())
+
+
+# --- doctor ------------------------------------------------------------------------------------
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .._environ import Config
+    from .._topology import Machine
+    from ._doctor import Finding, doctor, lines
+
+    machine = None
+    problem = None
+    try:
+        machine = Machine.from_root(Config.from_env().sysroot)
+    except (CaptureError, ValueError, OSError) as err:
+        problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
+    try:
+        found = doctor(args.python, os.environ, machine)
+    finally:
+        if machine is not None:
+            machine.close()
+    if problem is not None:
+        found.append(problem)
+    if args.json:
+        write_json({"findings": [f.to_dict() for f in found]})
+    else:
+        write_lines(lines(found))
+    return OFF_PLAN if any(f.status == "fail" for f in found) else OK
 
 
 # --- gather ------------------------------------------------------------------------------------
@@ -370,6 +471,48 @@ def _cmd_gather(args: argparse.Namespace) -> int:
 # --- run ---------------------------------------------------------------------------------------
 
 
+def _explicit(args: argparse.Namespace, cfg: Any, memory: str) -> Any:
+    """``run --device D | --node N | --cpus LIST``: bind exactly as asked (the user chose,
+    so the keep/replace rule does not apply, and what cannot be honoured is refused in
+    strict mode: a wrapper that runs the job unbound hides the mistake); None when refused."""
+    from .._api import bind
+    from .._apply import enter
+    from .._errors import BindingError
+    from .._plan import explicit
+    from .._sysfs import parse_cpulist
+    from .._topology import Machine
+
+    try:
+        if args.device is not None:
+            spec = args.device.strip()
+            device: int | str = int(spec) if spec.isascii() and spec.isdigit() else spec
+            return bind(
+                device=device,
+                memory=memory,
+                migrate=False,
+                threads="env",
+                source="--device",
+                strict=True,
+            )
+        machine = Machine.from_root(cfg.sysroot)
+        try:
+            cpus = None
+            if args.cpus is not None:
+                try:
+                    cpus = parse_cpulist(args.cpus)
+                except ValueError as err:
+                    raise UsageError(f"numabind run: --cpus: {err}") from None
+            p = explicit(machine, cpus=cpus, node=args.node, memory=memory)
+            if not p.bound:  # asked for by name: refuse, as numactl does, not run unbound
+                raise BindingError(f"{p.rank_source}: {p.reason}; the command was not run")
+            return enter(p, None, cfg.replace(strict=True), migrate=False, threads="env")
+        finally:
+            machine.close()
+    except BindingError as err:
+        print(f"numabind run: {err}", file=sys.stderr)
+        return None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -387,7 +530,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"numabind run: {err}") from err
     mode, memory = args.mode or cfg.mode, args.memory or cfg.memory
     hooked = _startup.last
-    if hooked is not None and args.local_rank is None and (mode, memory) == (cfg.mode, cfg.memory):
+    asked = args.device is not None or args.node is not None or args.cpus is not None
+    if asked:
+        binding = _explicit(args, cfg, memory)
+        if binding is None:
+            return OFF_PLAN
+    elif (
+        hooked is not None
+        and args.local_rank is None
+        and (mode, memory)
+        == (
+            cfg.mode,
+            cfg.memory,
+        )
+    ):
         binding = hooked  # the startup hook bound this very process for the same rank
     else:
         try:

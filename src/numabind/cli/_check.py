@@ -221,13 +221,21 @@ def check_pid(
     threads = _kernel.thread_masks(pid)
     if not threads and not _kernel.alive(pid):
         raise Vanished(pid)
-    policy = _kernel.task_policy(pid)
+    unreadable: list[str] = []
+    try:
+        policy = _kernel.task_policy(pid)
+    except OSError as err:
+        if not _kernel.alive(pid):
+            raise Vanished(pid) from None
+        policy = None
+        unreadable.append(f"memory policy ({err.strerror})")
     try:
         maps = read_maps(pid)
-    except OSError:
+    except OSError as err:
         if not _kernel.alive(pid):
             raise Vanished(pid) from None
         maps = _kernel.Maps([], False)
+        unreadable.append(f"memory maps ({err.strerror})")
     regions = maps.regions
     pages = pages_per_node(regions)
     shared = _shared(pid, regions)
@@ -243,6 +251,11 @@ def check_pid(
         )
     if machine.numa_balancing:
         notes.append(_balancing_note(expected))
+    if unreadable:
+        notes.append(
+            f"/proc/{pid}: {' and '.join(unreadable)} not readable by this user: memory not "
+            "checked (run check as the process's user or as root)"
+        )
     base: dict[str, Any] = {
         "pid": pid,
         "plan": expected,

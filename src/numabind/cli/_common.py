@@ -49,7 +49,9 @@ EXITS: tuple[Exit, ...] = (
     Exit(
         code=1,
         name="off-plan",
-        meaning="check: a process is off its plan; run: strict mode could not bind",
+        meaning="check: a process is off its plan; run: strict mode could not bind, or "
+        "--device/--node/--cpus could not be honoured (the command is not run); doctor: "
+        "something keeps ranks from being bound",
     ),
     Exit(
         code=2,

@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import Allowed, Node, Record
+from .._model import Allowed, Node, OtherDevice, Record
 from .._plan import Plan, Request, device_node, plan
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -51,8 +51,10 @@ def plans_for(
         count, source = nproc, "--nproc"
     elif info.local_world_size is not None:
         count, source = info.local_world_size, info.size_source or "environment"
+    elif visible.devices:
+        count, source = len(visible.devices), "one per visible device"
     else:
-        count, source = max(len(visible.devices), 1), "one per visible device"
+        count, source = 1, "no visible device: one rank"
     rank_source = info.rank_source if nproc is None and info.rank_source else "show"
     plans = [
         plan(
@@ -169,6 +171,7 @@ class ShowReport(Record):
     numa_balancing: bool | None
     warnings: tuple[str, ...]
     ranks: tuple[Plan, ...]
+    not_handled: tuple[OtherDevice, ...] = ()
     this_process: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,6 +212,7 @@ def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowRepo
         numa_balancing=machine.numa_balancing,
         warnings=machine.warnings,
         ranks=tuple(plans),
+        not_handled=machine.others(),
     )
 
 
@@ -276,6 +280,15 @@ def show_text(
         out.append("  none found")
     out += notice_lines("note", visible.notes, "  ")
     out += notice_lines("problem", [visible.problem] if visible.problem else [], "  ")
+    groups: dict[str, list[str]] = {}
+    for d in machine.others():
+        groups.setdefault(d.label(), []).append(d.pci)
+    for label, where in groups.items():
+        more = f" and {len(where) - 4} more" if len(where) > 4 else ""
+        out.append(
+            f"  not handled: {len(where)} x {label} at {', '.join(where[:4])}{more} "
+            "(numabind knows no such vendor; numabind doctor says more)"
+        )
     out += [
         "",
         f"Plan (mode {mode}, memory {memory}; {plural(len(plans), 'local rank')}: {source})",
@@ -300,6 +313,39 @@ def show_text(
     return out
 
 
+# how numactl spells each memory policy (numactl(8); --preferred-many needs 2.0.16+)
+_NUMACTL = {
+    "preferred": "--preferred={nodes}",
+    "preferred-many": "--preferred-many={nodes}",
+    "bind": "--membind={nodes}",
+    "interleave": "--interleave={nodes}",
+    "local": "--localalloc",
+}
+
+
+def numactl_line(p: Plan) -> str:
+    """The numactl command line that gives a rank ``p``'s binding (taskset where the plan
+    sets no memory policy), for people who must hard-code a wrapper."""
+    cpus = fmt(p.cpus)
+    option = _NUMACTL.get(p.memory_policy)
+    if option is None:
+        return f"taskset -c {cpus} CMD"
+    return f"numactl --physcpubind={cpus} {option.format(nodes=fmt(p.memory_nodes))} -- CMD"
+
+
+def numactl_lines(plans: list[Plan]) -> list[str]:
+    out = [
+        "# one line per local rank; numabind run does the same without numactl (numabind run",
+        "# --local-rank N -- CMD), and the startup hook without any wrapper",
+    ]
+    for p in plans:
+        if p.bound:
+            out.append(f"rank {p.local_rank}: {numactl_line(p)}")
+        else:
+            out.append(f"rank {p.local_rank}: CMD  # not bound: {p.reason}")
+    return out
+
+
 def _memory_cell(p: Plan) -> str:
     if not p.bound:
         return "-"
@@ -308,10 +354,54 @@ def _memory_cell(p: Plan) -> str:
     return p.memory_policy
 
 
+def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The machine ``show`` plans for and the environment it is planned under: an
+    example sees itself, a capture its recorded variables, a live machine ours."""
+    from .._environ import Config
+    from .._topology import Machine
+
+    if args.input is not None and args.example is not None:
+        raise UsageError("numabind show: --input and --example are exclusive; give one")
+    try:
+        if args.example is not None:
+            return Machine.from_example(args.example), {}
+        if args.input is not None:
+            machine = Machine.from_capture(args.input)
+            recorded = machine.recorded_environ
+            return machine, (recorded if recorded is not None else os.environ)
+        return Machine.from_root(Config.from_env().sysroot), os.environ
+    except (CaptureError, ValueError) as err:
+        raise UsageError(f"numabind show: {err}") from err
+
+
+def _emit(
+    args: argparse.Namespace,
+    machine: Any,
+    visible: Any,
+    plans: list[Plan],
+    report: ShowReport,
+    text: Any,
+) -> None:
+    """Write the one stdout form asked for (``one_stdout`` made sure there is one)."""
+    if args.json:
+        write_json(report.to_dict())
+    elif args.draw:
+        from ._picture import build, draw
+
+        write_lines(draw(build(machine, plans, args.mode, args.memory)))
+    elif args.numactl:
+        write_lines(numactl_lines(plans))
+    elif args.matrix:
+        from ._matrix import matrix_lines
+
+        write_lines(matrix_lines(machine, visible.devices))
+    else:
+        write_lines(text())
+
+
 def run_show(args: argparse.Namespace) -> int:
     """``numabind show``: check the outputs, read the machine, plan, print."""
     from .._environ import Config
-    from .._topology import Machine
 
     svg = OutputFile(args.svg, "--svg", "show", args.force).check() if args.svg else None
     one_stdout(
@@ -319,56 +409,45 @@ def run_show(args: argparse.Namespace) -> int:
             ("--json", args.json),
             ("--svg -", svg is not None and svg.stdout),
             ("--draw", args.draw),
+            ("--numactl", args.numactl),
+            ("--matrix", args.matrix),
         ),
         "show",
     )
-    if args.input is not None:
-        try:
-            machine = Machine.from_capture(args.input)
-        except CaptureError as err:
-            raise UsageError(f"numabind show: {err}") from err
-        recorded = machine.recorded_environ
-        environ: Any = recorded if recorded is not None else os.environ
-    else:
-        try:
-            machine = Machine.from_root(Config.from_env().sysroot)
-        except (CaptureError, ValueError) as err:
-            raise UsageError(f"numabind show: {err}") from err
-        environ = os.environ
+    machine, environ = _open_machine(args)
     try:
         try:
             cfg = Config.from_env(environ)
         except ValueError as err:
             raise UsageError(f"numabind show: {err}") from err
-        mode = args.mode or cfg.mode
-        memory = args.memory or cfg.memory
+        args.mode = args.mode or cfg.mode
+        args.memory = args.memory or cfg.memory
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
-        visible, plans, source = plans_for(machine, environ, args.nproc, mode, memory)
+        visible, plans, source = plans_for(machine, environ, args.nproc, args.mode, args.memory)
         report = show_data(machine, visible, plans)
-        this = None if args.input else this_process(machine, environ, plans)
+        this = None if args.input or args.example else this_process(machine, environ, plans)
         if this is not None:
             report = report.replace(this_process=this)
         if svg is not None:
             from ._svg import render
 
-            svg.write(render(machine, plans, mode=mode, memory=memory))
-        if args.json:
-            write_json(report.to_dict())
-        elif args.draw:
-            from ._picture import build, draw
+            svg.write(render(machine, plans, mode=args.mode, memory=args.memory))
+            if svg.stdout:
+                return OK
 
-            write_lines(draw(build(machine, plans, mode, memory)))
-        elif svg is None or not svg.stdout:
-            lines = show_text(machine, visible, plans, source, mode, memory)
+        def text() -> list[str]:
+            lines = show_text(machine, visible, plans, source, args.mode, args.memory)
             if this is not None:
                 lines += ["", f"This process (pid {os.getpid()}): {this['summary']}"]
-            write_lines(lines)
+            return lines
+
+        _emit(args, machine, visible, plans, report, text)
     except (OSError, CaptureError) as err:
-        if isinstance(err, BrokenPipeError):
-            raise
+        if isinstance(err, OSError) and getattr(err, "filename", None) is None:
+            raise  # writing the output failed (a closed pipe, a full disk): main says so
         raise UsageError(f"numabind show: {err}") from err
     finally:
         machine.close()

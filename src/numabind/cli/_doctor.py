@@ -1,0 +1,603 @@
+"""``numabind doctor``: why a rank would not be bound, answered before the job runs.
+
+Three places can stop the startup hook, and each needs a different look:
+
+* **the interpreter a launcher runs** (``--python PATH``, default this one): is the
+  ``.pth`` file in one of its site directories, does it run (a probe interpreter is
+  started with a trigger variable and reports whether numabind's start module loaded),
+  which ``.pth`` files run code before it, whether torch or numpy were already imported
+  when the interpreter came up (their import-time memory is then placed before the
+  binding), and whether another ``sitecustomize`` shadows numabind's;
+* **this environment**: which trigger variables are set, ``NUMABIND=0``, settings that do
+  not parse;
+* **this kernel and container**: can this process set its CPU mask, its memory policy and
+  move pages (a seccomp profile refuses the last two with EPERM), is automatic NUMA
+  balancing on, and which accelerators the machine has that numabind does not handle.
+
+The probe's answer is read as untrusted input (an interpreter named by ``--python`` may be
+anything): bounded, parsed as JSON, each field checked for its type, printed escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .._model import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+STATUSES = ("ok", "info", "warn", "fail")
+PROBE_TIMEOUT = 60.0
+PROBE_CAP = 1 << 20  # bytes of the probe's answer read
+HEAVY = ("torch", "numpy", "jax", "tensorflow", "cupy", "ray")
+# .pth files that run code before numabind's and are known not to import anything heavy
+HARMLESS_PTH = ("distutils-precedence.pth", "_virtualenv.pth", "__editable__")
+PROBE_TRIGGER = "NUMABIND_RAY"  # present (=0): the hook loads and does nothing
+
+# Runs in the target interpreter (3.8+, numabind possibly absent); prints one JSON object.
+PROBE = r"""
+import json, os, stat, sys
+HEAVY = %(heavy)r
+out = {
+    "executable": sys.executable, "version": sys.version.split()[0], "prefix": sys.prefix,
+    "no_site": bool(sys.flags.no_site), "isolated": bool(getattr(sys.flags, "isolated", 0)),
+    "start_loaded": "_numabind_start" in sys.modules,
+    "hook_ran": "numabind._startup" in sys.modules,
+    "site_ran": "_numabind_sitecustomize" in sys.modules,
+    "preloaded": [m for m in HEAVY if m in sys.modules],
+    "path": [p for p in sys.path if isinstance(p, str)][:200],
+}
+try:
+    import site
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+except Exception:
+    dirs = []
+out["site_dirs"] = [d for d in dirs if os.path.isdir(d)][:20]
+pth = []
+for d in out["site_dirs"]:
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith(".pth"))[:500]
+    except OSError:
+        continue
+    for n in names:
+        e = {"dir": d, "name": n, "runs_code": False, "hook": None}
+        try:
+            fd = os.open(os.path.join(d, n), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            try:
+                text = os.read(fd, 65536) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            finally:
+                os.close(fd)
+        except OSError:
+            text = b""
+        for line in text.decode("utf-8", "replace").splitlines():
+            if line.startswith(("import ", "import\t")):
+                e["runs_code"] = True
+                if "_numabind_start" in line:
+                    e["hook"] = line[:4096]
+        pth.append(e)
+out["pth"] = pth
+for name in ("sitecustomize", "usercustomize"):
+    out[name] = getattr(sys.modules.get(name), "__file__", None)
+try:
+    import _numabind_start
+    out["start_file"] = _numabind_start.__file__
+except Exception as err:
+    out["start_error"] = repr(err)[:300]
+try:
+    import numabind
+    out["numabind"] = [numabind.__version__, numabind.__file__]
+except Exception as err:
+    out["numabind_error"] = repr(err)[:300]
+data = json.dumps(out).encode()
+while data:
+    data = data[os.write(1, data):]
+"""
+
+
+class Finding(Record):
+    """One line of the doctor's answer."""
+
+    check: str
+    status: str  # one of STATUSES
+    detail: str
+
+
+class Probe(Record):
+    """What the target interpreter said about itself (fields checked for their types)."""
+
+    executable: str
+    version: str
+    no_site: bool
+    start_loaded: bool
+    hook_ran: bool
+    site_ran: bool
+    preloaded: tuple[str, ...]
+    path: tuple[str, ...]
+    site_dirs: tuple[str, ...]
+    pth: tuple[dict[str, Any], ...]
+    sitecustomize: str | None
+    usercustomize: str | None
+    start_file: str | None
+    start_error: str | None
+    numabind: tuple[str, str] | None
+    numabind_error: str | None
+
+
+def _text(value: Any, cap: int = 4096) -> str | None:
+    return value[:cap] if isinstance(value, str) else None
+
+
+def _texts(value: Any, limit: int = 500) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(v[:4096] for v in value[:limit] if isinstance(v, str))
+
+
+def parse_probe(raw: bytes) -> Probe:
+    """The probe's answer, or ValueError naming what was wrong with it."""
+    data = json.loads(raw.decode("utf-8", "replace"))
+    if not isinstance(data, dict):
+        raise ValueError("the probe's answer is not a JSON object")
+    pth: list[dict[str, Any]] = []
+    for e in data.get("pth", [])[:2000] if isinstance(data.get("pth"), list) else []:
+        if isinstance(e, dict) and isinstance(e.get("name"), str):
+            pth.append(
+                {
+                    "dir": _text(e.get("dir")) or "",
+                    "name": e["name"][:255],
+                    "runs_code": e.get("runs_code") is True,
+                    "hook": _text(e.get("hook")),
+                }
+            )
+    nb = data.get("numabind")
+    return Probe(
+        executable=_text(data.get("executable")) or "?",
+        version=_text(data.get("version"), 40) or "?",
+        no_site=data.get("no_site") is True,
+        start_loaded=data.get("start_loaded") is True,
+        hook_ran=data.get("hook_ran") is True,
+        site_ran=data.get("site_ran") is True,
+        preloaded=_texts(data.get("preloaded"), 20),
+        path=_texts(data.get("path")),
+        site_dirs=_texts(data.get("site_dirs"), 20),
+        pth=tuple(pth),
+        sitecustomize=_text(data.get("sitecustomize")),
+        usercustomize=_text(data.get("usercustomize")),
+        start_file=_text(data.get("start_file")),
+        start_error=_text(data.get("start_error"), 300),
+        numabind=(nb[0][:40], nb[1][:4096])
+        if isinstance(nb, list) and len(nb) == 2 and all(isinstance(x, str) for x in nb)
+        else None,
+        numabind_error=_text(data.get("numabind_error"), 300),
+    )
+
+
+def probe_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The probe's environment: the caller's, without anything that would bind it or
+    turn the hook off, and with one trigger that makes the hook load and do nothing."""
+    from .._environ import TRIGGER_VARIABLES
+
+    env = {k: v for k, v in environ.items() if k not in TRIGGER_VARIABLES and k != "NUMABIND"}
+    env[PROBE_TRIGGER] = "0"
+    return env
+
+
+def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
+    """Start ``python`` on the probe (from ``/``, so no module in the caller's directory
+    is imported) and read its answer; ValueError with one line when it could not."""
+    code = PROBE % {"heavy": HEAVY}
+    try:
+        proc = subprocess.run(
+            [python, "-c", code],
+            env=probe_environ(environ),
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT,
+        )
+    except FileNotFoundError:
+        raise ValueError(f"{python}: no such interpreter") from None
+    except PermissionError:
+        raise ValueError(f"{python}: not executable") from None
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"{python}: did not answer in {PROBE_TIMEOUT:.0f} s") from None
+    except OSError as err:
+        raise ValueError(f"{python}: cannot run it ({err.strerror or err})") from None
+    if proc.returncode == 0 and not proc.stdout.strip():
+        raise ValueError(f"{python}: gave no answer; is it a Python interpreter?")
+    if proc.returncode != 0:
+        last = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()[-1:]
+        why = last[0][:300] if last else f"exit status {proc.returncode}"
+        raise ValueError(f"{python}: the probe failed ({why}); is it a Python interpreter?")
+    try:
+        return parse_probe(proc.stdout[:PROBE_CAP])
+    except (ValueError, UnicodeError) as err:
+        raise ValueError(f"{python}: the probe's answer could not be read ({err})") from None
+
+
+# --- the checks --------------------------------------------------------------------------------
+
+
+def _our_hook_line() -> str | None:
+    """This numabind's own ``.pth`` line (next to ``_numabind_start``), the reference the
+    target's is compared with; None where it cannot be found."""
+    try:
+        import _numabind_start
+    except ImportError:
+        return None
+    here = os.path.dirname(os.path.abspath(_numabind_start.__file__ or ""))
+    try:
+        with open(os.path.join(here, "_numabind_hook.pth"), "rb") as f:
+            return f.read(65536).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def interpreter_findings(p: Probe, environ: Mapping[str, str]) -> list[Finding]:
+    """What stops or weakens the hook in the interpreter the probe ran in."""
+    from .. import __version__
+    from .._environ import TRIGGER_VARIABLES
+    from .._startup import sitecustomize_dir
+
+    out = [Finding(check="python", status="info", detail=f"{p.executable} (Python {p.version})")]
+    if p.numabind is None:
+        out.append(
+            Finding(
+                check="numabind",
+                status="fail",
+                detail=f"not importable here ({p.numabind_error or 'unknown reason'}); install "
+                f"numabind for this Python ({p.executable} -m pip install PATH-TO-NUMABIND)",
+            )
+        )
+    else:
+        version, where = p.numabind
+        differs = version != __version__
+        out.append(
+            Finding(
+                check="numabind",
+                status="warn" if differs else "ok",
+                detail=f"{version} at {os.path.dirname(where)}"
+                + (f" (this command is {__version__})" if differs else ""),
+            )
+        )
+    hooks = [e for e in p.pth if e["hook"]]
+    site_form = sitecustomize_dir() in p.path or any(
+        os.path.basename(os.path.dirname(x)) == "_site" and "numabind" in x for x in p.path
+    )
+    if not hooks:
+        out.append(
+            Finding(
+                check="hook file",
+                status="warn" if site_form else "fail",
+                detail="no _numabind_hook.pth in "
+                + (", ".join(p.site_dirs) or "any site directory")
+                + ": ranks started by this Python are bound only through numabind run, "
+                "apply() or the sitecustomize form; reinstall numabind with pip for it",
+            )
+        )
+    else:
+        first = hooks[0]
+        detail = f"{first['name']} in {first['dir']}"
+        if len(hooks) > 1:
+            detail += f" (and {len(hooks) - 1} more: each runs, the later ones do nothing)"
+        missing = [t for t in TRIGGER_VARIABLES if t not in first["hook"]]
+        ours = _our_hook_line()
+        if missing:
+            out.append(
+                Finding(
+                    check="hook file",
+                    status="warn",
+                    detail=f"{detail}: an older hook line that does not react to "
+                    f"{', '.join(missing)}; reinstall numabind",
+                )
+            )
+        else:
+            same = ours is None or first["hook"].strip() == ours
+            out.append(
+                Finding(
+                    check="hook file",
+                    status="ok",
+                    detail=detail + ("" if same else " (a different numabind's line)"),
+                )
+            )
+    out.append(_runs(p, bool(hooks), site_form))
+    out += _order(p, hooks)
+    out += _sitecustomize(p, site_form)
+    return out
+
+
+def _runs(p: Probe, has_pth: bool, site_form: bool) -> Finding:
+    if p.hook_ran:
+        return Finding(
+            check="hook runs",
+            status="ok",
+            detail="a fresh interpreter given a trigger variable loaded numabind's start "
+            "module before any user code",
+        )
+    if p.no_site:
+        why = "site processing is off (-S or a frozen interpreter): no .pth file runs"
+    elif p.start_loaded:
+        why = "the start module loaded but numabind did not (NUMABIND=0, or it failed)"
+    elif has_pth or site_form:
+        why = (
+            "the hook is installed but did not run"
+            + (f" ({p.start_error})" if p.start_error else "")
+            + "; run this Python with a trigger variable to see its line on stderr"
+        )
+    else:
+        why = "nothing installed for this Python runs it"
+    return Finding(check="hook runs", status="fail", detail=why)
+
+
+def _order(p: Probe, hooks: list[dict[str, Any]]) -> list[Finding]:
+    """``.pth`` files run in name order within a directory: the code of the ones before
+    numabind's runs unbound, and what torch or numpy allocate at import stays where it
+    was first placed."""
+    out: list[Finding] = []
+    if hooks:
+        first = hooks[0]
+        before = [
+            e["name"]
+            for e in p.pth
+            if e["dir"] == first["dir"]
+            and e["runs_code"]
+            and e["name"] < first["name"]
+            and not e["name"].startswith(HARMLESS_PTH)
+        ]
+        if before:
+            out.append(
+                Finding(
+                    check="hook order",
+                    status="warn",
+                    detail=f"{', '.join(before)} run code before numabind's hook; whatever "
+                    "they import is placed before the binding",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    check="hook order",
+                    status="ok",
+                    detail="no other .pth file runs code before numabind's",
+                )
+            )
+    if p.preloaded:
+        out.append(
+            Finding(
+                check="imported at start",
+                status="warn",
+                detail=f"{', '.join(p.preloaded)} already imported when the interpreter came "
+                "up (a .pth file or sitecustomize imports it): its import-time memory is "
+                "placed before any binding; apply() migrates it later",
+            )
+        )
+    return out
+
+
+def _sitecustomize(p: Probe, site_form: bool) -> list[Finding]:
+    loaded = p.sitecustomize
+    if site_form:
+        mine = p.site_ran
+        if not mine:
+            return [
+                Finding(
+                    check="sitecustomize",
+                    status="fail",
+                    detail=f"numabind's directory is on PYTHONPATH but {loaded or 'another'}"
+                    " was loaded as sitecustomize instead: the sitecustomize form of the hook "
+                    "never runs (put numabind's directory first on PYTHONPATH)",
+                )
+            ]
+        return [
+            Finding(
+                check="sitecustomize",
+                status="ok",
+                detail="numabind's (it then runs the next one on sys.path, if any)",
+            )
+        ]
+    if loaded:
+        return [
+            Finding(
+                check="sitecustomize",
+                status="info",
+                detail=f"{loaded} (not numabind's; the .pth form does not need one)",
+            )
+        ]
+    return []
+
+
+def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
+    """Trigger variables, ``NUMABIND=0`` and settings that do not parse, here."""
+    from .._environ import TRIGGER_VARIABLES, Config, detect
+
+    out: list[Finding] = []
+    switch = environ.get("NUMABIND", "").strip().lower()
+    if switch in ("0", "off"):
+        out.append(
+            Finding(
+                check="enabled",
+                status="warn",
+                detail=f"NUMABIND={environ['NUMABIND'][:20]!r}: the hook does nothing here",
+            )
+        )
+    set_here = [t for t in TRIGGER_VARIABLES if t in environ]
+    if set_here:
+        info = detect(environ)
+        rank = (
+            f"local rank {info.local_rank} from {info.rank_source}"
+            if info.local_rank is not None
+            else "no local rank"
+        )
+        shown = ", ".join(f"{t}={environ[t][:40]}" for t in set_here)
+        out.append(Finding(check="trigger variables", status="info", detail=f"{shown} ({rank})"))
+    else:
+        out.append(
+            Finding(
+                check="trigger variables",
+                status="info",
+                detail="none set here: the hook stays idle in this shell (a launcher sets "
+                "LOCAL_RANK, SLURM_LOCALID, ... in each rank)",
+            )
+        )
+    try:
+        Config.from_env(environ)
+    except ValueError as err:
+        out.append(Finding(check="settings", status="fail", detail=str(err)))
+    return out
+
+
+def kernel_findings() -> list[Finding]:
+    """Ask the kernel, changing nothing: set the CPU mask and the memory policy this
+    process already has, and move no pages."""
+    import errno
+
+    from .. import _kernel
+
+    out: list[Finding] = []
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(0))
+        out.append(Finding(check="cpu affinity", status="ok", detail="this process may set it"))
+    except OSError as err:
+        out.append(
+            Finding(
+                check="cpu affinity",
+                status="fail",
+                detail=f"sched_setaffinity refused ({err.strerror}): numabind cannot bind here",
+            )
+        )
+    try:
+        policy, nodes = _kernel.get_mempolicy()
+        _kernel.set_mempolicy(policy, nodes)
+        out.append(Finding(check="memory policy", status="ok", detail="this process may set it"))
+    except OSError as err:
+        refused = err.errno == errno.EPERM
+        out.append(
+            Finding(
+                check="memory policy",
+                status="fail" if refused else "warn",
+                detail=f"{err}; numabind binds CPUs only here: memory lands where it is "
+                "first touched",
+            )
+        )
+    out.append(_migration())
+    return out
+
+
+def _migration() -> Finding:
+    """apply() moves placed pages with mbind(MPOL_MF_MOVE) and retries leftovers with
+    move_pages: try both on one scratch page of our own (mapped for this, unmapped after)."""
+    import ctypes
+    import mmap
+
+    from .. import _kernel
+
+    page = mmap.PAGESIZE
+    scratch = mmap.mmap(-1, page)
+    try:
+        scratch[0:1] = b"x"
+        cell = ctypes.c_char.from_buffer(scratch)
+        addr = ctypes.addressof(cell)
+        del cell
+        try:
+            _kernel.mbind(addr, page, "default", (), 0)
+        except OSError as err:
+            return Finding(
+                check="page migration",
+                status="warn",
+                detail=f"{err}; apply() and @numa_bound cannot move pages already placed "
+                "(the startup hook binds before there are any, so it is unaffected)",
+            )
+        try:
+            _kernel.move_pages([addr])
+        except OSError as err:
+            return Finding(
+                check="page migration",
+                status="info",
+                detail=f"{err}; apply() moves pages with mbind, but cannot retry the ones "
+                "mbind leaves behind",
+            )
+    finally:
+        scratch.close()
+    return Finding(check="page migration", status="ok", detail="this process may move its pages")
+
+
+def machine_findings(machine: Any) -> list[Finding]:
+    """Nodes, accelerators, accelerators not handled, NUMA balancing."""
+    from .._sysfs import format_cpulist
+
+    out: list[Finding] = []
+    with_cpus = machine.cpu_nodes
+    accs = machine.accelerators
+    kinds: dict[str, int] = {}
+    for a in accs:
+        kinds[a.vendor] = kinds.get(a.vendor, 0) + 1
+    seen = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no accelerators"
+    status = "info"
+    detail = (
+        f"{len(machine.node_ids)} NUMA node(s), {len(with_cpus)} with CPUs; {seen}; this "
+        f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
+    )
+    if len(with_cpus) <= 1:
+        detail += ": one node with CPUs, nothing to bind on this machine"
+    out.append(Finding(check="machine", status=status, detail=detail))
+    others = machine.others()
+    if others:
+        groups: dict[str, list[str]] = {}
+        for d in others:
+            groups.setdefault(d.label(), []).append(d.pci)
+        for label, where in groups.items():
+            out.append(
+                Finding(
+                    check="not handled",
+                    status="warn",
+                    detail=f"{len(where)} x {label} at {', '.join(where[:8])}"
+                    + (" ..." if len(where) > 8 else "")
+                    + ": numabind does not know this vendor's devices; a rank using one is "
+                    "planned as having no GPU (bind it with numabind run --node N)",
+                )
+            )
+    balancing = machine.numa_balancing
+    if balancing is not None:
+        out.append(
+            Finding(
+                check="numa balancing",
+                status="info",
+                detail="on: the kernel also moves pages toward the CPUs that touch them "
+                "(it agrees with a bound rank; it costs page faults)"
+                if balancing
+                else "off: pages stay where the memory policy put them",
+            )
+        )
+    return out
+
+
+def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
+    """Every finding, interpreter first."""
+    target = python or sys.executable
+    try:
+        probe = run_probe(target, environ)
+        found = interpreter_findings(probe, environ)
+    except ValueError as err:
+        found = [Finding(check="python", status="fail", detail=str(err))]
+    found += environment_findings(environ)
+    found += kernel_findings()
+    if machine is not None:
+        found += machine_findings(machine)
+    return found
+
+
+def lines(found: list[Finding]) -> list[str]:
+    width = max((len(f.check) for f in found), default=0)
+    out = [f"{f.status.upper():5} {f.check:{width}}  {f.detail}" for f in found]
+    fails = sum(f.status == "fail" for f in found)
+    warns = sum(f.status == "warn" for f in found)
+    out += ["", f"{fails} problem(s), {warns} warning(s)"]
+    return out

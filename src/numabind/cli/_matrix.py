@@ -1,0 +1,100 @@
+"""``numabind show --matrix``: the view ``nvidia-smi topo -m`` gives, from the machine's
+PCI tree instead of NVML: for every pair of GPUs and NICs the kind of path between them,
+and each one's CPU affinity and NUMA node.
+
+The path classes are nvidia-smi's (NVLink aside, which no file shows):
+
+====  =====================================================================================
+X     the device itself
+PIX   through at most one PCIe bridge (both hang off one switch)
+PXB   through several PCIe bridges, not the host bridge
+PHB   through a PCIe host bridge (the CPU's root complex)
+NODE  between host bridges of one NUMA node
+SYS   between NUMA nodes (the socket interconnect: UPI, Infinity Fabric)
+====  =====================================================================================
+
+The tree comes from where ``/sys/bus/pci/devices/<address>`` leads (live sysfs and
+directory or tarball captures that keep the links), or from an hwloc XML export's bridges.
+A device whose place is unknown gets NODE or SYS from the nodes alone, marked ``*``.
+"""
+
+from __future__ import annotations
+
+from .._plan import describe_device, device_node
+from .._sysfs import format_cpulist
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._model import Accelerator, Nic
+    from .._topology import Machine
+
+LEGEND = (
+    "X    = itself",
+    "PIX  = through at most one PCIe bridge (one switch)",
+    "PXB  = through several PCIe bridges, not the host bridge",
+    "PHB  = through a PCIe host bridge (the CPU's root complex)",
+    "NODE = between PCIe host bridges of one NUMA node",
+    "SYS  = between NUMA nodes (the socket interconnect)",
+    "*    = the PCI tree is not in the machine's files: told from the NUMA nodes alone",
+)
+
+
+def path_class(
+    a: tuple[str, ...] | None,
+    b: tuple[str, ...] | None,
+    node_a: int | None,
+    node_b: int | None,
+) -> str:
+    """The class of the path between two devices with bridge paths ``a`` and ``b`` (host
+    bridge first) on NUMA nodes ``node_a`` and ``node_b``."""
+    if not a or not b or a[0] != b[0]:
+        tree = bool(a and b)
+        kind = "SYS" if node_a is None or node_b is None else "NODE" if node_a == node_b else "SYS"
+        return kind if tree else kind + "*"
+    common = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        common += 1
+    if common == 1:
+        return "PHB"
+    return "PIX" if len(a) - common <= 1 and len(b) - common <= 1 else "PXB"
+
+
+def _label(kind: str, i: int) -> str:
+    return f"{kind}{i}"
+
+
+def matrix_lines(machine: Machine, visible: tuple[Accelerator, ...]) -> list[str]:
+    """The matrix as text lines (the writer escapes each)."""
+    gpus = list(visible) or list(machine.accelerators)
+    nics: list[Nic] = list(machine.nics)
+    labels = [_label("GPU", i) for i in range(len(gpus))] + [
+        _label("NIC", i) for i in range(len(nics))
+    ]
+    paths = [machine.pci_path(g.pci) for g in gpus] + [machine.pci_path(n.pci) for n in nics]
+    nodes: list[int | None] = [device_node(machine, g).node for g in gpus]
+    nodes += [n.numa_node for n in nics]
+    cpus: list[str] = []
+    for g in gpus:
+        local = machine.local_cpus(g)
+        cpus.append(format_cpulist(local) if local else "-")
+    cpus += [format_cpulist(n.local_cpus) if n.local_cpus else "-" for n in nics]
+    rows = [["", *labels, "CPU Affinity", "NUMA Affinity"]]
+    for i, label in enumerate(labels):
+        cells = [
+            "X" if i == j else path_class(paths[i], paths[j], nodes[i], nodes[j])
+            for j in range(len(labels))
+        ]
+        rows.append([label, *cells, cpus[i], "-" if nodes[i] is None else str(nodes[i])])
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    out.append("")
+    for i, g in enumerate(gpus):
+        out.append(f"GPU{i}: {describe_device(machine.detailed(g), i if visible else None)}")
+    for i, n in enumerate(nics):
+        out.append(f"NIC{i}: {n.name or 'network adapter'} ({n.pci})")
+    if not gpus and not nics:
+        out.append("no GPUs or RDMA network adapters found")
+    out += ["", "Legend:", *(f"  {line}" for line in LEGEND)]
+    return out

@@ -1,0 +1,514 @@
+"""A newcomer's first hour (issue 19): ``show --matrix``, ``--example``, ``--numactl``,
+``run --device/--node/--cpus``, ``doctor``, and one test per defect a new user hit.
+
+The matrix is checked against machines whose PCI trees are known: the DGX-2 hwloc export
+(two GPUs per leaf switch, four per second-level switch, eight per socket), the POWER8
+export, a 2-socket export with two GPUs behind one host bridge, and the generated DGX H100
+(each GPU on its own switch with one ConnectX-7), read four ways: from memory
+(``--example``), as a directory, as a tarball and, mounted over /sys, live.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import venv
+from pathlib import Path
+
+import pytest
+
+import numabind
+import synth
+from numabind import Machine
+from numabind._examples import EXAMPLES
+from numabind.cli import main
+from numabind.cli._matrix import path_class
+from support import as_live, clean_env
+
+HERE = Path(__file__).resolve().parent
+HWLOC = HERE / "data" / "hwloc"
+SRC = HERE.parent / "src"
+SECCOMP = [sys.executable, "-S", str(HERE / "seccomp_eperm.py")]
+NUMABIND = [sys.executable, "-m", "numabind"]
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def matrix(text: str) -> dict[tuple[str, str], str]:
+    """The matrix's cells by (row, column) label."""
+    lines = text.splitlines()
+    header = lines[0].split()
+    labels = [h for h in header if h[:3] in ("GPU", "NIC")]
+    cells: dict[tuple[str, str], str] = {}
+    for line in lines[1 : 1 + len(labels)]:
+        parts = line.split()
+        for col, value in zip(labels, parts[1 : 1 + len(labels)]):
+            cells[(parts[0], col)] = value
+    return cells
+
+
+def cli(
+    *argv: str, env: dict[str, str] | None = None, pre: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*pre, *NUMABIND, *argv],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        timeout=120,
+    )
+
+
+# --- show --matrix -----------------------------------------------------------------------------
+
+
+def test_path_classes() -> None:
+    host = ("pci0000:00",)
+    sw = (*host, "0000:00:01.0", "0000:01:00.0")
+    assert path_class((*sw, "0000:02:00.0"), (*sw, "0000:02:01.0"), 0, 0) == "PIX"
+    assert path_class((*sw, "0000:02:00.0", "0000:03:00.0"), (*sw, "0000:02:01.0"), 0, 0) == "PXB"
+    assert path_class((*host, "0000:00:01.0"), (*host, "0000:00:02.0"), 0, 0) == "PHB"
+    assert path_class(("pci0000:00",), ("pci0000:80",), 0, 0) == "NODE"
+    assert path_class(("pci0000:00",), ("pci0000:80",), 0, 1) == "SYS"
+    assert path_class(None, ("pci0000:80",), 0, 0) == "NODE*"
+    assert path_class(None, None, 0, 1) == "SYS*"
+    assert path_class(None, None, None, 1) == "SYS*"
+
+
+def test_matrix_of_the_dgx2_export(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run_main(capsys, "show", "--input", str(HWLOC / "nvidiaDGX2.xml"), "--matrix")
+    assert rc == 0, err
+    m = matrix(out)
+    assert len({r for r, _ in m}) == 16 and "*" not in "".join(m.values())
+    # GPU0 and GPU1 share a leaf switch, 0-3 a second-level one, 0-7 a socket
+    assert m[("GPU0", "GPU1")] == "PIX" and m[("GPU2", "GPU3")] == "PIX"
+    assert m[("GPU0", "GPU2")] == "PXB" and m[("GPU1", "GPU3")] == "PXB"
+    assert m[("GPU0", "GPU4")] == "NODE" and m[("GPU3", "GPU7")] == "NODE"
+    assert m[("GPU0", "GPU8")] == "SYS" and m[("GPU15", "GPU0")] == "SYS"
+    assert m[("GPU9", "GPU8")] == "PIX" and m[("GPU12", "GPU8")] == "NODE"
+    assert all(m[(a, b)] == m[(b, a)] for a, b in m)
+    assert "GPU0: GPU 0 (0000:34:00.0)" in out and "Legend:" in out
+
+
+def test_matrix_phb_and_power8(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(
+        capsys, "show", "--input", str(HWLOC / "24em64t-2n6c2t-pci.xml"), "--matrix"
+    )
+    m = matrix(out)
+    assert rc == 0 and m[("GPU1", "GPU2")] == "PHB" and m[("GPU0", "GPU1")] == "SYS"
+    rc, out, _ = run_main(
+        capsys, "show", "--input", str(HWLOC / "power8gpudistances.xml"), "--matrix"
+    )
+    m = matrix(out)
+    assert rc == 0 and m[("GPU0", "GPU1")] == "NODE" and m[("GPU0", "GPU2")] == "SYS"
+    assert m[("GPU2", "GPU3")] == "NODE"
+
+
+def test_matrix_without_a_pci_tree_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(
+        capsys, "show", "--input", str(HWLOC / "nvidiagpunumanodes.tar.bz2"), "--matrix"
+    )
+    m = matrix(out)
+    assert rc == 0 and m[("GPU0", "GPU1")] == "NODE*" and m[("GPU0", "GPU3")] == "SYS*"
+    assert "told from the NUMA nodes alone" in out
+
+
+def test_matrix_nics_of_a_sysfs_capture(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two ConnectX adapters found by class where /sys/class/infiniband was not captured."""
+    rc, out, _ = run_main(
+        capsys, "show", "--input", str(HWLOC / "32intel64-2p8co2t+8ve.tar.bz2"), "--matrix"
+    )
+    m = matrix(out)
+    assert (
+        rc == 0 and set(m) >= {("NIC0", "NIC1")} and "NIC0: network adapter (0000:1a:00.0)" in out
+    )
+
+
+def _generated_matrix_outputs(tmp_path: Path) -> dict[str, str]:
+    root = synth.write(synth.dgx_h100(), str(tmp_path / "dgx"))
+    tar = tmp_path / "dgx.tar.gz"
+    with tarfile.open(tar, "w:gz") as t:
+        t.add(root, arcname=".")
+    env = clean_env()
+    got = {}
+    for name, argv in {
+        "example": ["--example", "dgx-h100"],
+        "directory": ["--input", root],
+        "tarball": ["--input", str(tar)],
+    }.items():
+        r = cli("show", *argv, "--matrix", env=env)
+        assert r.returncode == 0, r.stderr
+        got[name] = r.stdout
+    prefix, why = as_live(root)
+    if not prefix:
+        pytest.skip(f"the live reading of the matrix: {why}")
+    r = subprocess.run(
+        [*prefix, *NUMABIND, "show", "--matrix"], capture_output=True, text=True, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    got["live"] = r.stdout
+    return got
+
+
+def test_matrix_of_a_generated_dgx_h100_read_four_ways(tmp_path: Path) -> None:
+    got = _generated_matrix_outputs(tmp_path)
+    assert len(set(got.values())) == 1, {k: v[:300] for k, v in got.items()}
+    m = matrix(got["example"])
+    for i in range(8):
+        assert m[(f"GPU{i}", f"NIC{i}")] == "PIX"  # each GPU shares its switch with one NIC
+    assert m[("GPU0", "GPU3")] == "NODE" and m[("GPU0", "GPU4")] == "SYS"
+    assert m[("NIC0", "NIC1")] == "NODE" and m[("NIC7", "GPU0")] == "SYS"
+    assert "*" not in "".join(m.values())
+    assert "NIC3: mlx5_3 (0000:5e:00.0)" in got["example"]
+
+
+# --- --example, --numactl ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_every_example_plans(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    rc, out, err = run_main(capsys, "show", "--example", name, "--json")
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["machine"] == f"example {name}" and report["ranks"]
+    if name not in ("one-node",):
+        assert any(r["status"] == "bound" for r in report["ranks"])
+
+
+def test_example_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_main(capsys, "show", "--example", "dgx", "--input", "x")
+    assert rc == 2 and "--example" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run_main(capsys, "show", "--example", "dgx-h100", "--input", "x")
+    assert rc == 2 and "exclusive" in err
+    rc, _, err = run_main(capsys, "show", "--example", "dgx-h100", "--json", "--matrix")
+    assert rc == 2 and "both write to standard output" in err
+
+
+def test_numactl_lines_match_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(capsys, "show", "--example", "dgx-h100", "--numactl")
+    assert rc == 0
+    lines = [x for x in out.splitlines() if x.startswith("rank ")]
+    assert len(lines) == 8
+    assert lines[0] == "rank 0: numactl --physcpubind=0-55,112-167 --preferred=0 -- CMD"
+    assert lines[5] == "rank 5: numactl --physcpubind=56-111,168-223 --preferred=1 -- CMD"
+    rc, out, _ = run_main(
+        capsys,
+        "show",
+        "--example",
+        "dgx-h100",
+        "--numactl",
+        "--memory",
+        "none",
+        "--mode",
+        "exclusive",
+    )
+    lines = [x for x in out.splitlines() if x.startswith("rank ")]
+    assert lines[0].startswith("rank 0: taskset -c ") and "numactl" not in lines[0]
+    rc, out, _ = run_main(capsys, "show", "--example", "gb200", "--numactl", "--memory", "bind")
+    assert "--membind=" in out
+    rc, out, _ = run_main(capsys, "show", "--example", "one-node", "--numactl")
+    assert "rank 0: CMD  # not bound: " in out
+
+
+# --- run --device / --node / --cpus ------------------------------------------------------------
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_run_with_numactl_habits(tmp_path: Path) -> None:
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    env = clean_env()
+    r = cli("run", "--cpus", "1", "--", sys.executable, "-c", show, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "[1]", r.stderr
+    r = cli("run", "--node", "0", "--", sys.executable, "-c", show, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == str(sorted(os.sched_getaffinity(0)))
+    two = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "two"))
+    r = cli(
+        "run",
+        "--device",
+        "1",
+        "--memory",
+        "none",
+        "--",
+        sys.executable,
+        "-c",
+        show,
+        env=clean_env(NUMABIND_SYSROOT=two),
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "[1]", r.stderr
+    marker = tmp_path / "ran"
+    for argv, words in (
+        (["--cpus", "5"], "--cpus 5: CPUs 5 are all outside"),
+        (["--node", "3"], "--node 3: node 3: no such node"),
+        (["--device", "7"], "--device: not bound: device index 7 is not visible"),
+    ):
+        r = cli("run", *argv, "--", "touch", str(marker), env=env)
+        assert r.returncode == 1 and not marker.exists(), r
+        assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli("run", "--cpus", "x", "--", "true", env=env)
+    assert r.returncode == 2 and "--cpus" in r.stderr
+
+
+# --- doctor -------------------------------------------------------------------------------------
+
+
+def _venv(where: Path, hook: bool) -> str:
+    """A fresh venv where numabind is importable (a path .pth to the checkout, as an
+    editable install makes) with or without the startup hook's .pth."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    py = where / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "numabind-src.pth").write_text(f"{SRC}\n")
+    if hook:
+        Path(site, "_numabind_hook.pth").write_text((SRC / "_numabind_hook.pth").read_text())
+    return str(py)
+
+
+def _findings(r: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
+    data = json.loads(r.stdout)
+    return {f["check"]: (f["status"], f["detail"]) for f in data["findings"]}
+
+
+def test_doctor_in_venvs_with_and_without_the_hook(tmp_path: Path) -> None:
+    with_hook = _venv(tmp_path / "with", hook=True)
+    without = _venv(tmp_path / "without", hook=False)
+    r = cli("doctor", "--python", with_hook, "--json")
+    f = _findings(r)
+    assert f["hook file"][0] == "ok" and f["hook runs"][0] == "ok", f
+    assert f["numabind"][0] == "ok" and f["hook order"][0] == "ok"
+    assert r.returncode == 0, r.stdout
+    r = cli("doctor", "--python", without, "--json")
+    f = _findings(r)
+    assert f["hook file"][0] == "fail" and f["hook runs"][0] == "fail", f
+    assert r.returncode == 1
+    # text form: one line per finding, statuses first
+    r = cli("doctor", "--python", without)
+    assert r.returncode == 1 and any(x.startswith("FAIL  hook file") for x in r.stdout.splitlines())
+
+
+def test_doctor_sees_what_runs_before_the_hook(tmp_path: Path) -> None:
+    py = _venv(tmp_path / "v", hook=True)
+    site = Path(py).parent.parent / "lib"
+    purelib = next(site.glob("python3*/site-packages"))
+    (purelib / "00-preload.pth").write_text("import json\n")
+    (purelib / "preload_heavy.pth").write_text("import sys; sys.modules.setdefault('torch', sys)\n")
+    f = _findings(cli("doctor", "--python", py, "--json"))
+    assert f["hook order"][0] == "warn" and "00-preload.pth" in f["hook order"][1]
+    assert f["imported at start"][0] == "warn" and "torch" in f["imported at start"][1]
+
+
+def test_doctor_finds_a_shadowing_sitecustomize(tmp_path: Path) -> None:
+    py = _venv(tmp_path / "v", hook=False)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("SHADOW = 1\n")
+    ours = subprocess.run(
+        [*NUMABIND, "sitecustomize-path"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    shadowed = clean_env(PYTHONPATH=f"{other}{os.pathsep}{ours}")
+    f = _findings(cli("doctor", "--python", py, "--json", env=shadowed))
+    assert f["sitecustomize"][0] == "fail" and str(other) in f["sitecustomize"][1]
+    right = clean_env(PYTHONPATH=f"{ours}{os.pathsep}{other}")
+    f = _findings(cli("doctor", "--python", py, "--json", env=right))
+    assert f["sitecustomize"][0] == "ok" and f["hook runs"][0] == "ok", f
+
+
+def test_doctor_under_seccomp() -> None:
+    r = cli("doctor", "--json", pre=(*SECCOMP, "--calls", "all", "--"))
+    f = _findings(r)
+    assert f["memory policy"][0] == "fail" and "not permitted" in f["memory policy"][1]
+    assert f["page migration"][0] == "warn" and f["cpu affinity"][0] == "ok"
+    assert r.returncode == 1
+    f = _findings(cli("doctor", "--json", pre=(*SECCOMP, "--calls", "docker", "--")))
+    assert f["memory policy"][0] == "ok" and f["page migration"][0] == "info"
+    assert f["page migration"][0] == "info" and "move_pages" in f["page migration"][1]
+
+
+def test_doctor_names_accelerators_it_does_not_handle(tmp_path: Path) -> None:
+    with tarfile.open(HWLOC / "32intel64-2p8co2t+8ve.tar.bz2") as t:
+        t.extractall(tmp_path, filter="data")
+    root = next(p for p in tmp_path.iterdir() if p.is_dir())
+    r = cli("doctor", "--json", env=clean_env(NUMABIND_SYSROOT=str(root)))
+    f = _findings(r)
+    status, detail = f["not handled"]
+    assert status == "warn" and detail.startswith("8 x NEC SX-Aurora Vector Engine"), detail
+    rc = cli("show", "--input", str(root))
+    assert "not handled: 8 x NEC SX-Aurora Vector Engine" in rc.stdout
+
+
+def test_doctor_with_an_interpreter_that_is_not_one(tmp_path: Path) -> None:
+    for bad, words in (("/bin/true", "gave no answer"), (str(tmp_path / "nope"), "no such")):
+        r = cli("doctor", "--python", bad)
+        assert r.returncode == 1 and words in r.stdout and "Traceback" not in r.stderr
+    liar = tmp_path / "liar"
+    liar.write_text(
+        '#!/bin/sh\nprintf \'{"pth": [{"name": "\\033]0;owned\\007x"}], "numabind": 5}\'\n'
+    )
+    liar.chmod(0o755)
+    r = cli("doctor", "--python", str(liar))
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert r.returncode == 1
+
+
+def test_doctor_reports_the_environment() -> None:
+    f = _findings(cli("doctor", "--json", env=clean_env(LOCAL_RANK="3", NUMABIND="0")))
+    assert f["enabled"][0] == "warn"
+    assert "LOCAL_RANK=3 (local rank 3 from LOCAL_RANK)" in f["trigger variables"][1]
+    f = _findings(cli("doctor", "--json", env=clean_env(NUMABIND_MODE="sideways")))
+    assert f["settings"][0] == "fail" and "sideways" in f["settings"][1]
+
+
+# --- the defects, one test each -----------------------------------------------------------------
+
+
+def test_defect_1_split_distance_matrices_are_read(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(
+        capsys, "show", "--input", str(HWLOC / "irregulargroups-disallowed.xml"), "--json"
+    )
+    report = json.loads(out)
+    assert rc == 0 and len(report["nodes"]) >= 4
+    assert all(n["distances"] for n in report["nodes"])
+    assert not any("malformed" in r["reason"] for r in report["ranks"])
+
+
+def test_defect_3_strict_apply_on_one_node_is_a_benign_skip() -> None:
+    code = "import numabind; b = numabind.apply(); print(b.plan.status, b.plan.skip)"
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(LOCAL_RANK="0", NUMABIND_STRICT="1", NUMABIND="0"),
+    )
+    assert r.returncode == 0 and r.stdout.split()[0] == "skipped", r.stderr
+
+
+def test_defect_4_child_binding_with_a_refused_policy_says_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generated machine has a node 1 this kernel does not: set_mempolicy answers
+    EINVAL; the child still starts on its CPU and the parent says so once."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    from numabind import _children
+
+    root = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "root"))
+    monkeypatch.setenv("NUMABIND_SYSROOT", root)
+    monkeypatch.setenv("NUMABIND_MEMORY", "preferred")
+    monkeypatch.setattr(_children, "_machine", None)
+    monkeypatch.setattr(_children, "_plans", {})
+    show = [sys.executable, "-S", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    for _ in range(2):
+        with numabind.child_binding(1):
+            got = subprocess.run(show, capture_output=True, text=True).stdout
+        assert got.strip() == "[1]"
+    err = capfd.readouterr().err
+    assert err.count("numabind:") == 1 and "memory policy left as it is" in err, err
+
+
+def test_defect_5_machine_from_root_refuses_what_is_not_a_machine(tmp_path: Path) -> None:
+    for path in (
+        tmp_path / "missing",
+        HWLOC / "nvidiaDGX2.xml",
+        HWLOC / "memorysidecaches.tar.bz2",
+    ):
+        with pytest.raises(numabind.CaptureError):
+            Machine.from_root(str(path))
+    assert Machine.from_capture(str(HWLOC / "nvidiaDGX2.xml")).node_ids == (0, 1)
+    assert len(Machine.from_capture(str(HWLOC / "memorysidecaches.tar.bz2")).node_ids) > 1
+
+
+def test_defect_6_a_named_device_keeps_its_own_index(tmp_path: Path) -> None:
+    m = Machine.from_root(synth.write(synth.dgx_h100(filler_pci=0), str(tmp_path / "d")))
+    for device, index in ((4, 4), ("0000:ab:00.0", 5), (7, 7)):
+        p = numabind.plan_for(device=device, machine=m, environ={})
+        assert p.device_index == index and p.local_rank is None
+        assert f"GPU {index} (" in p.reason and f"device {index} (" in p.summary()
+
+
+def test_defect_8_check_of_a_process_without_a_rank_is_unknown() -> None:
+    child = subprocess.Popen(["sleep", "30"], env=clean_env())
+    try:
+        r = cli("check", "--pid", str(child.pid))
+        j = cli("check", "--pid", str(child.pid), "--json")
+    finally:
+        child.kill()
+        child.wait()
+    assert r.returncode == 3 and r.stdout.startswith("UNKNOWN"), r.stdout
+    assert j.returncode == 3 and json.loads(j.stdout)["processes"][0]["status"] == "unknown"
+
+
+def test_defect_9_verbose_run_on_one_node_says_one_true_line() -> None:
+    r = cli(
+        "run",
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+        env=clean_env(LOCAL_RANK="0", NUMABIND_VERBOSE="1"),
+    )
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 0 and len(lines) == 1, r.stderr
+    assert "nothing to bind" in lines[0] and "inherited" not in lines[0]
+
+
+def test_defect_10_pipes_full_disks_and_typos() -> None:
+    big = subprocess.run(
+        f"{sys.executable} -m numabind show --example dgx-h100 --nproc 4096 --json | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert big.stdout.strip() == "{" and big.stderr == "", big.stderr
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [*NUMABIND, "show", "--json"], stdout=full, stderr=subprocess.PIPE, text=True
+        )
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "cannot write" in r.stderr
+    r = cli("check", "--all", "--pid", "1")
+    assert r.returncode == 2 and "exclusive" in r.stderr
+    r = cli("show", "--jsn")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "numabind show: unrecognized arguments: --jsn (did you mean --json?)"
+    )
+
+
+def test_defect_11_words(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(capsys, "show", "--example", "one-node")
+    assert rc == 0 and " ," not in out
+    rc, out, _ = run_main(capsys, "show", "--input", str(HWLOC / "memorysidecaches.tar.bz2"))
+    assert rc == 0 and "one per visible device" not in out  # no devices: not "one per" them
+    for command, foreign in (("check", "--mode"), ("bench", "--pid"), ("doctor", "--mode")):
+        assert main([command, "--help"]) == 0
+        usage, _, rest = capsys.readouterr().out.partition("options:")
+        options = rest.split("\n\n")[0]
+        assert foreign not in usage and foreign not in options
+    assert main(["--help"]) == 0
+    assert "docs/environment.rst" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", ["torch", "ray"])
+def test_defect_11_install_without_the_framework(module: str) -> None:
+    code = (
+        f"import sys; sys.modules['{module}'] = None\n"
+        f"import numabind.{module} as m\n"
+        "try:\n    m.install()\n"
+        "except ImportError as e:\n    print(type(e).__name__, '|', e)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env()
+    )
+    name, _, message = r.stdout.partition(" | ")
+    assert name == "FrameworkMissing", r.stdout + r.stderr
+    assert "is not installed for this Python" in message and sys.executable in message
