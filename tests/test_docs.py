@@ -95,3 +95,61 @@ def test_readme_says_numabind_is_not_on_pypi() -> None:
     assert second.split()[0] == "./scripts/test"
     assert "not published on PyPI" in readme
     assert "pip install numabind &&" not in readme
+
+
+CLI = (ROOT / "docs" / "cli.rst").read_text()
+
+
+def _subcommands() -> dict[str, object]:
+    import argparse
+
+    from numabind.cli import build_parser
+
+    parser = build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no subcommands")
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_command_and_option_is_on_the_cli_page(command: str) -> None:
+    import argparse
+
+    sub = _subcommands()[command]
+    assert isinstance(sub, argparse.ArgumentParser)
+    parts = re.split(r"\n``numabind ([a-z-]+)``\n-+\n", CLI)
+    sections = dict(zip(parts[1::2], parts[2::2]))
+    assert command in sections, f"no section for numabind {command} on docs/cli.rst"
+    for action in sub._actions:
+        for option in action.option_strings:
+            if option in ("-h", "--help"):
+                continue
+            assert option in sections[command], f"numabind {command} {option}: not documented"
+
+
+def test_the_exit_table_on_the_cli_page_is_the_code_s() -> None:
+    from numabind.cli._common import EXITS
+
+    table = CLI.split("Exit status\n-----------", 1)[1]
+    codes = [int(m) for m in re.findall(r"^(\d+)\s", table, re.MULTILINE)]
+    assert codes == [e.code for e in EXITS]
+    flat = " ".join(table.replace("``", "").split())
+    for e in EXITS:
+        words = [w for w in re.findall(r"[a-z-]+", e.meaning) if len(w) > 4]
+        assert all(w in flat for w in words), (e.code, [w for w in words if w not in flat])
+
+
+@pytest.mark.parametrize("record", ["ShowReport", "CheckReport", "ProcessCheck"])
+def test_every_json_key_is_on_the_cli_page(record: str) -> None:
+    from numabind.cli import _check, _show
+
+    cls = getattr(_show, record, None) or getattr(_check, record)
+    missing = [f for f in cls._fields if f"``{f}``" not in CLI and f"``{f}[]``" not in CLI]
+    assert not missing, f"{record}: {missing} not on docs/cli.rst"
+
+
+def test_the_plan_json_keys_are_on_the_cli_page() -> None:
+    plan = numabind.plan_for(local_rank=0, environ={})
+    missing = [k for k in plan.to_dict() if f"``{k}``" not in CLI]
+    assert not missing, missing

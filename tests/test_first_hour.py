@@ -4,8 +4,9 @@
 The matrix is checked against machines whose PCI trees are known: the DGX-2 hwloc export
 (two GPUs per leaf switch, four per second-level switch, eight per socket), the POWER8
 export, a 2-socket export with two GPUs behind one host bridge, and the generated DGX H100
-(each GPU on its own switch with one ConnectX-7), read four ways: from memory
-(``--example``), as a directory, as a tarball and, mounted over /sys, live.
+(each GPU on its own switch with one ConnectX-7), read five ways: from memory
+(``--example``), as a directory, as a tarball, as ``numabind gather`` wrote it and,
+mounted over /sys, live.
 """
 
 from __future__ import annotations
@@ -146,6 +147,10 @@ def _generated_matrix_outputs(tmp_path: Path) -> dict[str, str]:
         r = cli("show", *argv, "--matrix", env=env)
         assert r.returncode == 0, r.stderr
         got[name] = r.stdout
+    gathered = tmp_path / "gathered.tar.gz"
+    r = cli("gather", str(gathered), env=clean_env(NUMABIND_SYSROOT=root))
+    assert r.returncode == 0, r.stderr
+    got["gathered"] = cli("show", "--input", str(gathered), "--matrix", env=env).stdout
     prefix, why = as_live(root)
     if not prefix:
         pytest.skip(f"the live reading of the matrix: {why}")
@@ -157,7 +162,7 @@ def _generated_matrix_outputs(tmp_path: Path) -> dict[str, str]:
     return got
 
 
-def test_matrix_of_a_generated_dgx_h100_read_four_ways(tmp_path: Path) -> None:
+def test_matrix_of_a_generated_dgx_h100_read_five_ways(tmp_path: Path) -> None:
     got = _generated_matrix_outputs(tmp_path)
     assert len(set(got.values())) == 1, {k: v[:300] for k, v in got.items()}
     m = matrix(got["example"])

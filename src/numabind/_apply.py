@@ -187,7 +187,8 @@ class Binding:
     def report(self, verbose: bool, prefix: str = "") -> None:
         """The rule for printing a binding, at every entry point: a failure, a replaced
         CPU mask or a refused call always get their line; anything else only when
-        ``verbose``.  ``prefix`` goes before the line (``torch.cuda.set_device(1): ``)."""
+        ``verbose``.  ``prefix`` goes before the line (such as
+        ``"torch.cuda.set_device(1): "``)."""
         if self.worth_a_line(verbose):
             from ._output import say
 

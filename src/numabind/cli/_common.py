@@ -62,7 +62,8 @@ EXITS: tuple[Exit, ...] = (
     Exit(
         code=3,
         name="unreachable",
-        meaning="check --pid: a process named is gone (or a zombie); check --all: a rank not "
+        meaning="check --pid: a process named is gone (or a zombie), or has no plan to check "
+        "against; check --all: a rank not "
         "reached before --deadline",
     ),
     Exit(code=127, name="not-run", meaning="run: the command could not be executed"),

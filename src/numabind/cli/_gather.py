@@ -65,19 +65,51 @@ def gather_paths(root: Root) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def pci_links(root: Root) -> dict[str, str]:
+    """The links that place each PCI device in the PCI tree (``/sys/bus/pci/devices/<bdf>``
+    and ``/sys/class/infiniband/<name>/device``) -> where they lead: ``show --matrix`` on
+    the capture needs them."""
+    from .._sources import SYS_INFINIBAND, SYS_PCI
+
+    links: dict[str, str] = {}
+    candidates = [f"{SYS_PCI}/{bdf}" for bdf in root.listdir(SYS_PCI)]
+    candidates += [f"{SYS_INFINIBAND}/{n}/device" for n in root.listdir(SYS_INFINIBAND, 64)]
+    for path in candidates:
+        real = root.realpath(path)
+        if real and real != path and real.startswith("/sys/devices/"):
+            links[path] = real
+    return links
+
+
+def _through(path: str, links: Mapping[str, str]) -> str:
+    """``path`` with a linked prefix replaced by where the link leads."""
+    for link, real in links.items():
+        if path.startswith(link + "/"):
+            return real + path[len(link) :]
+    return path
+
+
 def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
+    import os
     import tarfile  # writing what numabind made itself: no input is parsed here
 
     count = 0
     prefix = "numabind-capture"
     now = int(time.time())
+    links = pci_links(root)
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for link, real in links.items():
+            info = tarfile.TarInfo(prefix + link)
+            info.type = tarfile.SYMTYPE
+            info.linkname = os.path.relpath(real, os.path.dirname(link))
+            info.mtime = now
+            tar.addfile(info)
         for path in gather_paths(root):
             text = root.opt(path)
             if text is None:
                 continue
             data = (text + "\n").encode()
-            info = tarfile.TarInfo(prefix + path)
+            info = tarfile.TarInfo(prefix + _through(path, links))
             info.size = len(data)
             info.mtime = now
             tar.addfile(info, io.BytesIO(data))
