@@ -15,6 +15,8 @@ anything), each reported as the median of the per-round ratios to ``bare`` (pair
             costs where no mount namespace is available
   one-node  LOCAL_RANK=0 on a generated one-node machine with one GPU (a workstation, a
             one-GPU cloud VM), read as a capture: the hook plans and has nothing to bind
+  numactl   the peer a user would pick instead: ``numactl --cpunodebind=0 --membind=0``
+            in front of the bare venv's ``python -c pass``
   nvml      a bare venv with nvidia-ml-py doing what NVML-based discovery (accelerate's
             --enable_cpu_affinity) pays before it knows anything: import pynvml + nvmlInit
 
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -44,6 +45,7 @@ from pathlib import Path
 from _common import ROOT, SMALL, clean_env, interleaved, median_ms, table
 
 import synth
+from support import as_live
 
 
 def _venv(base: str, path: Path) -> Path:
@@ -96,105 +98,106 @@ def _instructions(python: str, env: dict[str, str]) -> int | None:
     return int(statistics.median(counts)) if counts else None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", help="also measure the wheel of this git ref")
-    ap.add_argument("--rounds", type=int, default=8 if SMALL else 200)
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="numabind-bench-") as tmp_name:
-        tmp = Path(tmp_name)
+def _pythons(args: argparse.Namespace, tmp: Path) -> dict[str, str]:
+    """The interpreters compared: bare, with an empty .pth, with numabind's wheel, and
+    (``--baseline``) with another commit's wheel."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    pythons = {}
+    for name in ("bare", "empty", "numabind"):
+        site = _venv(base, tmp / name)
+        pythons[name] = str(tmp / name / "bin" / "python")
+        if name == "empty":
+            (site / "zz-empty.pth").write_text("")
+        if name == "numabind":
+            _install_wheel(ROOT, site, tmp, "head")
+    if args.baseline:
+        src = tmp / "baseline-src"
+        git = ["git", "-C", str(ROOT), "worktree"]
+        subprocess.run([*git, "add", "-q", "--detach", str(src), args.baseline], check=True)
+        try:
+            site = _venv(base, tmp / "baseline")
+            _install_wheel(src, site, tmp, "baseline")
+        finally:
+            subprocess.run([*git, "remove", "--force", str(src)], check=False)
+        pythons["baseline"] = str(tmp / "baseline" / "bin" / "python")
+    return pythons
+
+
+Variants = dict[str, tuple[list[str], dict[str, str]]]
+
+
+def _variants(
+    args: argparse.Namespace, tmp: Path, pythons: dict[str, str], namespace: list[str], root: str
+) -> Variants:
+    live = clean_env(LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND="force")
+    capture = dict(live, NUMABIND_SYSROOT=root)
+    one_node = clean_env(
+        LOCAL_RANK="0", NUMABIND_SYSROOT=synth.write(synth.one_node(), str(tmp / "one-node"))
+    )
+    quiet = clean_env()
+    bare = [pythons["bare"], "-c", "pass"]
+    variants: Variants = {
+        "bare": (bare, quiet),
+        "empty": ([pythons["empty"], "-c", "pass"], quiet),
+        "inactive": ([pythons["numabind"], "-c", "pass"], quiet),
+    }
+    numactl = shutil.which("numactl")
+    if numactl:  # the peer a user would pick instead: a trampoline in front of bare python
+        variants["numactl bare"] = ([numactl, "--cpunodebind=0", "--membind=0", *bare], quiet)
+    wheels = {"": pythons["numabind"]}
+    if args.baseline:
+        variants[f"inactive@{args.baseline}"] = ([pythons["baseline"], "-c", "pass"], quiet)
+        wheels[f"@{args.baseline}"] = pythons["baseline"]
+    for ref, python in wheels.items():
+        if namespace:
+            variants[f"active{ref}"] = ([python, "-c", "pass"], live)
+        variants[f"capture{ref}"] = ([python, "-c", "pass"], capture)
+        variants[f"one-node{ref}"] = ([python, "-c", "pass"], one_node)
+    found = subprocess.run(
+        [sys.executable, "-c", "import pynvml; print(pynvml.__file__)"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode == 0:
         base = getattr(sys, "_base_executable", sys.executable)
-        pythons = {}
-        for name in ("bare", "empty", "numabind"):
-            site = _venv(base, tmp / name)
-            pythons[name] = str(tmp / name / "bin" / "python")
-            if name == "empty":
-                (site / "zz-empty.pth").write_text("")
-            if name == "numabind":
-                _install_wheel(ROOT, site, tmp, "head")
-        if args.baseline:
-            src = tmp / "baseline-src"
-            subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(ROOT),
-                    "worktree",
-                    "add",
-                    "-q",
-                    "--detach",
-                    str(src),
-                    args.baseline,
-                ],
-                check=True,
-            )
-            try:
-                site = _venv(base, tmp / "baseline")
-                _install_wheel(src, site, tmp, "baseline")
-            finally:
-                subprocess.run(
-                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(src)], check=False
-                )
-            pythons["baseline"] = str(tmp / "baseline" / "bin" / "python")
-        root = synth.write(synth.dgx_h100(), str(tmp / "dgx"))
-        live = clean_env(LOCAL_RANK="3", LOCAL_WORLD_SIZE="8", NUMABIND="force")
-        capture = dict(live, NUMABIND_SYSROOT=root)
-        one_node = clean_env(
-            LOCAL_RANK="0", NUMABIND_SYSROOT=synth.write(synth.one_node(), str(tmp / "one-node"))
-        )
-        quiet = clean_env()
-        namespace, why_not = _namespace(root)
-        variants = {
-            "bare": ([pythons["bare"], "-c", "pass"], quiet),
-            "empty": ([pythons["empty"], "-c", "pass"], quiet),
-            "inactive": ([pythons["numabind"], "-c", "pass"], quiet),
-        }
-        wheels = {"": pythons["numabind"]}
-        if args.baseline:
-            variants[f"inactive@{args.baseline}"] = ([pythons["baseline"], "-c", "pass"], quiet)
-            wheels[f"@{args.baseline}"] = pythons["baseline"]
-        for ref, python in wheels.items():
-            if namespace:
-                variants[f"active{ref}"] = ([python, "-c", "pass"], live)
-            variants[f"capture{ref}"] = ([python, "-c", "pass"], capture)
-            variants[f"one-node{ref}"] = ([python, "-c", "pass"], one_node)
-        found = subprocess.run(
-            [sys.executable, "-c", "import pynvml; print(pynvml.__file__)"],
-            capture_output=True,
-            text=True,
-        )
-        if found.returncode == 0:
-            site = _venv(base, tmp / "nvml")
-            shutil.copy(found.stdout.strip(), site)
-            code = "import pynvml\ntry:\n pynvml.nvmlInit()\nexcept Exception:\n pass"
-            variants["nvml"] = ([str(tmp / "nvml" / "bin" / "python"), "-c", code], quiet)
-        times = _timed(variants, args.rounds, namespace, tmp)
-        counts = {}
-        if not SMALL:
-            for name in ("bare", "empty", "inactive") + (
-                (f"inactive@{args.baseline}",) if args.baseline else ()
-            ):
-                counts[name] = _instructions(variants[name][0][0], quiet)
-        out = subprocess.run(
-            [*namespace, pythons["numabind"], "-X", "importtime", "-c", "pass"],
-            env=live if namespace else capture,
-            capture_output=True,
-            text=True,
-        )
-        own = sum(
+        site = _venv(base, tmp / "nvml")
+        shutil.copy(found.stdout.strip(), site)
+        code = "import pynvml\ntry:\n pynvml.nvmlInit()\nexcept Exception:\n pass"
+        variants["nvml"] = ([str(tmp / "nvml" / "bin" / "python"), "-c", code], quiet)
+    return variants
+
+
+def _own_imports_ms(python: str, namespace: list[str], env: dict[str, str]) -> float:
+    out = subprocess.run(
+        [*namespace, python, "-X", "importtime", "-c", "pass"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return (
+        sum(
             int(line.split("|")[0].split(":")[1])
             for line in out.stderr.splitlines()
             if line.startswith("import time:") and ("numabind" in line or "_ctypes" in line)
         )
-    bare = times["bare"]
+        / 1000
+    )
+
+
+def _report(
+    args: argparse.Namespace,
+    times: dict[str, list[float]],
+    counts: dict[str, int | None],
+    own_ms: float,
+    why_not: str,
+) -> None:
+    bare, bare_count = times["bare"], counts.get("bare")
     rows = []
     for name, samples in times.items():
-        ratios = [a / b for a, b in zip(samples, bare)]
-        paired = statistics.median(ratios)
-        count = counts.get(name)
-        inst = ""
-        if count and counts.get("bare"):
-            inst = f"{count / counts['bare'] - 1:+.2%}"
+        paired = statistics.median(a / b for a, b in zip(samples, bare))
+        count, inst = counts.get(name), ""
+        if count and bare_count:
+            inst = f"{count / bare_count - 1:+.2%}"
         rows.append(
             [
                 name,
@@ -211,42 +214,45 @@ def main() -> int:
             rows,
         )
     )
-    print(
-        f"\nof which the active hook's own imports (numabind modules, _ctypes): {own / 1000:.2f} ms"
-    )
-    if not namespace:
+    print(f"\nof which the active hook's own imports (numabind modules, _ctypes): {own_ms:.2f} ms")
+    if why_not:
         print(f"\nno active row (the live reader): {why_not}; the capture row stands in")
     med = {k: median_ms(v) for k, v in times.items()}
-    hook = "active" if namespace else "capture"
+    hook = "capture" if why_not else "active"
     line = (
         f"\nhook budget: inactive {med['inactive'] - med['bare']:+.2f} ms "
         f"(target: under 1% of bare), {hook} {med[hook] - med['bare']:+.2f} ms"
     )
+    if "numactl bare" in med:
+        line += f"; a numactl trampoline {med['numactl bare'] - med['bare']:+.2f} ms"
     if args.baseline:
         ref = f"{hook}@{args.baseline}"
         line += f" (target: no more than {ref}, {med[ref] - med['bare']:+.2f} ms)"
     print(line)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", help="also measure the wheel of this git ref")
+    ap.add_argument("--rounds", type=int, default=8 if SMALL else 200)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="numabind-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        pythons = _pythons(args, tmp)
+        root = synth.write(synth.dgx_h100(), str(tmp / "dgx"))
+        namespace, why_not = as_live(root)
+        variants = _variants(args, tmp, pythons, namespace, root)
+        times = _timed(variants, args.rounds, namespace, tmp)
+        counts: dict[str, int | None] = {}
+        if not SMALL:
+            for name in ("bare", "empty", "inactive") + (
+                (f"inactive@{args.baseline}",) if args.baseline else ()
+            ):
+                counts[name] = _instructions(variants[name][0][0], variants[name][1])
+        hook_env = variants["active" if namespace else "capture"][1]
+        own_ms = _own_imports_ms(pythons["numabind"], namespace, hook_env)
+    _report(args, times, counts, own_ms, why_not)
     return 0
-
-
-def _namespace(root: str) -> tuple[list[str], str]:
-    """The command prefix that runs a program with the generated machine mounted over
-    /sys and /proc/driver in a private mount namespace, so that the hook reads it through
-    the live reader exactly as on a real DGX; or ([], why that is not possible here)."""
-    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):
-        return [], "needs root, unshare(1) and mount(8)"
-    if not os.path.isdir("/proc/driver"):
-        return [], "this kernel's /proc has no driver directory to mount over"
-    script = 'mount --bind "$0/sys" /sys && mount --bind "$0/proc/driver" /proc/driver && exec "$@"'
-    prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, root]
-    probe = subprocess.run(
-        [*prefix, "cat", "/proc/driver/nvidia/gpus/0000:5d:00.0/information"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0 or "H100" not in probe.stdout:
-        return [], f"a private mount namespace could not be set up ({probe.stderr.strip()!r})"
-    return prefix, ""
 
 
 def _timed(

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # Variables that would make a child a rank, point it at another machine or change what
 # numabind does; a test sets the ones it wants on top of this.
 _DROPPED = (
@@ -30,6 +32,11 @@ _DROPPED = (
     "PYTHONSTARTUP",
     "PYTHONDEVMODE",
 )
+
+
+# The one skip marker for tests that need two CPUs to tell one binding from another (under
+# CI=true a skip is a failure: conftest.py).
+two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -88,3 +95,25 @@ COUNT_HOOK = (
     "mods = sorted(m for m in sys.modules if m == 'numabind' or m.startswith('numabind.'))\n"
     "print(json.dumps({'modules': mods, 'files': opened}))\n"
 )
+
+
+def venv_with_numabind(where: str, hook: bool) -> str:
+    """A fresh venv (no pip) where numabind is importable from the checkout, by a path
+    ``.pth`` as an editable install makes it, with or without the startup hook's ``.pth``.
+    Returns its python."""
+    import venv
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    python = str(Path(where) / "bin" / "python")
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "numabind-src.pth").write_text(f"{src}\n")
+    if hook:
+        Path(site, "_numabind_hook.pth").write_text((src / "_numabind_hook.pth").read_text())
+    return python

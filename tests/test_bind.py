@@ -9,18 +9,11 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-
 import synth
-from support import clean_env, py
+from support import clean_env, py, two_cpus
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
+pytestmark = two_cpus
 
 
 def test_concurrent_apply_and_restore_never_mix_plans(two: str) -> None:
@@ -28,6 +21,7 @@ def test_concurrent_apply_and_restore_never_mix_plans(two: str) -> None:
     one plan and half on the other.  With it every apply is whole, and restores nest."""
     code = """
 import os, threading, json, numabind
+from numabind._apply import LOCK
 from numabind._errors import BindingError
 errors, out = [], []
 stop = threading.Event()
@@ -37,7 +31,13 @@ def worker(rank):
     for _ in range(40):
         try:
             b = numabind.apply(rank, migrate=False)
-            masks = {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')}
+            # read under numabind's own lock: an apply or restore holds it from its first
+            # thread to its last, so whatever plan is in place here is whole (one mask),
+            # and a half-done one (no lock in apply) shows as two
+            with LOCK:
+                masks = {
+                    frozenset(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')
+                }
             out.append(len(masks))
             b.restore()
         except BindingError as err:
@@ -127,3 +127,43 @@ print(json.dumps([b.policy_applied, sorted(b.policy_nodes), b.notes]))
     r = py(code, clean_env(), *seccomp)
     policy, nodes, notes = json.loads(r.stdout)
     assert policy == "preferred" and nodes == [0] and "MPOL_PREFERRED_MANY" in notes[0]
+
+
+def test_the_policy_table_s_codes_are_the_kernel_s() -> None:
+    """The MPOL codes in numabind's one table, checked against the kernel itself: set each
+    with the raw system call, then read back how /proc/self/numa_maps spells what the
+    kernel holds (an oracle numabind does not write)."""
+    code = """
+import json, os
+from numabind import _kernel
+from numabind._model import MEMORY_POLICY_TABLE
+out = {}
+for p in MEMORY_POLICY_TABLE:
+    if p.code is None:
+        continue
+    nodes = () if p.name in ("default", "local") else (0,)
+    try:
+        _kernel.set_mempolicy(p.name, nodes)
+    except OSError as err:
+        out[p.name] = ["refused", err.errno, p.min_kernel]
+        continue
+    seen = _kernel.task_policy("self")
+    out[p.name] = [seen[0] if seen else None, sorted(seen[1]) if seen else None]
+print(json.dumps(out))
+"""
+    r = py(code, clean_env())
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    from numabind._model import MEMORY_POLICY_TABLE
+
+    for p in MEMORY_POLICY_TABLE:
+        if p.code is None:
+            continue
+        seen = got[p.name]
+        if seen[0] == "refused":
+            assert p.min_kernel is not None and release < tuple(p.min_kernel), (p.name, seen)
+            continue
+        assert seen[0] == p.name, f"{p.name} (MPOL {p.code}): the kernel holds {seen[0]}"
+        if p.name not in ("default", "local"):
+            assert seen[1] == [0], (p.name, seen)

@@ -17,7 +17,7 @@ from numabind._environ import Config
 from numabind._model import Accelerator, parse_numa_maps_policy
 from numabind._plan import Plan
 from numabind._sysfs import parse_nodelist
-from support import clean_env
+from support import clean_env, two_cpus
 
 
 @pytest.mark.parametrize(
@@ -130,9 +130,73 @@ def test_check_bad_arguments_exit_2_with_one_line(argv: list[str]) -> None:
     assert "Traceback" not in p.stderr
 
 
-def test_check_all_runs() -> None:
-    p = run_check("--all", "--json")
-    assert p.returncode in (0, 1) and "processes" in json.loads(p.stdout)
+RANK_CHILD = """
+import sys
+print("ready", flush=True)
+for line in sys.stdin:
+    from numabind import _kernel
+    _kernel.set_mempolicy(line.strip())
+    print("done", flush=True)
+"""
+
+
+def _rank(two: str, registry: Path, rank: int, memory: str) -> subprocess.Popen[str]:
+    """A rank the startup hook binds on the generated two-node machine, registered in
+    ``registry``; it sets its own memory policy to each word it reads on stdin."""
+    env = clean_env(
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+        NUMABIND_SYSROOT=two,
+        NUMABIND_REGISTRY=str(registry),
+        NUMABIND_MEMORY=memory,
+        NUMABIND="force",
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", RANK_CHILD],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _verdicts(two: str, registry: Path) -> tuple[int, dict[int, dict[str, object]]]:
+    p = run_check("--all", "--json", NUMABIND_SYSROOT=two, NUMABIND_REGISTRY=str(registry))
+    data = json.loads(p.stdout)
+    return p.returncode, {d["pid"]: d for d in data["processes"]}
+
+
+@two_cpus
+def test_check_all_tells_on_plan_from_off_plan(two: str, tmp_path: Path) -> None:
+    """Two registered ranks on their plans: exit 0.  One moved off its CPUs, or its memory
+    policy changed to default: exit 1, that process named, the other still on plan."""
+    ranks = [_rank(two, tmp_path, 0, "preferred"), _rank(two, tmp_path, 1, "none")]
+    try:
+        status, found = _verdicts(two, tmp_path)
+        assert status == 0, found
+        for child in ranks:
+            assert found[child.pid]["ok"] and found[child.pid]["status"] == "bound"
+        os.sched_setaffinity(ranks[1].pid, {0})  # rank 1's plan is CPU 1
+        status, found = _verdicts(two, tmp_path)
+        assert status == 1 and not found[ranks[1].pid]["ok"] and found[ranks[0].pid]["ok"]
+        assert any("CPU" in p for p in found[ranks[1].pid]["problems"])  # type: ignore[attr-defined]
+        os.sched_setaffinity(ranks[1].pid, {1})
+        assert _verdicts(two, tmp_path)[0] == 0
+        assert ranks[0].stdin is not None and ranks[0].stdout is not None
+        ranks[0].stdin.write("default\n")
+        ranks[0].stdin.flush()
+        assert ranks[0].stdout.readline().strip() == "done"
+        status, found = _verdicts(two, tmp_path)
+        assert status == 1 and not found[ranks[0].pid]["ok"], found[ranks[0].pid]
+        policy = found[ranks[0].pid]["memory_policy"]
+        assert policy == {"policy": "default", "nodes": []}
+    finally:
+        for child in ranks:
+            child.kill()
+            child.wait()
 
 
 def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:

@@ -21,9 +21,10 @@ import pytest
 import numabind
 import synth
 from numabind import _children
+from support import two_cpus
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+pytestmark = two_cpus
 
 
 @pytest.fixture

@@ -12,18 +12,13 @@ import pytest
 
 import synth
 from numabind.cli import main
-from support import clean_env
+from support import clean_env, two_cpus
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     rc = main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
-
-
-@pytest.fixture
-def dgx_root(tmp_path: Path) -> str:
-    return synth.write(synth.dgx_h100(filler_pci=30), str(tmp_path / "dgx"))
 
 
 def test_show_live_machine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -316,7 +311,7 @@ def test_run_execs_the_command() -> None:
     assert missing.returncode == 127 and "cannot run" in missing.stderr
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@two_cpus
 @pytest.mark.parametrize(
     ("enable", "expected"),
     [

@@ -13,11 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import synth
 from nvml_fake import RecordedNvml
-from support import clean_env
+from support import clean_env, two_cpus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,7 +101,7 @@ def _run(env: dict[str, str], out: Path, *extra: str) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@two_cpus
 def test_device_check_agrees_with_a_faithful_fake(tmp_path: Path) -> None:
     env = _fake_tools(tmp_path)
     fixture = tmp_path / "nvml-fake-dgx.json"
@@ -127,7 +125,7 @@ def test_device_check_agrees_with_a_faithful_fake(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@two_cpus
 def test_device_check_names_a_disagreement(tmp_path: Path) -> None:
     env = _fake_tools(tmp_path, swap_numa=True)
     r = _run(env, tmp_path / "out")

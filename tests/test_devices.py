@@ -15,11 +15,6 @@ from nvml_fake import RecordedNvml
 MakeMachine = Callable[[synth.Spec], Machine]
 
 
-@pytest.fixture(scope="module")
-def dgx_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return synth.write(synth.dgx_h100(filler_pci=10), str(tmp_path_factory.mktemp("dgx")))
-
-
 @pytest.fixture
 def dgx(dgx_root: str) -> Machine:
     return Machine.from_root(dgx_root)

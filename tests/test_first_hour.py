@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import venv
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from numabind import Machine
 from numabind._examples import EXAMPLES
 from numabind.cli import main
 from numabind.cli._matrix import path_class
-from support import as_live, clean_env
+from support import as_live, clean_env, two_cpus, venv_with_numabind
 
 HERE = Path(__file__).resolve().parent
 HWLOC = HERE / "data" / "hwloc"
@@ -225,7 +224,7 @@ def test_numactl_lines_match_the_plan(capsys: pytest.CaptureFixture[str]) -> Non
 # --- run --device / --node / --cpus ------------------------------------------------------------
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@two_cpus
 def test_run_with_numactl_habits(tmp_path: Path) -> None:
     show = "import os; print(sorted(os.sched_getaffinity(0)))"
     env = clean_env()
@@ -264,20 +263,7 @@ def test_run_with_numactl_habits(tmp_path: Path) -> None:
 
 
 def _venv(where: Path, hook: bool) -> str:
-    """A fresh venv where numabind is importable (a path .pth to the checkout, as an
-    editable install makes) with or without the startup hook's .pth."""
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
-    py = where / "bin" / "python"
-    site = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(site, "numabind-src.pth").write_text(f"{SRC}\n")
-    if hook:
-        Path(site, "_numabind_hook.pth").write_text((SRC / "_numabind_hook.pth").read_text())
-    return str(py)
+    return venv_with_numabind(str(where), hook)
 
 
 def _findings(r: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
@@ -398,13 +384,12 @@ def test_defect_3_strict_apply_on_one_node_is_a_benign_skip() -> None:
     assert r.returncode == 0 and r.stdout.split()[0] == "skipped", r.stderr
 
 
+@two_cpus
 def test_defect_4_child_binding_with_a_refused_policy_says_one_line(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The generated machine has a node 1 this kernel does not: set_mempolicy answers
     EINVAL; the child still starts on its CPU and the parent says so once."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
     from numabind import _children
 
     root = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "root"))

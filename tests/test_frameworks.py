@@ -6,7 +6,6 @@ locality is proven in the VM)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,10 @@ from pathlib import Path
 import pytest
 
 import synth
-from support import clean_env
+from support import clean_env, two_cpus
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+pytestmark = two_cpus
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """GPU 0 on node 0 (CPU 0), GPU 1 on node 1 (CPU 1)."""
-    return synth.write(synth.two_nodes(gpus=2), str(tmp_path_factory.mktemp("two")))
 
 
 def run(code: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -292,3 +285,105 @@ def test_ray_integration_fails_loudly_on_changed_internals(monkeypatch: pytest.M
         nray.RayIntegrationError, match="reset_visible_accelerator_env_vars is gone"
     ):
         nray.install()
+
+
+# --- the integrations' own logic, against stand-in packages the tests build ---------------
+# (numabind's hooks need neither torch nor Ray to be tested: a package with the same few
+# functions, put first on the path, stands in; the real ones run in the torch/Ray stages)
+
+STAND_INS = {
+    "torch/__init__.py": (
+        "__version__ = '2.13.0'\n"
+        "class device:\n"
+        "    def __init__(self, spec, index=None):\n"
+        "        kind, _, num = str(spec).partition(':')\n"
+        "        self.type, self.index = kind, int(num) if num else index\n"
+    ),
+    "torch/cuda/__init__.py": "selected = []\ndef set_device(d):\n    selected.append(d)\n",
+    "torch/accelerator/__init__.py": "def set_device_index(d):\n    pass\n",
+    "ray/__init__.py": (
+        "__version__ = '2.60.0'\n"
+        "ids = []\n"
+        "class _Context:\n"
+        "    def get_accelerator_ids(self):\n"
+        "        return {'GPU': list(ids)}\n"
+        "def get_runtime_context():\n"
+        "    return _Context()\n"
+    ),
+    "ray/_private/__init__.py": "",
+    "ray/_private/utils.py": (
+        "import os\n"
+        "def set_visible_accelerator_ids():\n"
+        "    import ray\n"
+        "    os.environ['CUDA_VISIBLE_DEVICES'] = ','.join(map(str, ray.ids))\n"
+        "def reset_visible_accelerator_env_vars(original_visible_accelerator_env_vars):\n"
+        "    os.environ.pop('CUDA_VISIBLE_DEVICES', None)\n"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("stand-ins")
+    for name, text in STAND_INS.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return str(root)
+
+
+def test_torch_device_selection_logic(two: str, stand_ins: str) -> None:
+    """NUMABIND_TORCH=1: the hook wraps the selectors when torch is imported; the first
+    selection binds to that GPU's node, a later one on another node is said once and does
+    not rebind, an already-seen device costs nothing, uninstall puts the originals back."""
+    code = """
+import json, os, torch, torch.cuda, numabind.torch as nt
+aff = lambda: sorted(os.sched_getaffinity(0))
+out = [aff()]
+torch.cuda.set_device(1); out.append(aff())
+torch.cuda.set_device("cuda:0"); torch.cuda.set_device(0); out.append(aff())
+out.append(torch.cuda.selected)
+nt.uninstall(); out.append(hasattr(torch.cuda.set_device, "_numabind_original"))
+print(json.dumps(out))
+"""
+    env = torch_env(two, PYTHONPATH=stand_ins)
+    r = run(code, env)
+    assert r.returncode == 0, r.stderr
+    first, after, later, selected, wrapped = json.loads(r.stdout)
+    assert first == [0, 1] and after == [1] and later == [1]
+    assert selected == [1, "cuda:0", 0], "the original is called every time, with its argument"
+    assert not wrapped
+    said = [x for x in r.stderr.splitlines() if "selects a device on node 0" in x]
+    assert len(said) == 1 and "bound to node 1 when it selected device 1" in said[0], r.stderr
+
+
+def test_torch_stand_in_without_spawn_says_one_line(two: str, stand_ins: str) -> None:
+    r = run("import torch; print('imported')", torch_env(two, PYTHONPATH=stand_ins))
+    assert r.stdout.strip() == "imported"
+    assert r.stderr.count("\n") == 1 and "torch.multiprocessing.spawn" in r.stderr, r.stderr
+
+
+def test_ray_accelerator_hook_logic(two: str, stand_ins: str) -> None:
+    """NUMABIND_RAY=1: the hook wraps Ray's visibility functions when ray is imported; a
+    task given GPU 1 runs on node 1 and is put back after it; GPUs on two nodes are not
+    bound, and that is said."""
+    code = """
+import json, os, ray
+from ray._private import utils
+aff = lambda: sorted(os.sched_getaffinity(0))
+out = [aff()]
+ray.ids[:] = [1]; utils.set_visible_accelerator_ids(); out.append(aff())
+utils.reset_visible_accelerator_env_vars({}); out.append(aff())
+ray.ids[:] = [0, 1]; utils.set_visible_accelerator_ids(); out.append(aff())
+print(json.dumps(out))
+"""
+    env = clean_env(
+        NUMABIND_RAY="1",
+        NUMABIND_SYSROOT=two,
+        NUMABIND_MEMORY="none",
+        NUMABIND="force",
+        PYTHONPATH=stand_ins,
+    )
+    r = run(code, env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [[0, 1], [1], [0, 1], [0, 1]], r.stderr
+    assert "Ray assigned GPUs 0,1, on nodes [0, 1]" in r.stderr and "not bound" in r.stderr

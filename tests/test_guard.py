@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import synth
-from support import clean_env
+from support import clean_env, two_cpus
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+pytestmark = two_cpus
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def test_leaf_modules_stay_leaves() -> None:
     g = _graph()
     assert g["numabind._sysfs"] <= {"numabind._errors"}
     assert g["numabind._errors"] == set()
-    assert g["numabind._output"] <= {"numabind._sysfs", "numabind._binding"}
+    assert g["numabind._output"] <= {"numabind._sysfs"}
     assert g["numabind._model"] == set()
 
 
@@ -135,3 +135,69 @@ def test_no_stale_references_in_docstrings() -> None:
     for stale in ("docs/how-it-works.md", "../shared/", "tests/data/nvml-"):
         assert stale not in text, stale
     assert sys.version_info >= (3, 10)
+
+
+# The pipeline, lowest first: a module may import its own layer and the ones before it,
+# never one after.  docs/how-it-works.rst draws the same map.  A new module must be placed.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "leaf": ("_errors", "_sysfs", "_output", "_model"),
+    "read the machine": (
+        "_sources",
+        "_roots",
+        "_tarroot",
+        "_hwloc",
+        "_capture",
+        "_topology",
+        "_examples",
+    ),
+    "who am I": ("_environ", "_devices", "_nvml"),
+    "plan": ("_plan",),
+    "bind": ("_kernel", "_apply", "_registry", "_threads", "_guard"),
+    "entry points": ("_startup", "_api", "_children", "torch", "ray", "", "_site.sitecustomize"),
+    "cli": ("cli", "__main__"),
+}
+
+
+def _layer(module: str) -> int | None:
+    names = list(LAYERS)
+    rest = module.removeprefix("numabind").removeprefix(".")
+    for i, layer in enumerate(names):
+        for m in LAYERS[layer]:
+            if rest == m or (m and rest.startswith(m + ".")):
+                return i
+    return None
+
+
+def test_every_module_has_its_place_in_the_pipeline() -> None:
+    unplaced = [m for m in _graph() if m.startswith("numabind") and _layer(m) is None]
+    assert not unplaced, f"place these in LAYERS (and docs/how-it-works.rst): {unplaced}"
+
+
+def test_no_layer_imports_a_later_one() -> None:
+    """read the machine -> who am I -> plan -> bind -> entry points -> cli: the machine
+    layer never imports the planner, the planner never the binder, nothing imports cli."""
+    names = list(LAYERS)
+    wrong = []
+    for module, imports in _graph().items():
+        here = _layer(module)
+        if here is None:
+            continue
+        for target in imports:
+            there = _layer(target)
+            if there is not None and there > here:
+                wrong.append(f"{module} ({names[here]}) imports {target} ({names[there]})")
+    assert not wrong, wrong
+
+
+def test_the_layer_rule_can_fail() -> None:
+    assert _layer("numabind._sources") == 1 and _layer("numabind.cli._show") == 6
+    assert _layer("numabind") == 5 and _layer("numabind._nope") is None
+
+
+def test_the_module_map_in_the_docs_is_this_one() -> None:
+    doc = (ROOT / "docs" / "how-it-works.rst").read_text()
+    for layer, modules in LAYERS.items():
+        assert layer in doc, layer
+        for m in modules:
+            if m and not m.startswith("_site"):
+                assert f"``{m}``" in doc, f"{m} ({layer}) is not on docs/how-it-works.rst"

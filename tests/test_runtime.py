@@ -6,7 +6,6 @@ intended binding.  Memory locality of the same features is proven in the VM."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,24 +14,13 @@ import pytest
 
 import synth
 from numabind._threads import VARIABLES as THREAD_VARS
-from support import clean_env, py
+from support import clean_env, py, two_cpus
 
 HERE = Path(__file__).resolve().parent
 SECCOMP = [sys.executable, "-S", str(HERE / "seccomp_eperm.py")]
 SHOW_THREADS = (
     "import os, json; print(json.dumps({k: os.environ.get(k) for k in " + repr(THREAD_VARS) + "}))"
 )
-two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-
-
-@pytest.fixture(scope="module")
-def dgx(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return synth.write(synth.dgx_h100(filler_pci=0), str(tmp_path_factory.mktemp("dgx")))
-
-
-@pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
 
 
 def rank_env(root: str, **extra: str) -> dict[str, str]:
@@ -46,8 +34,8 @@ def rank_env(root: str, **extra: str) -> dict[str, str]:
 # --- NUMABIND_THREADS ----------------------------------------------------------------------
 
 
-def test_threads_auto_sets_the_budget_except_the_users(dgx: str) -> None:
-    env = rank_env(dgx, NUMABIND_THREADS="auto", NUMABIND_MEMORY="none", MKL_NUM_THREADS="3")
+def test_threads_auto_sets_the_budget_except_the_users(dgx_root: str) -> None:
+    env = rank_env(dgx_root, NUMABIND_THREADS="auto", NUMABIND_MEMORY="none", MKL_NUM_THREADS="3")
     r = py(SHOW_THREADS, env)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
@@ -56,8 +44,8 @@ def test_threads_auto_sets_the_budget_except_the_users(dgx: str) -> None:
     assert r.stderr == "", "quiet unless asked"
 
 
-def test_threads_verbose_says_what_and_why(dgx: str) -> None:
-    env = rank_env(dgx, NUMABIND_THREADS="auto", NUMABIND_MEMORY="none", NUMABIND_VERBOSE="1")
+def test_threads_verbose_says_what_and_why(dgx_root: str) -> None:
+    env = rank_env(dgx_root, NUMABIND_THREADS="auto", NUMABIND_MEMORY="none", NUMABIND_VERBOSE="1")
     env["OPENBLAS_NUM_THREADS"] = "2"
     r = py("pass", env)
     (line,) = r.stderr.splitlines()
@@ -65,14 +53,14 @@ def test_threads_verbose_says_what_and_why(dgx: str) -> None:
     assert "left as the user set them: OPENBLAS_NUM_THREADS=2" in line
 
 
-def test_threads_off_by_default_and_a_count(dgx: str) -> None:
-    r = py(SHOW_THREADS, rank_env(dgx, NUMABIND_MEMORY="none"))
+def test_threads_off_by_default_and_a_count(dgx_root: str) -> None:
+    r = py(SHOW_THREADS, rank_env(dgx_root, NUMABIND_MEMORY="none"))
     assert set(json.loads(r.stdout).values()) == {None}
-    r = py(SHOW_THREADS, rank_env(dgx, NUMABIND_MEMORY="none", NUMABIND_THREADS="4"))
+    r = py(SHOW_THREADS, rank_env(dgx_root, NUMABIND_MEMORY="none", NUMABIND_THREADS="4"))
     assert set(json.loads(r.stdout).values()) == {"4"}
 
 
-def test_torchruns_own_value_is_replaced_a_users_kept(dgx: str) -> None:
+def test_torchruns_own_value_is_replaced_a_users_kept(dgx_root: str) -> None:
     """torchrun writes OMP_NUM_THREADS=1 into its agent's environment when it is unset: the
     rank sees 1 while the agent's initial environment (/proc/PPID/environ) has none."""
     agent = (
@@ -82,7 +70,7 @@ def test_torchruns_own_value_is_replaced_a_users_kept(dgx: str) -> None:
         f"subprocess.run([sys.executable, '-c', {SHOW_THREADS!r}], env={{**os.environ, "
         "'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '8'}, check=True)\n"
     )
-    env = clean_env(NUMABIND_SYSROOT=dgx, NUMABIND="force", NUMABIND_THREADS="auto")
+    env = clean_env(NUMABIND_SYSROOT=dgx_root, NUMABIND="force", NUMABIND_THREADS="auto")
     env["NUMABIND_MEMORY"] = "none"
     r = py(agent, env)
     assert json.loads(r.stdout)["OMP_NUM_THREADS"] == "14", r.stderr
@@ -91,8 +79,10 @@ def test_torchruns_own_value_is_replaced_a_users_kept(dgx: str) -> None:
     assert json.loads(r.stdout)["OMP_NUM_THREADS"] == "1", r.stderr
 
 
-def test_affinity_variables_outside_the_binding_are_said_once(dgx: str) -> None:
-    env = rank_env(dgx, NUMABIND_THREADS="auto", NUMABIND_MEMORY="none", GOMP_CPU_AFFINITY="56-59")
+def test_affinity_variables_outside_the_binding_are_said_once(dgx_root: str) -> None:
+    env = rank_env(
+        dgx_root, NUMABIND_THREADS="auto", NUMABIND_MEMORY="none", GOMP_CPU_AFFINITY="56-59"
+    )
     r = py("pass", env)
     (line,) = r.stderr.splitlines()
     assert "GOMP_CPU_AFFINITY='56-59' would place threads on CPUs outside the binding" in line
@@ -105,8 +95,8 @@ def test_affinity_variables_outside_the_binding_are_said_once(dgx: str) -> None:
     assert py("pass", env).stderr == ""
 
 
-def test_bad_threads_value_is_a_binding_knob(dgx: str) -> None:
-    r = py("print('ran')", rank_env(dgx, NUMABIND_THREADS="lots", NUMABIND_MEMORY="none"))
+def test_bad_threads_value_is_a_binding_knob(dgx_root: str) -> None:
+    r = py("print('ran')", rank_env(dgx_root, NUMABIND_THREADS="lots", NUMABIND_MEMORY="none"))
     assert r.stdout == "ran\n" and r.stderr.count("\n") == 1
     assert "NUMABIND_THREADS='lots'" in r.stderr and "unbound" in r.stderr
 

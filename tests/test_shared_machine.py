@@ -194,13 +194,8 @@ def test_dash_is_stdout_and_two_stdouts_are_a_usage_error() -> None:
 # --- which redirections an interpreter takes ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def dgx(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return synth.write(synth.dgx_h100(), str(tmp_path_factory.mktemp("dgx") / "m"))
-
-
-def test_python_dash_I_binds_but_ignores_sysroot(dgx: str) -> None:
-    env = clean_env(LOCAL_RANK="5", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx)
+def test_python_dash_I_binds_but_ignores_sysroot(dgx_root: str) -> None:
+    env = clean_env(LOCAL_RANK="5", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=dgx_root)
     plain = py("pass", env)
     assert "GPU 5" in plain.stderr, plain.stderr
     for flag in ("-I", "-E"):
@@ -213,9 +208,9 @@ def test_python_dash_I_binds_but_ignores_sysroot(dgx: str) -> None:
 
 
 @needs_root
-def test_root_ignores_a_sysroot_another_user_could_change(dgx: str, tmp_path: Path) -> None:
+def test_root_ignores_a_sysroot_another_user_could_change(dgx_root: str, tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
-    shutil.copytree(dgx, theirs, symlinks=True)
+    shutil.copytree(dgx_root, theirs, symlinks=True)
     os.chown(theirs, ATTACKER, ATTACKER)
     env = clean_env(LOCAL_RANK="5", NUMABIND_VERBOSE="1", NUMABIND_SYSROOT=str(theirs))
     r = py("pass", env)

@@ -14,9 +14,10 @@ import pytest
 
 import support
 import synth
-from support import COUNT_HOOK, as_live
+from support import COUNT_HOOK, as_live, two_cpus, venv_with_numabind
 
 ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
 FORBIDDEN = {
     "dataclasses",
     "json",
@@ -45,11 +46,6 @@ def py(code: str, env: dict[str, str], *flags: str) -> subprocess.CompletedProce
 
 def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
-
-
-@pytest.fixture(scope="module")
-def dgx_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return synth.write(synth.dgx_h100(), str(tmp_path_factory.mktemp("dgx")))
 
 
 def test_pth_is_installed_and_sorts_right() -> None:
@@ -196,12 +192,12 @@ def test_state_key_lets_children_inherit(dgx_root: str) -> None:
 
 
 def test_run_is_idempotent_in_process(dgx_root: str) -> None:
-    code = (
-        "import numabind._startup as s, os; os.environ['NUMABIND_SYSROOT']=%r;"
-        "print(s.run() is None)"
-    ) % dgx_root
-    # the .pth already ran it once at startup: a second call does nothing
-    assert py(code, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root)).stdout.strip() == "True"
+    """The .pth already ran the hook at startup (a venv runs each .pth twice): calling it
+    again binds nothing, says nothing and keeps the first binding."""
+    code = "import numabind._startup as s; first = s.last; s.run(); s.run(); print(s.last is first)"
+    r = py(code, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root, NUMABIND_VERBOSE="1"))
+    assert r.stdout.strip() == "True", r.stderr
+    assert r.stderr.count("numabind: local rank 0") == 1, r.stderr
 
 
 def test_launcher_is_not_bound(tmp_path: Path, dgx_root: str) -> None:
@@ -243,7 +239,6 @@ def test_sitecustomize_runs_hook_and_chains(tmp_path: Path, dgx_root: str) -> No
         NUMABIND_SYSROOT=dgx_root,
         PYTHONPATH=os.pathsep.join([sitecustomize_dir(), str(other)]),
     )
-    r = py("import sitecustomize; print(sitecustomize.__file__)", env, "-S")
     # -S: no .pth processing and no site at all; run site explicitly to import sitecustomize
     r = py(
         "import site; site.main(); import sitecustomize, sys; print(sitecustomize.__file__)",
@@ -310,7 +305,7 @@ def two_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return synth.write(synth.two_nodes(), str(tmp_path_factory.mktemp("two")))
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@two_cpus
 @pytest.mark.parametrize("knob", ["NUMABIND_VERBOSE", "NUMABIND_GUARD"])
 def test_a_typo_in_a_cosmetic_knob_warns_and_still_binds(two_root: str, knob: str) -> None:
     env = clean_env(LOCAL_RANK="1", NUMABIND_SYSROOT=two_root, NUMABIND_MEMORY="none")
@@ -335,7 +330,7 @@ def test_a_typo_in_a_binding_knob_leaves_the_process_unbound(
     assert f"{knob}='{value}'" in line and "unbound" in line
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@two_cpus
 def test_a_garbled_local_world_size_is_said_and_the_rank_binds(two_root: str) -> None:
     env = clean_env(
         LOCAL_RANK="1", LOCAL_WORLD_SIZE="two", NUMABIND_SYSROOT=two_root, NUMABIND_MEMORY="none"
@@ -371,3 +366,34 @@ def test_the_api_rejects_bad_arguments_clearly(call: str, error: str) -> None:
     name, is_std, message = r.stdout.strip().split(" ", 2)
     assert name == error and is_std == "True", r.stdout + r.stderr
     assert len(message) < 300
+
+
+@pytest.mark.parametrize("switch", ["NUMABIND_TORCH", "NUMABIND_RAY", None])
+def test_every_hook_form_reacts_to_the_framework_switches(
+    tmp_path: Path, switch: str | None
+) -> None:
+    """The sitecustomize form and PEP 829's ``.start`` entry share the .pth's start path:
+    a framework switch alone (no rank) loads numabind's hook; nothing loads it without a
+    trigger.  (The venv has no ``.pth`` hook, so only the form under test can run it.)"""
+    from numabind._startup import sitecustomize_dir
+
+    python = venv_with_numabind(str(tmp_path / "v"), hook=False)
+    extra = {switch: "1"} if switch else {}
+    probe = "import sys; print('numabind._startup' in sys.modules)"
+    site_form = subprocess.run(
+        [python, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=support.clean_env(PYTHONPATH=sitecustomize_dir(), **extra),
+    )
+    entry = (SRC / "_numabind_hook.start").read_text().strip()
+    module, _, function = entry.partition(":")
+    start_form = subprocess.run(
+        [python, "-c", f"import {module}; {module}.{function}(); {probe}"],
+        capture_output=True,
+        text=True,
+        env=support.clean_env(**extra),
+    )
+    expected = "True" if switch else "False"
+    assert site_form.stdout.strip() == expected, site_form.stderr
+    assert start_form.stdout.strip() == expected, start_form.stderr

@@ -574,7 +574,7 @@ def apply_plan(
     rebind_inside: bool = False,
 ) -> Binding:
     """Bind this process as ``plan`` says; failures are recorded in ``Binding.errors``.
-    Entry points call :func:`numabind._bind.bind`, which adds the keep/replace rule,
+    Entry points call :func:`numabind._apply.enter`, which adds the keep/replace rule,
     strict mode and registration around this.
 
     ``keep_cpus`` (a reason) leaves the CPU masks as they are; ``keep_policy`` leaves a

@@ -7,7 +7,7 @@ the importing thread to the first OpenMP place when OMP_PROC_BIND/OMP_PLACES are
 and OpenBLAS pins its threads.  NCCL 2.29.2-2.29.7 left the thread that called
 ``torch.distributed.init_process_group`` pinned to GPU-local CPUs (nccl#2033).
 
-Each guard compares with the process's *intended binding* (:func:`numabind._bind.
+Each guard compares with the process's *intended binding* (:func:`numabind._apply.
 intended_cpus`: the latest binding numabind applied, late ones included), read when the
 guard runs, so it never restores a mask that a later, legitimate binding replaced.  The
 import guard costs nothing until the first of those imports (an import hook on those names

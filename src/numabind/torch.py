@@ -313,7 +313,13 @@ def install(*, mode: str | None = None, memory: str | None = None) -> None:
     require("torch", "PyTorch", "pip install torch", "numabind.torch.install()")
     if _set_device_wanted():
         install_set_device()
-    spawn_mod: Any = importlib.import_module("torch.multiprocessing.spawn")
+    try:
+        spawn_mod: Any = importlib.import_module("torch.multiprocessing.spawn")
+    except ImportError as err:
+        raise TorchIntegrationError(
+            f"numabind.torch cannot hook torch's children: torch.multiprocessing.spawn does "
+            f"not import ({err}); device selection is hooked"
+        ) from None
     if isinstance(spawn_mod.multiprocessing, _MultiprocessingProxy):
         return
     _check(spawn_mod)
