@@ -77,6 +77,40 @@ def test_registry_round_trip_and_pruning(tmp_path: Path) -> None:
     assert not (d / str(me)).exists(), "removed when the binding goes"
 
 
+@two_cpus
+def test_check_names_pages_left_remote(two: str, tmp_path: Path) -> None:
+    """Rank 1's plan puts its memory on node 1, which this kernel does not have: every
+    page it has is on node 0, and check says so (not only that the policy differs)."""
+    rank = _rank(two, tmp_path, 1, "preferred")
+    try:
+        status, found = _verdicts(two, tmp_path)
+        problems = found[rank.pid]["problems"]
+        assert status == 1
+        assert any(p.startswith("pages left remote: 0.0% on node(s) 1") for p in problems), problems  # type: ignore[attr-defined]
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_a_linked_entry_is_never_followed(tmp_path: Path) -> None:
+    """An entry replaced by a link to a valid entry of the same process: the reader opens
+    entries with O_NOFOLLOW, so it is ignored as special, not trusted."""
+    env = {"NUMABIND_REGISTRY": str(tmp_path)}
+    path, why = _registry.register(Binding(_plan()).entry(), env)
+    assert path is not None, why
+    try:
+        real = Path(path)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_bytes(real.read_bytes())
+        real.unlink()
+        real.symlink_to(elsewhere)
+        scan = _registry.scan(env, all_users=True)
+        assert scan.entries == {} and scan.ignored == {"special": 1}, scan.ignored
+        assert _registry.read(os.getpid(), env) is None
+    finally:
+        _registry.unregister()
+
+
 def test_unbound_plans_are_not_registered(tmp_path: Path) -> None:
     skipped = Plan(local_rank=0, rank_source="LOCAL_RANK", reason="one node")
     env = {"NUMABIND_REGISTRY": str(tmp_path)}
@@ -135,7 +169,8 @@ import sys
 print("ready", flush=True)
 for line in sys.stdin:
     from numabind import _kernel
-    _kernel.set_mempolicy(line.strip())
+    policy, *nodes = line.split()
+    _kernel.set_mempolicy(policy, {int(n) for n in nodes})
     print("done", flush=True)
 """
 
@@ -186,13 +221,16 @@ def test_check_all_tells_on_plan_from_off_plan(two: str, tmp_path: Path) -> None
         os.sched_setaffinity(ranks[1].pid, {1})
         assert _verdicts(two, tmp_path)[0] == 0
         assert ranks[0].stdin is not None and ranks[0].stdout is not None
-        ranks[0].stdin.write("default\n")
-        ranks[0].stdin.flush()
-        assert ranks[0].stdout.readline().strip() == "done"
-        status, found = _verdicts(two, tmp_path)
-        assert status == 1 and not found[ranks[0].pid]["ok"], found[ranks[0].pid]
-        policy = found[ranks[0].pid]["memory_policy"]
-        assert policy == {"policy": "default", "nodes": []}
+        for line, seen in (("default", "default"), ("bind 0", "bind")):
+            ranks[0].stdin.write(line + "\n")  # another policy, or the same nodes bound
+            ranks[0].stdin.flush()
+            assert ranks[0].stdout.readline().strip() == "done"
+            status, found = _verdicts(two, tmp_path)
+            assert status == 1 and not found[ranks[0].pid]["ok"], found[ranks[0].pid]
+            policy = found[ranks[0].pid]["memory_policy"]
+            assert policy == {"policy": seen, "nodes": [] if seen == "default" else [0]}
+            problems = found[ranks[0].pid]["problems"]
+            assert any(f"memory policy is {seen}" in p for p in problems), problems  # type: ignore[attr-defined]
     finally:
         for child in ranks:
             child.kill()

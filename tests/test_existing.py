@@ -72,6 +72,17 @@ def test_deliberate_inside_node_is_kept_with_memory_only_if_default() -> None:
     assert decide(e, PLAN, NODE1, "force").action == "apply"
 
 
+def test_respect_keeps_the_mask_and_a_policy_already_set() -> None:
+    """NUMABIND=respect: a mask (numactl --physcpubind) is kept, and the memory policy is
+    set only where the process has none (numactl --membind is kept too)."""
+    e = assess(frozenset({0, 1}), ALL, ALL, {})  # outside the GPU's node, and deliberate
+    d = decide(e, PLAN, NODE1, "respect")
+    assert d.action == "keep" and d.memory_only_if_default and d.message is None
+    pinned = assess(frozenset({4}), ALL, ALL, {"OMPI_MCA_orte_bound_at_launch": "1"})
+    d = decide(pinned, PLAN, NODE1, "respect")
+    assert d.action == "keep" and d.memory_only_if_default
+
+
 def test_deliberate_outside_node_is_replaced() -> None:
     e = assess(frozenset({0, 1}), ALL, ALL, {})
     d = decide(e, PLAN, NODE1, "auto")

@@ -259,6 +259,21 @@ def test_run_with_numactl_habits(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--cpus" in r.stderr
 
 
+def test_run_cpus_says_which_cpus_the_cgroup_left_out(tmp_path: Path) -> None:
+    from numabind._plan import explicit
+
+    spec = synth.two_nodes()
+    spec.cgroup_cpus = [0]
+    m = Machine.from_root(synth.write(spec, str(tmp_path / "m")))
+    p = explicit(m, cpus=frozenset({0, 1}))
+    assert p.bound and p.cpus == {0}
+    assert p.notes == ("CPUs 1 are outside the cgroup: left out",)
+    p = explicit(m, node=1)
+    assert not p.bound and p.skip == "cgroup" and "all outside" in p.reason
+    p = explicit(m, node=0, memory="bind")
+    assert p.cpus == {0} and p.memory_nodes == {0} and p.memory_policy == "bind"
+
+
 # --- doctor -------------------------------------------------------------------------------------
 
 
@@ -435,7 +450,12 @@ def test_defect_8_check_of_a_process_without_a_rank_is_unknown() -> None:
         child.kill()
         child.wait()
     assert r.returncode == 3 and r.stdout.startswith("UNKNOWN"), r.stdout
-    assert j.returncode == 3 and json.loads(j.stdout)["processes"][0]["status"] == "unknown"
+    (proc,) = json.loads(j.stdout)["processes"]
+    assert j.returncode == 3 and proc["status"] == "unknown" and proc["ok"] is False
+    assert proc["problems"] == [
+        "no plan to check against: no local rank in its initial environment and not "
+        "registered by numabind"
+    ]
 
 
 def test_defect_9_verbose_run_on_one_node_says_one_true_line() -> None:
@@ -502,3 +522,25 @@ def test_defect_11_install_without_the_framework(module: str) -> None:
     name, _, message = r.stdout.partition(" | ")
     assert name == "FrameworkMissing", r.stdout + r.stderr
     assert "is not installed for this Python" in message and sys.executable in message
+
+
+def test_a_pci_path_is_the_device_s_own(tmp_path: Path) -> None:
+    """A capture whose bus entry for one device leads to another device's directory: the
+    matrix must not take the other one's place in the tree for it."""
+    root = synth.write(synth.dgx_h100(filler_pci=0), str(tmp_path / "m"))
+    m = Machine.from_root(root)
+    assert m.pci_path("0000:18:00.0") == (
+        "pci0000:15",
+        "0000:15:01.0",
+        "0000:16:00.0",
+        "0000:17:00.0",
+    )
+    m.close()
+    link = Path(root, "sys/bus/pci/devices/0000:2a:00.0")
+    target = os.readlink(Path(root, "sys/bus/pci/devices/0000:18:00.0"))
+    link.unlink()
+    link.symlink_to(target)  # 2a's entry now leads to 18's directory
+    m = Machine.from_root(root)
+    assert m.pci_path("0000:2a:00.0") is None
+    assert m.pci_path("0000:18:00.0") is not None
+    m.close()

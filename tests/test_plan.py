@@ -243,6 +243,25 @@ def test_memory_policies(synth_machine: MakeMachine) -> None:
     assert p.memory_policy == "preferred" and p.memory_nodes == {3}, "no PREFERRED_MANY before 5.15"
 
 
+@pytest.mark.parametrize(
+    ("nodes_per_socket", "expected"), [(2, "preferred-many"), (1, "preferred")]
+)
+def test_socket_mode_prefers_every_node_of_the_socket(
+    synth_machine: MakeMachine, nodes_per_socket: int, expected: str
+) -> None:
+    """Sub-NUMA clustering (SNC2): a socket of two nodes; socket mode's memory is both of
+    them, under one policy that prefers them all (preferred over one node otherwise)."""
+    count = 2 * nodes_per_socket
+    spec = synth.Spec(
+        nodes=[list(range(4 * i, 4 * i + 4)) for i in range(count)],
+        package_of_node=[i // nodes_per_socket for i in range(count)],
+        gpus=[synth.Gpu("0000:01:00.0", 0)],
+    )
+    (p,) = plans(synth_machine(spec), 1, "socket")
+    assert p.memory_policy == expected
+    assert p.memory_nodes == frozenset(range(nodes_per_socket))
+
+
 def test_rank_wraps_modulo_device_count(synth_machine: MakeMachine) -> None:
     m = synth_machine(synth.nps4())
     p = plans(m, 6)[5]

@@ -92,9 +92,18 @@ def test_garbled_rank_is_a_problem(value: str) -> None:
     )
 
 
-def test_inconsistent_size_is_dropped() -> None:
-    info = detect({"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2"})
-    assert info.local_rank == 5 and info.local_world_size is None
+@pytest.mark.parametrize(("rank", "size", "trusted"), [(5, 2, False), (2, 2, False), (1, 2, True)])
+def test_inconsistent_size_is_dropped(rank: int, size: int, trusted: bool) -> None:
+    """Ranks count from 0: a rank equal to the size (an off-by-one launcher, or a size
+    meant for another level) makes the size untrustworthy, said in one note."""
+    info = detect({"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(size)})
+    assert info.local_rank == rank
+    assert info.local_world_size == (size if trusted else None)
+    assert bool(info.notes) is not trusted
+    if not trusted:
+        assert info.notes == (
+            f"LOCAL_RANK={rank} is not below LOCAL_WORLD_SIZE={size}: local world size unknown",
+        )
 
 
 @pytest.mark.parametrize(

@@ -397,3 +397,13 @@ def test_every_hook_form_reacts_to_the_framework_switches(
     expected = "True" if switch else "False"
     assert site_form.stdout.strip() == expected, site_form.stderr
     assert start_form.stdout.strip() == expected, start_form.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "off", "OFF", " off "])
+def test_numabind_off_disables_the_hook_before_any_import(dgx_root: str, value: str) -> None:
+    """NUMABIND=0/off: a rank's hook returns before importing anything of numabind."""
+    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('numabind')))"
+    r = py(probe, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root, NUMABIND=value))
+    assert r.returncode == 0 and r.stdout.strip() == "[]" and r.stderr == "", r
+    on = py(probe, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root))
+    assert "numabind._startup" in on.stdout, "the probe sees the hook when it runs"

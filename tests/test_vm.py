@@ -511,3 +511,54 @@ def test_ray_reused_task_worker_rebinds_for_its_next_gpu(vm_ray: dict[str, Any])
         assert t["affinity"] == [2 * node, 2 * node + 1], t
         assert t["policy"] == ["preferred", [node]]
         assert _share({int(k): v for k, v in t["pages"].items()}, node) >= 0.99, t["pages"]
+
+
+# --- host memory next to the GPU ---------------------------------------------------------------
+
+
+def _on(pages: dict[str, int], node: str) -> float:
+    total = sum(v for k, v in pages.items() if k not in ("-", "error"))
+    return pages.get(node, 0) / total if total else 0.0
+
+
+def test_host_buffers_land_on_the_node_asked(vm: dict[str, Any]) -> None:
+    r = vm["host_buffers"]
+    assert r["rc"] == 0, r["stderr"]
+    d = r["data"]
+    for policy in ("bind", "preferred"):
+        b = d[policy]
+        pages = (256 << 20) // 4096
+        assert b["query"] == {"1": pages}, (policy, b)  # every page present, on node 1
+        assert b["maps"] == {"1": pages}, (policy, b)
+        assert b["own"] == {"1": pages}, "numabind's own placement() agrees"
+        assert b["populated"] in ("MADV_POPULATE_WRITE", "touch") and b["threads"] >= 1
+    inter = d["interleave"]["query"]
+    assert abs(_on(inter, "0") - 0.5) <= 0.01 and abs(_on(inter, "1") - 0.5) <= 0.01, inter
+    assert _on(d["device0"]["query"], "0") == 1.0 and _on(d["device1"]["query"], "1") == 1.0
+
+
+def test_bind_range_moves_memory_placed_on_the_wrong_node(vm: dict[str, Any]) -> None:
+    b = vm["host_buffers"]["data"]["bind_range"]
+    assert _on(b["before"], "0") >= 0.99, "the region started on node 0"
+    assert _on(b["query"], "1") >= 0.995, b
+    assert b["moved"] >= 0.995 * sum(v for k, v in b["query"].items() if k != "-"), b
+
+
+def test_host_buffer_refusals_and_close(vm: dict[str, Any]) -> None:
+    d = vm["host_buffers"]["data"]
+    assert "do not fit on node 1" in d["too_big"] and "nothing was mapped" in d["too_big"]
+    assert d["closed_still_mapped"] is False
+
+
+def test_host_buffer_first_touch_under_seccomp(vm: dict[str, Any]) -> None:
+    r = vm["host_buffers_seccomp"]
+    assert r["rc"] == 0, r["stderr"]
+    b = r["data"]["fallback"]
+    assert b["policy"] == "first-touch" and "not permitted" in b["notes"][0]
+    assert _on(b["maps"], "1") >= 0.99, b
+
+
+def test_torch_tensor_on_a_node_is_exact_and_placed(vm_torch: dict[str, Any]) -> None:
+    d = vm_torch["empty_on_node"]
+    assert d["nbytes"] == 64 << 20, "exactly numel * itemsize, not a power of two"
+    assert d["pages"] == {"1": (64 << 20) // 4096}, d

@@ -7,7 +7,7 @@ NVML, psutil or torch is ever imported here.
 
 from __future__ import annotations
 
-__version__ = "0.2.0"  # the one place the version lives (hatch reads it here)
+__version__ = "0.3.0"  # the one place the version lives (hatch reads it here)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
         KernelError,
         NumabindError,
     )
+    from ._memory import (
+        HostBuffer,
+        PlacementError,
+        RangeBinding,
+        bind_range,
+        host_buffer,
+        placement,
+    )
     from ._plan import Plan, Request, plan
     from ._topology import Machine
 
@@ -30,18 +38,24 @@ __all__ = [
     "BindingError",
     "CaptureError",
     "ConfigError",
+    "HostBuffer",
     "IntegrationError",
     "KernelError",
     "Machine",
     "NumabindError",
+    "PlacementError",
     "Plan",
+    "RangeBinding",
     "Request",
     "State",
     "__version__",
     "apply",
+    "bind_range",
     "child_binding",
     "current",
+    "host_buffer",
     "numa_bound",
+    "placement",
     "plan",
     "plan_for",
     "spawn",
@@ -66,6 +80,12 @@ _LAZY = {
     "Request": "_plan",
     "plan": "_plan",
     "Machine": "_topology",
+    "HostBuffer": "_memory",
+    "PlacementError": "_memory",
+    "RangeBinding": "_memory",
+    "bind_range": "_memory",
+    "host_buffer": "_memory",
+    "placement": "_memory",
 }
 
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 import _thread
 import errno
 import os
+import sys
 
 from . import _sysfs
 from ._model import POLICIES, Record
@@ -228,7 +229,9 @@ class Binding:
             if self.refused and not self.policy_applied
             else (self.policy_nodes or p.memory_nodes)
         )
+        memory = sys.modules.get("numabind._memory")  # host buffers, when any were made
         return Entry(
+            buffers=getattr(memory, "buffers", tuple)(),
             pid=pid,
             start=start_time(pid) or "0",
             local_rank=p.local_rank,

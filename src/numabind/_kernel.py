@@ -111,6 +111,19 @@ SYSCALLS: tuple[Syscall, ...] = (
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
+        name="madvise",  # MADV_POPULATE_WRITE: host buffers are populated without the GIL
+        numbers=(("x86_64", 28), ("aarch64", 233)),
+        args=("P", "L", "i"),
+        meanings=(
+            (errno.EINVAL, "invalid: this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)"),
+            (errno.ENOMEM, "out of memory: the node or the cgroup could not hold the pages"),
+            (errno.EFAULT, "bad address, or the pages could not be populated"),
+            (133, "a page is poisoned (hardware memory error)"),  # EHWPOISON
+            (errno.EPERM, "not permitted"),
+        ),
+        policy=False,
+    ),
+    Syscall(
         name="sched_setaffinity",  # called through os.sched_setaffinity
         numbers=(("x86_64", 203), ("aarch64", 122)),
         args=("i", "L", "P"),
@@ -340,6 +353,44 @@ def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int 
         maxnode,
         ct.c_uint(flags),
     )
+
+
+MADV_HUGEPAGE = 14
+MADV_POPULATE_WRITE = 23
+
+
+def madvise(addr: int, length: int, advice: int) -> None:
+    """madvise(2) through ``syscall``, which releases the GIL (CPython's ``mmap.madvise``
+    holds it): threads populating parts of one buffer run in parallel."""
+    lib = _Libc.get()
+    ct = lib.ctypes
+    lib.call(
+        "madvise",
+        f"0x{addr:x}+{length}, advice {advice}",
+        ct.c_void_p(addr),
+        ct.c_ulong(length),
+        ct.c_int(advice),
+    )
+
+
+def range_pages(start: int, end: int, pid: int | str = "self") -> dict[int, int] | None:
+    """Resident pages per node of every mapping that starts inside ``[start, end)`` (one
+    buffer, which mbind may have split), in 4 KiB units, from ``/proc/PID/numa_maps``;
+    None when no mapping starts there.  Shared and huge-page mappings count too."""
+    found: dict[int, int] | None = None
+    for line in Lines(f"/proc/{pid}/numa_maps"):
+        fields = line.split()
+        addr = _hex(fields[0]) if fields else None
+        if addr is None or not start <= addr < end:
+            continue
+        page_kb = 4
+        for f in fields[2:]:
+            if f.startswith("kernelpagesize_kB="):
+                page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
+        found = found if found is not None else {}
+        for node, n in _node_counts(fields[2:]):
+            found[node] = found.get(node, 0) + n * (page_kb // 4)
+    return found
 
 
 def move_pages(pages: list[int], nodes: list[int] | None = None, pid: int = 0) -> list[int]:

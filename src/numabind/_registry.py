@@ -77,6 +77,8 @@ class Entry(Record):
     reason: str = ""
     threads: int | None = None
     thread_env: tuple[tuple[str, str], ...] = ()  # variables numabind set, with values
+    # host buffers the process made (address, bytes, nodes, policy), at most MAX_BUFFERS
+    buffers: tuple[tuple[int, int, tuple[int, ...], str], ...] = ()
 
     def encode(self) -> bytes:
         lines = []
@@ -86,6 +88,11 @@ class Entry(Record):
                 text = _sysfs.format_cpulist(value)
             elif name == "thread_env":
                 text = ",".join(f"{k}:{v}" for k, v in value)
+            elif name == "buffers":
+                text = ";".join(
+                    f"{a:x}+{n}@{_sysfs.format_cpulist(nodes)}/{policy}"
+                    for a, n, nodes, policy in value[:MAX_BUFFERS]
+                )
             else:
                 text = "" if value is None else str(value)
             lines.append(f"{name}={_sysfs.clean_line(text, 1000)}\n")
@@ -152,7 +159,36 @@ def _field(name: str, value: str | None, default: Any) -> Any:
                 raise ValueError(name)
             pairs.append((k, v))
         return tuple(pairs)
+    if name == "buffers":
+        return _buffers(value or "")
     return default if value is None else value
+
+
+MAX_BUFFERS = 16  # host buffers listed per entry (check measures each)
+
+
+def _buffers(value: str) -> tuple[tuple[int, int, tuple[int, ...], str], ...]:
+    """``addr+bytes@nodes/policy;...``, each part bounded; ValueError otherwise."""
+    from ._model import REGISTRY_POLICIES
+
+    if not value:
+        return ()
+    items = value.split(";")
+    if len(items) > MAX_BUFFERS:
+        raise ValueError("buffers")
+    out = []
+    for item in items:
+        head, _, policy = item.partition("/")
+        span, _, nodes = head.partition("@")
+        addr, _, size = span.partition("+")
+        if (
+            not (0 < len(addr) <= 16 and all(c in "0123456789abcdef" for c in addr))
+            or not (size.isascii() and size.isdigit() and len(size) < 20)
+            or (policy not in REGISTRY_POLICIES and policy != "first-touch")
+        ):
+            raise ValueError("buffers")
+        out.append((int(addr, 16), int(size), tuple(sorted(_sysfs.parse_nodelist(nodes))), policy))
+    return tuple(out)
 
 
 _NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})

@@ -327,6 +327,46 @@ def install(*, mode: str | None = None, memory: str | None = None) -> None:
     _installed["spawn"] = spawn_mod
 
 
+def empty_on_node(
+    shape: Any,
+    *,
+    dtype: Any = None,
+    device: int | str | None = None,
+    node: int | list[int] | None = None,
+    policy: str = "bind",
+    populate: bool = True,
+) -> Any:
+    """A CPU tensor whose memory is a :func:`numabind.host_buffer` on a GPU's node: for
+    offload pools and staging tensors the GPU reads, placed whatever thread allocates it.
+
+    ``shape`` and ``dtype`` (default: torch's default dtype) are as for ``torch.empty``;
+    the tensor's storage is exactly ``numel * itemsize`` bytes of the buffer, and the
+    buffer lives as long as the storage does.  ``device``, ``node``, ``policy`` and
+    ``populate`` are :func:`numabind.host_buffer`'s.  The contents are zeros when
+    populated, undefined (as ``torch.empty``'s) otherwise.
+    """
+    import math
+
+    import torch
+
+    from ._memory import host_buffer
+
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    kind = dtype if dtype is not None else torch.get_default_dtype()
+    count = math.prod(dims)
+    itemsize = torch.empty((), dtype=kind).element_size()
+    buf = host_buffer(
+        max(count * itemsize, 1), device=device, node=node, policy=policy, populate=populate
+    )
+    if count == 0:
+        buf.close()
+        return torch.empty(dims, dtype=kind)
+    # frombuffer holds the view, the view holds the mapping: the memory lives as long as
+    # the tensor's storage, and is unmapped with it
+    flat = torch.frombuffer(buf.view(), dtype=kind, count=count)
+    return flat.view(dims)
+
+
 def uninstall() -> None:
     """Undo :func:`install`."""
     spawn_mod = _installed.pop("spawn", None)

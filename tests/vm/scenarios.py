@@ -357,6 +357,16 @@ def scenario_bench(results: dict[str, Any]) -> None:
     }
 
 
+def scenario_host_memory(results: dict[str, Any]) -> None:
+    """Host buffers from a process bound to node 0: on node 1 (bind, preferred), over both
+    (interleave), per device, a range moved, a request too big refused, and under a
+    seccomp filter placed by first touch; measured by the probe's own code."""
+    results["host_buffers"] = run(probe("host_buffers", 256))
+    results["host_buffers_seccomp"] = run(
+        [*SECCOMP, "--", *probe("host_buffers", 128, "--seccomp")]
+    )
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hook": scenario_hook,
     "late": scenario_late,
@@ -367,6 +377,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "seccomp": scenario_seccomp,
     "fork": scenario_fork,
     "bench": scenario_bench,
+    "host_memory": scenario_host_memory,
 }
 
 

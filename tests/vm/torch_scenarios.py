@@ -24,6 +24,33 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
+def empty_on_node(results: dict) -> None:  # type: ignore[type-arg]
+    """A tensor for an offload pool, made by a thread bound to node 0, placed on node 1
+    (done last: it binds this process)."""
+    try:
+        import torch
+
+        import numabind.torch
+
+        os.sched_setaffinity(0, FIRST_AFFINITY[: len(FIRST_AFFINITY) // 2])  # node 0's CPUs
+        _kernel.set_mempolicy("preferred", {0})
+        t = numabind.torch.empty_on_node((64, 1 << 20), dtype=torch.uint8, node=1)
+        storage = t.untyped_storage()
+        start = storage.data_ptr() // 4096 * 4096
+        pages: dict[str, int] = {}
+        with open("/proc/self/numa_maps") as f:  # read here: not numabind's reader
+            for line in f:
+                fields = line.split()
+                if int(fields[0], 16) == start:
+                    for field in fields[2:]:
+                        if field.startswith("N") and "=" in field:
+                            node, count = field[1:].split("=")
+                            pages[node] = int(count)
+        results["empty_on_node"] = {"nbytes": storage.nbytes(), "pages": pages}
+    except Exception:
+        results["errors"]["empty_on_node"] = traceback.format_exc()
+
+
 def main() -> int:
     out_path = sys.argv[1]
     work = os.path.join(os.path.dirname(os.path.abspath(out_path)), f"torch-{os.getpid()}")
@@ -130,6 +157,8 @@ def main() -> int:
         }
     except Exception:
         results["errors"]["set_device"] = traceback.format_exc()
+    save()
+    empty_on_node(results)
     save()
     return 0
 

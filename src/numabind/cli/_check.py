@@ -109,6 +109,56 @@ class SharedPages(Record):
     how: str = "none"
 
 
+BUFFER_LOCALITY = 0.99  # a host buffer under this share on its nodes is a warning
+
+
+class BufferCheck(Record):
+    """One host buffer a rank made (from its registry entry), measured in its numa_maps:
+    ``locality`` is the share of its resident pages on ``nodes`` (None: nothing resident
+    or the mapping is gone), ``ok`` False under 99%."""
+
+    address: int
+    nbytes: int
+    nodes: tuple[int, ...]
+    policy: str
+    pages: dict[int, int]
+    locality: float | None
+    ok: bool
+
+
+def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[BufferCheck, ...]:
+    """Measure each host buffer the process listed; a warning note for one off its nodes."""
+    if entry is None or not entry.buffers:
+        return ()
+    out = []
+    for address, nbytes, nodes, policy in entry.buffers:
+        try:
+            pages = _kernel.range_pages(address, address + nbytes, pid)
+        except OSError:
+            pages = None
+        share = locality(pages, frozenset(nodes)) if pages else None
+        ok = share is None or share >= BUFFER_LOCALITY
+        if pages is None:
+            notes.append(f"host buffer 0x{address:x} ({nbytes >> 20} MiB) is no longer mapped")
+        elif not ok:
+            notes.append(
+                f"warning: host buffer 0x{address:x} ({nbytes >> 20} MiB, {policy} on node "
+                f"{fmt(nodes)}) has {share:.1%} of its pages there"
+            )
+        out.append(
+            BufferCheck(
+                address=address,
+                nbytes=nbytes,
+                nodes=tuple(nodes),
+                policy=policy,
+                pages=pages or {},
+                locality=share,
+                ok=ok,
+            )
+        )
+    return tuple(out)
+
+
 class ProcessCheck(Record):
     """One process checked: ``status`` is ``bound``, ``skipped`` (its plan does not bind)
     or ``unknown`` (no plan to check against); ``ok`` is False when it is off its plan or
@@ -128,6 +178,7 @@ class ProcessCheck(Record):
     locality: float | None = None
     thread_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
     maps_truncated: bool = False
+    host_buffers: tuple[BufferCheck, ...] = ()
 
 
 class CheckReport(Record):
@@ -275,6 +326,7 @@ def check_pid(
         )
     settings = _thread_settings(pid, environ, entry)
     base["thread_settings"] = settings
+    base["host_buffers"] = check_buffers(pid, entry, notes)
     if not expected.bound:
         if expected.problem:
             cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"

@@ -1,0 +1,573 @@
+"""Mutation testing as a habit: does the unit stage catch a wrong rule?
+
+    python scripts/mutants.py                 every mutant (about 25 minutes on 2 CPUs)
+    python scripts/mutants.py --sample 10     a fixed sample (CI)
+    python scripts/mutants.py --only M07      one mutant
+    python scripts/mutants.py --check         only check that every mutant applies
+
+Each mutant is one small source edit of a rule a user depends on (a wrong constant, an
+inverted test, a dropped flag).  The script copies the checkout once into a work folder
+with its own venv (numabind installed editable from the copy, so that the tests' child
+interpreters import the mutated code too, hook files included), then for each mutant puts
+the pristine source back, applies the edit and runs the unit stage, the tests named for
+the mutant first (quick kills) and then the whole stage.  A mutant is *killed* when a test
+fails.  It prints the kill ratio and each survivor; the exit status is 1 when a mutant
+survives that is not written down as equivalent (with the reason) in ``EQUIVALENT``.
+
+The mutants live here, in one list, so that a new rule adds its mutant beside its test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRISTINE = [ROOT]  # where the mutants are made from (prepare() sets a snapshot)
+UNIT = ["-m", "not vm and not launchers and not torch and not ray"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str  # relative to the repository
+    old: str  # must occur exactly once
+    new: str
+    rule: str  # the user-facing rule the edit breaks
+    tests: tuple[str, ...] = ()  # the tests expected to kill it (run first)
+
+
+M = Mutant
+MUTANTS: tuple[Mutant, ...] = (
+    # --- who am I ---------------------------------------------------------------------------
+    M(
+        "M01",
+        "src/_numabind_start.py",
+        'in ("0", "off")',
+        'in ("0",)',
+        "NUMABIND=off disables the hook",
+        ("tests/test_startup.py",),
+    ),
+    M(
+        "M02",
+        "src/_numabind_hook.pth",
+        " SLURM_LOCALID",
+        "",
+        "an srun task (SLURM_LOCALID) triggers the .pth hook",
+        ("tests/test_startup.py",),
+    ),
+    M(
+        "M03",
+        "src/numabind/_environ.py",
+        "if size is not None and rank >= size:",
+        "if size is not None and rank > size:",
+        "LOCAL_RANK == LOCAL_WORLD_SIZE is not trusted",
+        ("tests/test_ranks.py",),
+    ),
+    M(
+        "M04",
+        "src/numabind/_environ.py",
+        "if var.requires is not None and var.requires not in environ:",
+        "if False:",
+        "SLURM_LOCALID names a rank only inside a job step",
+        ("tests/test_ranks.py",),
+    ),
+    M(
+        "M05",
+        "src/numabind/_environ.py",
+        "    if value in FALSE:\n        return False",
+        "    if value in FALSE:\n        return True",
+        "0/false/no/off mean false for every switch",
+        ("tests/test_ranks.py", "tests/test_runtime.py"),
+    ),
+    # --- devices ----------------------------------------------------------------------------
+    M(
+        "M06",
+        "src/numabind/_model.py",
+        "return [item for uuid, item in uuids if uuid and uuid.lower().startswith(want)]",
+        "return [item for uuid, item in uuids if uuid and uuid.lower().startswith(want)][:1]",
+        "an ambiguous UUID prefix is refused, not the first match taken",
+        ("tests/test_devices.py",),
+    ),
+    # --- the plan ---------------------------------------------------------------------------
+    M(
+        "M07",
+        "src/numabind/_plan.py",
+        "        if n is not None and n.cpus:\n            return NodeChoice(node=n.id",
+        "        if n is not None:\n            return NodeChoice(node=n.id",
+        "a device whose numa_node is a memory-only node is placed by its local CPUs",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M08",
+        "src/numabind/_plan.py",
+        "        if len(inside) == 1:",
+        "        if len(inside) >= 1:",
+        "local CPUs inside one node identify that node, not the first of several",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M09",
+        "src/numabind/_plan.py",
+        'return len(machine.cpu_nodes) <= 1 and mode in ("node", "socket")',
+        'return len(machine.cpu_nodes) <= 2 and mode in ("node", "socket")',
+        "the one-node shortcut applies to one node only",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M10",
+        "src/numabind/_plan.py",
+        '        if policy == "preferred" and len(mem) > 1:',
+        '        if policy == "preferred" and len(mem) > 2:',
+        "preferred over several nodes becomes preferred-many",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M11",
+        "src/numabind/_plan.py",
+        '            return frozenset({first}), "preferred"',
+        '            return frozenset(mem), "preferred"',
+        "before 5.15, preferred names one node",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M12",
+        "src/numabind/_plan.py",
+        "    start = m.position * each + min(m.position, extra)",
+        "    start = m.position * each",
+        "exclusive mode gives ranks disjoint cores",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M13",
+        "src/numabind/_plan.py",
+        "    slot = m.position % len(ordered)",
+        "    slot = 0",
+        "core-complex gives ranks different L3 domains",
+        ("tests/test_plan.py",),
+    ),
+    M(
+        "M14",
+        "src/numabind/_plan.py",
+        "max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1))",
+        "max(1, len(cpus) // max(sharers or 1, 1))",
+        "the thread budget counts cores, not SMT threads",
+        ("tests/test_runtime.py", "tests/test_plan.py"),
+    ),
+    M(
+        "M15",
+        "src/numabind/_plan.py",
+        "    if chosen != wanted:\n        planner.notes.append(",
+        "    if False:\n        planner.notes.append(",
+        "run --cpus says which CPUs the cgroup left out",
+        ("tests/test_first_hour.py",),
+    ),
+    # --- bind -------------------------------------------------------------------------------
+    M(
+        "M16",
+        "src/numabind/_apply.py",
+        "    if existing.deliberate and inside:",
+        "    if existing.deliberate:",
+        "a deliberate mask outside the GPU's node is replaced",
+        ("tests/test_existing.py",),
+    ),
+    M(
+        "M17",
+        "src/numabind/_apply.py",
+        '"respect":\n        return Decision(action="keep", memory_only_if_default=True)',
+        '"respect":\n        return Decision(action="keep")',
+        "NUMABIND=respect keeps a policy already set (numactl --membind)",
+        ("tests/test_existing.py",),
+    ),
+    M(
+        "M18",
+        "src/numabind/_apply.py",
+        "    if not existing.narrower or existing.current == plan_cpus:",
+        "    if existing.current == plan_cpus:",
+        "a mask that is not narrower than allowed is simply replaced by the plan",
+        ("tests/test_existing.py",),
+    ),
+    M(
+        "M19",
+        "src/numabind/_model.py",
+        '        code=2,\n        numa_maps="bind",',
+        '        code=3,\n        numa_maps="bind",',
+        "bind is MPOL_BIND (2)",
+        ("tests/test_bind.py",),
+    ),
+    M(
+        "M20",
+        "src/numabind/_model.py",
+        '        code=1,\n        numa_maps="prefer",',
+        '        code=4,\n        numa_maps="prefer",',
+        "preferred is MPOL_PREFERRED (1)",
+        ("tests/test_bind.py",),
+    ),
+    # --- the registry -----------------------------------------------------------------------
+    M(
+        "M21",
+        "src/numabind/_registry.py",
+        "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)",
+        "os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)",
+        "registry entries are never read through a link",
+        ("tests/test_check.py",),
+    ),
+    M(
+        "M22",
+        "src/numabind/_registry.py",
+        "    if st.st_uid not in (0, uid):",
+        "    if False:",
+        "no registry is made in a base another ordinary user owns",
+        ("tests/test_shared_machine.py",),
+    ),
+    M(
+        "M23",
+        "src/numabind/_registry.py",
+        "            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW",
+        "            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW",
+        "an entry is written to a fresh file, never an existing one",
+        ("tests/test_security.py",),
+    ),
+    # --- check ------------------------------------------------------------------------------
+    M(
+        "M24",
+        "src/numabind/cli/_check.py",
+        "    escaped = {t: c for t, c in threads.items() if not c <= cpus}",
+        "    escaped: dict[int, frozenset[int]] = {}",
+        "check: a thread off the plan's CPUs is off plan",
+        ("tests/test_check.py",),
+    ),
+    M(
+        "M25",
+        "src/numabind/cli/_check.py",
+        '        if got_name != want or (want != "local" and got_nodes != mem_nodes):',
+        "        if got_name != want and got_nodes != mem_nodes:",
+        "check: a wrong memory policy is off plan",
+        ("tests/test_check.py",),
+    ),
+    M(
+        "M26",
+        "src/numabind/cli/_check.py",
+        "MIN_LOCALITY = 0.9",
+        "MIN_LOCALITY = 0.0",
+        "check: pages left remote are off plan",
+        ("tests/test_check.py",),
+    ),
+    M(
+        "M27",
+        "src/numabind/cli/_common.py",
+        'code=1,\n        name="off-plan"',
+        'code=0,\n        name="off-plan"',
+        "check exits 1 for a process off its plan",
+        ("tests/test_check.py",),
+    ),
+    M(
+        "M28",
+        "src/numabind/cli/_check.py",
+        '        problems.append(f"no plan to check against: {source}")',
+        "        pass",
+        "check of a process with no plan is not OK",
+        ("tests/test_first_hour.py", "tests/test_check.py"),
+    ),
+    # --- bench ------------------------------------------------------------------------------
+    M(
+        "M29",
+        "src/numabind/cli/_bench.py",
+        "NO_DIFFERENCE = 1.20",
+        "NO_DIFFERENCE = 1.0",
+        "bench: under 1.2x remote/local is no measurable difference",
+        ("tests/test_bench.py",),
+    ),
+    M(
+        "M30",
+        "src/numabind/cli/_bench.py",
+        "                    this = min(size, int(free * share) // PAGE * PAGE)",
+        "                    this = size",
+        "bench uses at most --share of each node's free memory",
+        ("tests/test_bench.py",),
+    ),
+    # --- reading the machine ----------------------------------------------------------------
+    M(
+        "M31",
+        "src/numabind/_sysfs.py",
+        "OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK",
+        "OPEN_FLAGS = os.O_RDONLY",
+        "no read blocks on a FIFO planted where a file was expected",
+        ("tests/test_security.py", "tests/test_sysfs.py"),
+    ),
+    M(
+        "M32",
+        "src/numabind/_hwloc.py",
+        "self._distances = self._read_distances(root)",
+        "self._distances = {}",
+        "hwloc exports' distance matrices are read",
+        ("tests/test_captures.py", "tests/test_first_hour.py"),
+    ),
+    M(
+        "M33",
+        "src/numabind/cli/_matrix.py",
+        '    return "PIX" if len(a) - common <= 1 and len(b) - common <= 1 else "PXB"',
+        '    return "PXB"',
+        "matrix: GPUs on one switch are PIX",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M34",
+        "src/numabind/cli/_matrix.py",
+        '    if common == 1:\n        return "PHB"',
+        '    if common == 1:\n        return "NODE"',
+        "matrix: devices under one host bridge are PHB",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M35",
+        "src/numabind/_sources.py",
+        "        if not hosts or parts[-1] != bdf:",
+        "        if not hosts:",
+        "a PCI path is the device's own (not a neighbour's)",
+        ("tests/test_first_hour.py",),
+    ),
+    # --- output and entry points ------------------------------------------------------------
+    M(
+        "M36",
+        "src/numabind/cli/_common.py",
+        '    out.write("".join(escape(line, 20000) + "\\n" for line in lines))',
+        '    out.write("".join(line + "\\n" for line in lines))',
+        "every text line is escaped (another user's fields cannot drive root's terminal)",
+        ("tests/test_shared_machine.py",),
+    ),
+    M(
+        "M37",
+        "src/numabind/cli/_common.py",
+        "os.O_EXCL | os.O_NOFOLLOW",
+        "os.O_NOFOLLOW",
+        "outputs are written to a fresh file, never through a planted one",
+        ("tests/test_shared_machine.py",),
+    ),
+    M(
+        "M38",
+        "src/numabind/_startup.py",
+        "    global _done\n",
+        "    global _done\n    _done = False\n",
+        "the hook runs once per interpreter (a venv runs each .pth twice)",
+        ("tests/test_startup.py",),
+    ),
+    M(
+        "M39",
+        "src/numabind/_threads.py",
+        '        if who == "user":\n            out.kept[name]',
+        "        if False:\n            out.kept[name]",
+        "NUMABIND_THREADS never overrides a value the user set",
+        ("tests/test_runtime.py",),
+    ),
+    M(
+        "M40",
+        "src/numabind/cli/_doctor.py",
+        '                status="fail" if refused else "warn",',
+        '                status="warn",',
+        "doctor fails when the container refuses memory policies",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M41",
+        "src/numabind/_errors.py",
+        "        found = bool(loaded) or",
+        "        found = True or",
+        "torch/ray install() without the framework says so",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M42",
+        "src/numabind/cli/__init__.py",
+        "if not p.bound:  # asked for by name: refuse, as numactl does, not run unbound",
+        "if False:",
+        "run --node/--cpus refuse what cannot be honoured",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M43",
+        "src/numabind/_children.py",
+        "                if err.errno != errno.EPERM:",
+        "                if False:",
+        "child_binding says once when the memory policy is refused",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M44",
+        "src/numabind/_tarroot.py",
+        "TAR_MEMBERS = 50_000",
+        "TAR_MEMBERS = 500_000",
+        "a capture tarball's member count is capped",
+        ("tests/test_security.py",),
+    ),
+)
+
+# Survivors that are not bugs of the tests, with the reason (an equivalent mutant, or a
+# rule only a multi-node kernel can show: those are killed by tests/test_vm.py).
+EQUIVALENT: dict[str, str] = {
+    "M08": "equivalent: NUMA nodes' CPU sets are disjoint, so a non-empty locality lies "
+    "inside at most one node; '>= 1' and '== 1' cannot differ",
+    "M23": "equivalent here: the temporary name has 64 random bits and the directory is the "
+    "user's own, mode 0700, so no one else can have created it; O_EXCL is defence in depth "
+    "that no test can observe",
+    "M37": "equivalent in practice: the temporary name has 48 random bits, so a file at it "
+    "cannot have been planted; O_EXCL is defence in depth (a planted link at the output "
+    "itself is tested, and replaced by the rename)",
+}
+
+
+def _files(root: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-co", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    return [f for f in out if f and (root / f).is_file()]
+
+
+def prepare(work: Path) -> tuple[Path, Path]:
+    """The copy of the checkout (and a pristine one the mutants are made from, so that
+    editing the checkout meanwhile changes nothing) and its venv."""
+    tree, venv = work / "tree", work / "venv"
+    for folder in (tree, PRISTINE[0]):
+        if folder.exists():
+            shutil.rmtree(folder)
+        for f in _files(ROOT):
+            (folder / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, folder / f)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-e", f"{tree}[test]"],
+        check=True,
+        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+    )
+    return tree, python
+
+
+def _site(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def apply(m: Mutant, tree: Path, site: Path) -> None:
+    """Put the pristine file back, then edit it; the hook files are installed copies."""
+    target = tree / m.path
+    shutil.copy2(PRISTINE[0] / m.path, target)
+    text = target.read_text()
+    if text.count(m.old) != 1:
+        raise SystemExit(f"{m.id}: {m.path}: the text to mutate occurs {text.count(m.old)} times")
+    target.write_text(text.replace(m.old, m.new))
+    if target.parent.name == "src" and target.name.startswith("_numabind_"):
+        shutil.copy2(target, site / target.name)
+
+
+def restore(m: Mutant, tree: Path, site: Path) -> None:
+    shutil.copy2(PRISTINE[0] / m.path, tree / m.path)
+    if (tree / m.path).parent.name == "src" and Path(m.path).name.startswith("_numabind_"):
+        shutil.copy2(PRISTINE[0] / m.path, site / Path(m.path).name)
+
+
+def _pytest(python: Path, tree: Path, args: list[str], timeout: float) -> bool:
+    """True when the tests failed (the mutant is killed)."""
+    env = {k: v for k, v in os.environ.items() if k != "CI"}  # a skip is not a kill
+    try:
+        r = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                "-x",
+                "-q",
+                "-p",
+                "no:randomly",
+                "-p",
+                "no:cacheprovider",
+                *UNIT,
+                *args,
+            ],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return True  # a rule broken into a hang is caught too (the stage would time out)
+    return r.returncode != 0
+
+
+def run(m: Mutant, tree: Path, python: Path, site: Path) -> tuple[bool, str, float]:
+    t0 = time.monotonic()
+    apply(m, tree, site)
+    try:
+        if m.tests and _pytest(python, tree, list(m.tests), 600):
+            return True, "named tests", time.monotonic() - t0
+        if _pytest(python, tree, [], 900):
+            return True, "unit stage", time.monotonic() - t0
+        return False, "survived", time.monotonic() - t0
+    finally:
+        restore(m, tree, site)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sample", type=int, help="a fixed, evenly spread sample of N mutants")
+    ap.add_argument("--only", action="append", help="run this mutant (repeatable)")
+    ap.add_argument("--check", action="store_true", help="only check that every mutant applies")
+    ap.add_argument(
+        "--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "numabind-mutants")
+    )
+    args = ap.parse_args()
+    chosen = list(MUTANTS)
+    if args.only:
+        chosen = [m for m in MUTANTS if m.id in args.only]
+    elif args.sample:
+        step = max(1, len(MUTANTS) // args.sample)
+        chosen = list(MUTANTS[::step])[: args.sample]
+    if args.check:
+        bad = []
+        for m in MUTANTS:
+            n = (ROOT / m.path).read_text().count(m.old)
+            if n != 1:
+                bad.append(f"{m.id} {m.path}: occurs {n} times")
+        print("\n".join(bad) or f"all {len(MUTANTS)} mutants apply")
+        return 1 if bad else 0
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    PRISTINE[0] = work / "pristine"
+    tree, python = prepare(work)
+    site = _site(python)
+    results = []
+    for m in chosen:
+        killed, how, took = run(m, tree, python, site)
+        results.append((m, killed, how))
+        print(
+            f"{m.id} {'killed  ' if killed else 'SURVIVED'} {took:6.0f} s  {how:12} {m.rule}",
+            flush=True,
+        )
+    killed = sum(1 for _, k, _ in results if k)
+    print(f"\n{killed}/{len(results)} mutants killed ({killed / len(results):.0%})")
+    bad = [m for m, k, _ in results if not k and m.id not in EQUIVALENT]
+    for m, k, _ in results:
+        if not k:
+            why = EQUIVALENT.get(m.id, "NOT EXPLAINED: a rule no unit test guards")
+            print(f"  survivor {m.id} ({m.path}): {m.rule} -- {why}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,711 @@
+"""Host memory next to the GPU: buffers placed on a node, existing ranges moved there, and
+the placement measured from the kernel.
+
+The startup binding places what a rank's bound threads fault in.  What it cannot place is
+memory whose node is not the faulting thread's: a pool one process fills for every GPU, a
+region shared by ranks of both sockets, torch's pinned cache handing a block made for one
+device to another.  No CUDA allocation API takes "the caller's node"
+(``CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT`` is refused by ``cuMemCreate`` and the memory
+pools), so the node is resolved here and the pages placed before anyone registers them:
+
+* :func:`host_buffer` maps fresh memory (private, or a ``memfd`` another process can map),
+  sets the range's policy with ``mbind`` (placement does not depend on the calling
+  thread's binding), checks that the node (and the cgroup) can hold it, and populates it
+  in parallel from threads bound to the node's CPUs with ``MADV_POPULATE_WRITE`` through
+  ``syscall`` (which releases the GIL), touching where the kernel lacks it;
+* :func:`bind_range` does the same for memory that exists (a tensor's storage, a slice of
+  a shared region): whole pages inside the range, ``mbind`` with ``MPOL_MF_MOVE``, then
+  ``move_pages`` for what mbind left, every page that did not move counted by reason;
+* :func:`placement` says where the pages of a range are, asked of the kernel
+  (``move_pages`` in query mode; ``numa_maps`` where a seccomp profile refuses it).
+
+Where the memory-policy calls are refused (seccomp without CAP_SYS_NICE), placement falls
+back to first touch from threads bound to the node's CPUs, and the measured placement is
+reported.  Nothing here runs at startup: the module is imported by the functions only.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+
+from . import _kernel, _sysfs
+from ._errors import ConfigError, NumabindError
+from ._model import POLICIES, Record
+from ._sysfs import format_cpulist
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from ._topology import Machine
+
+PAGE = mmap.PAGESIZE
+HUGE = 2 << 20  # the huge page size numabind uses (x86-64 and arm64 with 4 KiB pages)
+MAP_HUGETLB = 0x40000
+MFD_CLOEXEC, MFD_HUGETLB = 1, 4
+MAX_THREADS = 64  # populating threads, whatever the node's size
+CHUNK = 16 << 20  # populate work items: large enough to amortise, small enough to balance
+QUERY_BATCH = 1 << 16  # pages per move_pages call
+BUFFER_POLICIES = ("bind", "preferred", "interleave")
+_REASONS = {
+    -errno.EBUSY: "busy (pinned for DMA, or locked)",
+    -errno.EACCES: "shared with another process",
+    -errno.ENOENT: "not present",
+    -errno.EFAULT: "not mapped",
+    -errno.ENOMEM: "no memory on the node",
+    -errno.EIO: "could not be written back",
+    -errno.EINVAL: "cannot move (a special page)",
+}
+
+
+class PlacementError(NumabindError, MemoryError):
+    """A buffer that cannot be placed as asked (the node or the cgroup cannot hold it, or
+    populating it failed); the message gives the figures.  Nothing is left mapped."""
+
+
+class RangeBinding(Record):
+    """What :func:`bind_range` did: the whole pages it covered (``start``, ``nbytes``),
+    the bytes at the edges left out (not whole pages), pages moved onto the target nodes,
+    pages that stayed elsewhere by reason, and the placement afterwards."""
+
+    start: int
+    nbytes: int
+    left_out: int
+    nodes: tuple[int, ...]
+    policy: str
+    moved: int
+    not_moved: dict[str, int]
+    placement: dict[int | None, int]
+    notes: tuple[str, ...] = ()
+
+
+# --- where the pages are -----------------------------------------------------------------------
+
+
+def placement(address: int, nbytes: int) -> dict[int | None, int]:
+    """Where the pages of a range are, asked of the kernel now.
+
+    ``address`` and ``nbytes`` give the range (rounded out to whole pages).  Returns
+    pages per node, and under ``None`` those not present (never touched, or swapped
+    out); from ``move_pages`` in query mode, in batches, or from ``numa_maps`` where a
+    seccomp profile refuses that call."""
+    start = address // PAGE * PAGE
+    count = (address + nbytes - start + PAGE - 1) // PAGE
+    out: dict[int | None, int] = {}
+    try:
+        for first in range(0, count, QUERY_BATCH):
+            n = min(QUERY_BATCH, count - first)
+            pages = [start + (first + i) * PAGE for i in range(n)]
+            for status in _kernel.move_pages(pages):
+                key = status if status >= 0 else None
+                out[key] = out.get(key, 0) + 1
+        return out
+    except OSError as err:
+        if err.errno != errno.EPERM:
+            raise
+    # move_pages refused: numa_maps counts what is resident per node, in 4 KiB units
+    found = _kernel.range_pages(start, start + count * PAGE) or {}
+    scale = max(PAGE // 4096, 1)
+    out = {node: n // scale for node, n in found.items()}
+    out[None] = max(count - sum(out.values()), 0)
+    return out
+
+
+def share_on(where: dict[int | None, int], nodes: Iterable[int]) -> float:
+    """The share of all pages of a placement that are on ``nodes``."""
+    total = sum(where.values())
+    on = sum(n for k, n in where.items() if k is not None and k in set(nodes))
+    return on / total if total else 0.0
+
+
+# --- which node ---------------------------------------------------------------------------------
+
+
+def _machine() -> Machine:
+    from ._environ import Config
+    from ._topology import Machine
+
+    return Machine.from_root(Config.from_env().sysroot)
+
+
+def target_nodes(
+    machine: Machine, device: int | str | None, node: int | Sequence[int] | None, caller: str
+) -> tuple[int, ...]:
+    """The nodes a buffer goes to: ``node`` as given, else the node the planner binds
+    ``device``'s ranks to, else the node of this process's binding."""
+    if node is not None:
+        nodes = (node,) if isinstance(node, int) else tuple(node)
+        if not nodes or any(not isinstance(n, int) or isinstance(n, bool) for n in nodes):
+            raise ConfigError(
+                f"{caller}: node= takes a node number or a list of them, not {node!r}"
+            )
+        for n in nodes:
+            if machine.node(n) is None:
+                raise ConfigError(
+                    f"{caller}: node {n} does not exist (nodes: {format_cpulist(machine.node_ids)})"
+                )
+        return tuple(sorted(set(nodes)))
+    if device is not None:
+        from ._devices import find_device, resolve
+        from ._plan import device_node
+
+        visible = resolve(machine, os.environ)
+        found, why = find_device(device, visible, machine)
+        if found is None:
+            raise ConfigError(f"{caller}: device {device!r}: {why}")
+        where = device_node(machine, found)
+        if where.node is None:
+            raise ConfigError(
+                f"{caller}: the NUMA node of device {device!r} ({found.pci}) is unknown; "
+                "give node= instead"
+            )
+        return (where.node,)
+    from ._apply import ACTIVE
+
+    bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
+    if bound is not None and bound.plan.numa_node is not None:
+        return (bound.plan.numa_node,)
+    raise ConfigError(
+        f"{caller}: give device= (an index, PCI address or UUID) or node=; this process "
+        "has no binding to take the node from"
+    )
+
+
+def _kernel_policy(machine: Machine, policy: str, nodes: tuple[int, ...]) -> tuple[str, str | None]:
+    """The kernel policy for a buffer policy over ``nodes``, and a note when it differs."""
+    if policy not in BUFFER_POLICIES:
+        raise ConfigError(f"policy={policy!r}: use one of {', '.join(BUFFER_POLICIES)}")
+    if policy == "preferred" and len(nodes) > 1:
+        many = POLICIES["preferred-many"]
+        if many.min_kernel is None or machine.kernel_at_least(*many.min_kernel):
+            return many.name, None
+        return "preferred", (
+            f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {nodes[0]}"
+        )
+    return policy, None
+
+
+def node_free_bytes(node: int) -> int | None:
+    """MemFree of a node (live sysfs), None when unknown."""
+    text = _sysfs.read_opt(f"/sys/devices/system/node/node{node}/meminfo")
+    for line in (text or "").splitlines():
+        if "MemFree:" in line:
+            value = _sysfs.parse_int(line.split()[-2])
+            return value * 1024 if value is not None else None
+    return None
+
+
+UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
+
+
+def cgroup_room() -> tuple[int, str] | None:
+    """Bytes this process's memory cgroup may still charge, for the tightest limit from
+    its cgroup up, and that cgroup's directory; None when nothing limits it.  cgroup v2
+    (``memory.max - memory.current``) and v1 (``memory.limit_in_bytes -
+    memory.usage_in_bytes``, under the memory controller's own hierarchy)."""
+    text = _sysfs.read_opt("/proc/self/cgroup") or ""
+    best: tuple[int, str] | None = None
+    for line in text.splitlines()[:64]:
+        ident, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if ident == "0" and controllers == "":
+            base, files = "/sys/fs/cgroup", ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            base, files = (
+                "/sys/fs/cgroup/memory",
+                ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+            )
+        else:
+            continue
+        parts = [p for p in path.strip().split("/") if p and p != ".."][:64]
+        for depth in range(len(parts), -1, -1):
+            d = "/".join([base, *parts[:depth]])
+            limit = _sysfs.parse_int((_sysfs.read_opt(f"{d}/{files[0]}") or "").strip())
+            used = _sysfs.parse_int(_sysfs.read_opt(f"{d}/{files[1]}"))
+            if limit is None or used is None or limit >= UNLIMITED:
+                continue
+            room = max(limit - used, 0)
+            if best is None or room < best[0]:
+                best = (room, d)
+    return best
+
+
+def _huge_free(node: int) -> int:
+    text = _sysfs.read_opt(
+        f"/sys/devices/system/node/node{node}/hugepages/hugepages-{HUGE >> 10}kB/free_hugepages"
+    )
+    return _sysfs.parse_int(text) or 0
+
+
+# --- populating ---------------------------------------------------------------------------------
+
+
+def _fill_cpus(machine: Machine, nodes: tuple[int, ...]) -> frozenset[int]:
+    """The CPUs that fault the pages in: the target nodes' own (those this process may
+    use), else the nearest node with CPUs (a memory-only target: a GPU's HBM node)."""
+    allowed = machine.allowed.cpus
+    cpus: set[int] = set()
+    for n in nodes:
+        found = machine.node(n)
+        if found is not None:
+            cpus |= found.cpus & allowed
+    if cpus:
+        return frozenset(cpus)
+    full = machine.node(nodes[0], full=True)
+    dist = dict(zip(machine.node_ids, full.distances)) if full and full.distances else {}
+    near = sorted(
+        (n for n in machine.cpu_nodes if n.cpus & allowed),
+        key=lambda n: (dist.get(n.id, 999), n.id),
+    )
+    return frozenset(near[0].cpus & allowed) if near else allowed
+
+
+def _cores(machine: Machine, cpus: frozenset[int]) -> int:
+    seen: set[int] = set()
+    cores = 0
+    for c in sorted(cpus):
+        if c not in seen:
+            seen |= machine.siblings_of(c) | {c}
+            cores += 1
+    return max(cores, 1)
+
+
+def populate(address: int, nbytes: int, cpus: frozenset[int], threads: int) -> tuple[str, int]:
+    """Fault every page of the range in from ``threads`` threads bound to ``cpus``
+    (``MADV_POPULATE_WRITE``; touching on kernels before 5.14).  Returns (how, threads
+    used).  Raises the first failure (the caller unmaps)."""
+    chunks = [
+        (a, min(CHUNK, address + nbytes - a)) for a in range(address, address + nbytes, CHUNK)
+    ]
+    threads = max(1, min(threads, len(chunks), MAX_THREADS))
+    how = ["MADV_POPULATE_WRITE"]
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def fill(start: int, length: int) -> None:
+        if how[0] == "MADV_POPULATE_WRITE":
+            try:
+                _kernel.madvise(start, length, _kernel.MADV_POPULATE_WRITE)
+                return
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+                how[0] = "touch"
+        import ctypes
+
+        ctypes.memset(start, 0, length)  # a foreign call: the GIL is released
+
+    def worker() -> None:
+        try:
+            os.sched_setaffinity(0, cpus)  # this thread only
+        except OSError:
+            pass
+        while True:
+            with lock:
+                if not chunks or failures:
+                    return
+                start, length = chunks.pop()
+            try:
+                fill(start, length)
+            except BaseException as err:
+                with lock:
+                    failures.append(err)
+                return
+
+    pool = [threading.Thread(target=worker, name=f"numabind-populate-{i}") for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if failures:
+        raise failures[0]
+    return how[0], threads
+
+
+# --- the buffer ---------------------------------------------------------------------------------
+
+
+class HostBuffer:
+    """Host memory placed on NUMA nodes (see :func:`numabind.host_buffer`).
+
+    ``address``, ``nbytes`` (exactly what was asked), ``mapped_bytes`` (the mapping, whole
+    pages or huge pages), ``nodes``, ``policy`` (the kernel policy set, or ``first-touch``
+    where memory-policy calls are refused), ``huge`` (``hugetlb``, ``thp`` or None),
+    ``fd`` (a memfd another process can map, when ``shared``), ``populated`` (how:
+    ``MADV_POPULATE_WRITE``, ``touch`` or None) and ``notes``.  A context manager;
+    :meth:`close` unmaps, and raises ``BufferError`` while a view or a tensor still uses
+    the memory, as ``mmap`` does.
+    """
+
+    def __init__(
+        self,
+        mapping: mmap.mmap,
+        address: int,
+        nbytes: int,
+        nodes: tuple[int, ...],
+        policy: str,
+        fd: int | None,
+        huge: str | None,
+    ) -> None:
+        self._mmap: mmap.mmap | None = mapping
+        self.address = address
+        self.nbytes = nbytes
+        self.mapped_bytes = len(mapping)
+        self.nodes = nodes
+        self.policy = policy
+        self.fd = fd
+        self.huge = huge
+        self.populated: str | None = None
+        self.threads = 0
+        self.notes: list[str] = []
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` unmapped the buffer."""
+        return self._mmap is None
+
+    def view(self) -> memoryview:
+        """A writable view of exactly ``nbytes`` (it keeps the mapping alive)."""
+        if self._mmap is None:
+            raise ValueError("the host buffer is closed")
+        return memoryview(self._mmap)[: self.nbytes]
+
+    def placement(self) -> dict[int | None, int]:
+        """Pages of the buffer per node (``None``: not present), measured now."""
+        if self._mmap is None:
+            raise ValueError("the host buffer is closed")
+        return placement(self.address, self.mapped_bytes)
+
+    def close(self) -> None:
+        """Unmap the buffer (and close its memfd).  Raises ``BufferError``, changing
+        nothing, while a view or a tensor still uses the memory.  Closing twice is fine."""
+        if self._mmap is None:
+            return
+        self._mmap.close()  # BufferError while exported: nothing changed, still open
+        self._mmap = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        _forget(self)
+
+    def __enter__(self) -> HostBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._mmap is None else f"0x{self.address:x}"
+        return (
+            f"HostBuffer({state}, {self.nbytes} bytes, nodes {format_cpulist(self.nodes)}, "
+            f"{self.policy})"
+        )
+
+
+_live: dict[int, tuple[int, int, tuple[int, ...], str]] = {}  # id -> what the registry lists
+_live_lock = threading.Lock()
+
+
+def _remember(buf: HostBuffer) -> None:
+    with _live_lock:
+        _live[id(buf)] = (buf.address, buf.mapped_bytes, buf.nodes, buf.policy)
+    _register()
+
+
+def _forget(buf: HostBuffer) -> None:
+    with _live_lock:
+        _live.pop(id(buf), None)
+    _register()
+
+
+def buffers() -> tuple[tuple[int, int, tuple[int, ...], str], ...]:
+    """The host buffers this process made and has not closed (for the registry)."""
+    with _live_lock:
+        return tuple(sorted(_live.values()))
+
+
+def _register() -> None:
+    """Re-register this process's binding with its buffers, so ``check`` measures them."""
+    from ._apply import ACTIVE
+
+    top = next((b for b in reversed(ACTIVE) if b.registered), None)
+    if top is None:
+        return
+    from . import _registry
+
+    _registry.register(top.entry())
+
+
+def _map(mapped: int, shared: bool, hugetlb: bool) -> tuple[mmap.mmap, int | None]:
+    flags = MAP_HUGETLB if hugetlb else 0
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    if not shared:
+        return mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | flags, prot=prot), None
+    fd = os.memfd_create("numabind-host-buffer", MFD_CLOEXEC | (MFD_HUGETLB if hugetlb else 0))
+    try:
+        os.ftruncate(fd, mapped)
+        return mmap.mmap(fd, mapped, flags=mmap.MAP_SHARED, prot=prot), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _address(mapping: mmap.mmap) -> int:
+    import ctypes
+
+    cell = ctypes.c_char.from_buffer(mapping)
+    try:
+        return ctypes.addressof(cell)
+    finally:
+        del cell  # release the export: close() must work
+
+
+def _check_room(nbytes: int, nodes: tuple[int, ...], caller: str) -> None:
+    """Refuse, with the figures, a buffer the target nodes or the cgroup cannot hold
+    (before anything is mapped: a bound fault on a full node is the OOM killer's)."""
+    free = [node_free_bytes(n) for n in nodes]
+    if all(f is not None for f in free):
+        total = sum(f for f in free if f is not None)
+        if nbytes > total:
+            raise PlacementError(
+                f"{caller}: {nbytes / (1 << 20):.0f} MiB do not fit on node"
+                f"{'s' if len(nodes) > 1 else ''} {format_cpulist(nodes)} "
+                f"({total / (1 << 20):.0f} MiB free); nothing was mapped"
+            )
+    room = cgroup_room()
+    if room is not None and nbytes > room[0]:
+        raise PlacementError(
+            f"{caller}: {nbytes / (1 << 20):.0f} MiB exceed what the cgroup {room[1]} may "
+            f"still charge ({room[0] / (1 << 20):.0f} MiB); nothing was mapped"
+        )
+
+
+def host_buffer(
+    nbytes: int,
+    *,
+    device: int | str | None = None,
+    node: int | Sequence[int] | None = None,
+    policy: str = "bind",
+    populate: bool = True,
+    huge: bool = False,
+    shared: bool = False,
+    threads: int | None = None,
+) -> HostBuffer:
+    """Map ``nbytes`` of host memory on a GPU's NUMA node, populated and verifiable.
+
+    For the memory the GPU reads and writes (pinned staging buffers, KV-cache offload
+    pools, activation offload): the startup binding places what a rank's threads fault
+    in, but a pool filled by one process for several GPUs, or by a thread bound
+    elsewhere, lands wherever that thread runs.  Here the node is resolved and the pages
+    are placed by the range's own policy, whatever the calling thread's binding::
+
+        with numabind.host_buffer(8 << 30, device=5) as buf:   # on GPU 5's node
+            view = buf.view()                                   # exactly 8 GiB
+            assert buf.placement().get(None, 0) == 0            # every page present
+
+    ``device`` is what :func:`numabind.apply` accepts (an index among the visible devices,
+    a PCI address or a UUID) and resolves to the node the planner binds that GPU's ranks
+    to; ``node`` names the node(s) directly (an int or a list; a GPU's own memory node on
+    GH200/GB200 only this way); neither: the node of this process's binding, else a
+    :class:`~numabind.ConfigError` naming both ways.  A node outside this process's
+    ``cpuset.mems`` is a ``ConfigError`` too.  ``policy`` is ``bind`` (only there),
+    ``preferred`` (there while it has room; over several nodes MPOL_PREFERRED_MANY on
+    Linux >= 5.15, else the first node, said in ``notes``) or ``interleave`` (page by
+    page over the nodes, for a pool GPUs on several sockets read).  ``populate`` (default
+    True) faults every page in now: the nodes' free memory and the cgroup's limit are
+    checked first (a :class:`PlacementError` with the figures, nothing mapped), then
+    ``threads`` threads (default: one per physical core of the node, at most 64) bound
+    to the node's CPUs populate it in parallel with ``MADV_POPULATE_WRITE`` (touching on
+    kernels before 5.14); a failure unmaps and raises.  ``huge`` maps huge pages when
+    the node has enough free (hugetlb), else asks for transparent huge pages
+    (``madvise``), said in ``notes``.  ``shared`` backs the buffer with a ``memfd``
+    (``.fd``) another process can map.  Where the container refuses memory-policy calls,
+    the pages are placed by first touch from threads on the node's CPUs (``policy`` is
+    then ``first-touch``) and :meth:`HostBuffer.placement` says where they are.
+
+    A bound rank that registered for ``numabind check`` lists its buffers there, and
+    ``check`` measures each one's placement.
+    """
+    caller = "numabind.host_buffer()"
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError(f"{caller}: nbytes must be a positive integer, not {nbytes!r}")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise ConfigError(f"{caller}: threads must be a positive integer, not {threads!r}")
+    machine = _machine()
+    try:
+        nodes = target_nodes(machine, device, node, caller)
+        allowed = machine.allowed.mems
+        if allowed is not None and set(nodes) - allowed:
+            raise ConfigError(
+                f"{caller}: node {format_cpulist(set(nodes) - allowed)} is outside this "
+                f"process's cpuset.mems ({format_cpulist(allowed)}): the kernel would not "
+                "place memory there"
+            )
+        kpolicy, note = _kernel_policy(machine, policy, nodes)
+        if note:
+            nodes = nodes[:1]
+        if populate:
+            _check_room(nbytes, nodes, caller)
+        hugetlb = (
+            huge and all(_huge_free(n) * HUGE >= nbytes for n in nodes[:1]) and len(nodes) == 1
+        )
+        unit = HUGE if huge else PAGE
+        mapped = (nbytes + unit - 1) // unit * unit
+        mapping, fd = _map(mapped, shared, hugetlb)
+        buf = HostBuffer(
+            mapping,
+            _address(mapping),
+            nbytes,
+            nodes,
+            kpolicy,
+            fd,
+            "hugetlb" if hugetlb else ("thp" if huge else None),
+        )
+        try:
+            _place(buf, machine, kpolicy, note, huge and not hugetlb, populate, threads)
+        except BaseException:
+            buf.close()
+            raise
+    finally:
+        machine.close()
+    _remember(buf)
+    return buf
+
+
+def _place(
+    buf: HostBuffer,
+    machine: Machine,
+    kpolicy: str,
+    note: str | None,
+    thp: bool,
+    fill: bool,
+    threads: int | None,
+) -> None:
+    if note:
+        buf.notes.append(note)
+    if thp:
+        try:
+            _kernel.madvise(buf.address, buf.mapped_bytes, _kernel.MADV_HUGEPAGE)
+            buf.notes.append("no free huge pages on the node: transparent huge pages (madvise)")
+        except OSError as err:
+            buf.notes.append(f"transparent huge pages not available ({err}): normal pages")
+            buf.huge = None
+    try:
+        _kernel.mbind(buf.address, buf.mapped_bytes, kpolicy, buf.nodes)
+    except OSError as err:
+        if err.errno != errno.EPERM:
+            raise
+        buf.policy = "first-touch"
+        buf.notes.append(
+            f"{err}: placed by first touch from threads on node "
+            f"{format_cpulist(buf.nodes)}'s CPUs instead"
+        )
+    if not fill:
+        return
+    cpus = _fill_cpus(machine, buf.nodes)
+    want = threads if threads is not None else _cores(machine, cpus)
+    try:
+        buf.populated, buf.threads = populate(buf.address, buf.mapped_bytes, cpus, want)
+    except OSError as err:
+        raise PlacementError(
+            f"numabind.host_buffer(): populating {buf.nbytes / (1 << 20):.0f} MiB on node "
+            f"{format_cpulist(buf.nodes)} failed ({err}); nothing was left mapped"
+        ) from err
+
+
+# --- memory that exists -------------------------------------------------------------------------
+
+
+def bind_range(
+    address: int,
+    nbytes: int,
+    node: int | Sequence[int],
+    *,
+    policy: str = "bind",
+    move: bool = True,
+) -> RangeBinding:
+    """Place memory that exists already (a tensor's storage, one rank's slice of a shared
+    region) on ``node``: its policy set and its present pages moved.
+
+    ``address`` and ``nbytes`` give the range; only whole pages inside it are bound, and
+    the bytes at the edges that are not are counted in ``left_out`` and said in
+    ``notes``.  ``node`` is a node number or a list of them; ``policy`` is ``bind``,
+    ``preferred`` or ``interleave`` as for :func:`host_buffer`.  With ``move`` (default
+    True) the present pages are moved (``mbind`` with ``MPOL_MF_MOVE``, then
+    ``move_pages`` for what it left); pages that cannot move (pinned for DMA, locked,
+    shared with another process) are counted by reason in ``not_moved`` and never as
+    moved.  Returns a :class:`RangeBinding` with the placement afterwards.  Raises
+    :class:`~numabind.KernelError` when the kernel refuses the policy (a seccomp profile:
+    EPERM).
+    """
+    caller = "numabind.bind_range()"
+    if isinstance(address, bool) or not isinstance(address, int) or address < 0:
+        raise ConfigError(f"{caller}: address must be a non-negative integer, not {address!r}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError(f"{caller}: nbytes must be a positive integer, not {nbytes!r}")
+    machine = _machine()
+    try:
+        nodes = target_nodes(machine, None, node, caller)
+        kpolicy, note = _kernel_policy(machine, policy, nodes)
+    finally:
+        machine.close()
+    if note:
+        nodes = nodes[:1]
+    start = (address + PAGE - 1) // PAGE * PAGE
+    end = (address + nbytes) // PAGE * PAGE
+    notes = [note] if note else []
+    if end <= start:
+        raise ConfigError(
+            f"{caller}: [0x{address:x}, +{nbytes}) holds no whole page ({PAGE} bytes): "
+            "nothing to bind"
+        )
+    left_out = nbytes - (end - start)
+    if left_out:
+        notes.append(f"{left_out} bytes at the edges are not whole pages: left as they are")
+    before = placement(start, end - start)
+    off_before = sum(n for k, n in before.items() if k is not None and k not in nodes)
+    _kernel.mbind(start, end - start, kpolicy, nodes, _kernel.MPOL_MF_MOVE if move else 0)
+    not_moved: dict[str, int] = {}
+    if move:
+        not_moved = _move_leftovers(start, end, nodes)
+    after = placement(start, end - start)
+    off_after = sum(n for k, n in after.items() if k is not None and k not in nodes)
+    if move and off_after and not not_moved:
+        not_moved["unknown"] = off_after
+    return RangeBinding(
+        start=start,
+        nbytes=end - start,
+        left_out=left_out,
+        nodes=nodes,
+        policy=kpolicy,
+        moved=max(off_before - off_after, 0),
+        not_moved=not_moved,
+        placement=after,
+        notes=tuple(notes),
+    )
+
+
+def _move_leftovers(start: int, end: int, nodes: tuple[int, ...]) -> dict[str, int]:
+    """Pages mbind left off the target nodes: move_pages each (spread over ``nodes`` in
+    page order, as interleave does), and count those that still did not move, by reason."""
+    reasons: dict[str, int] = {}
+    count = (end - start) // PAGE
+    for first in range(0, count, QUERY_BATCH):
+        n = min(QUERY_BATCH, count - first)
+        pages = [start + (first + i) * PAGE for i in range(n)]
+        where = _kernel.move_pages(pages)
+        off = [(p, i) for i, (p, w) in enumerate(zip(pages, where)) if w >= 0 and w not in nodes]
+        if not off:
+            continue
+        targets = [nodes[(first + i) % len(nodes)] for _, i in off]
+        result = _kernel.move_pages([p for p, _ in off], targets)
+        for status, target in zip(result, targets):
+            if status != target:
+                why = _REASONS.get(status, f"status {status}") if status < 0 else "stayed"
+                reasons[why] = reasons.get(why, 0) + 1
+    return reasons
