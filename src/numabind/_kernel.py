@@ -356,7 +356,26 @@ def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int 
 
 
 MADV_HUGEPAGE = 14
+MADV_DONTDUMP = 16
 MADV_POPULATE_WRITE = 23
+PR_SET_VMA, PR_SET_VMA_ANON_NAME = 0x53564D41, 0
+
+
+def name_mapping(addr: int, length: int, name: str) -> bool:
+    """Give an anonymous mapping its own name in /proc/PID/maps (``[anon:NAME]``, Linux
+    5.17+ with CONFIG_ANON_VMA_NAME), which also keeps the kernel from merging it with
+    its neighbours; False where the kernel cannot."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    res = libc.prctl(
+        ctypes.c_int(PR_SET_VMA),
+        ctypes.c_ulong(PR_SET_VMA_ANON_NAME),
+        ctypes.c_ulong(addr),
+        ctypes.c_ulong(length),
+        ctypes.c_char_p(name.encode()),
+    )
+    return int(res) == 0
 
 
 def madvise(addr: int, length: int, advice: int) -> None:
@@ -374,14 +393,22 @@ def madvise(addr: int, length: int, advice: int) -> None:
 
 
 def range_pages(start: int, end: int, pid: int | str = "self") -> dict[int, int] | None:
-    """Resident pages per node of every mapping that starts inside ``[start, end)`` (one
-    buffer, which mbind may have split), in 4 KiB units, from ``/proc/PID/numa_maps``;
-    None when no mapping starts there.  Shared and huge-page mappings count too."""
+    """Resident pages per node of the mappings that make up ``[start, end)`` (one buffer,
+    which mbind may have split), in 4 KiB units, from ``/proc/PID/numa_maps`` (a mapping
+    that began before ``start`` counts whole: numa_maps says no finer); None when nothing
+    is mapped there.  Shared and huge-page mappings count too."""
     found: dict[int, int] | None = None
+    first = start  # the mapping holding ``start`` may begin before it
+    for line in Lines(f"/proc/{pid}/maps"):
+        a, _, rest = line.partition("-")
+        lo, hi = _hex(a), _hex(rest.split(None, 1)[0] if rest else "")
+        if lo is not None and hi is not None and lo <= start < hi:
+            first = lo
+            break
     for line in Lines(f"/proc/{pid}/numa_maps"):
         fields = line.split()
         addr = _hex(fields[0]) if fields else None
-        if addr is None or not start <= addr < end:
+        if addr is None or not first <= addr < end:
             continue
         page_kb = 4
         for f in fields[2:]:

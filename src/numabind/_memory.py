@@ -453,6 +453,21 @@ def _map(mapped: int, shared: bool, hugetlb: bool) -> tuple[mmap.mmap, int | Non
         raise
 
 
+def _own_mapping(address: int, length: int) -> str | None:
+    """Keep a private buffer a mapping of its own (not merged with its neighbours), so
+    that numa_maps, where move_pages is refused, measures the buffer alone: named
+    ``[anon:numabind-host-buffer]`` where the kernel can (5.17+), else left out of core
+    dumps (a flag the neighbours lack; a pool of many GiB in a core file helps no one).
+    Returns a note for the second case."""
+    try:
+        if _kernel.name_mapping(address, length, "numabind-host-buffer"):
+            return None
+        _kernel.madvise(address, length, _kernel.MADV_DONTDUMP)
+    except OSError:
+        return None
+    return "left out of core dumps (keeps it a mapping of its own on this kernel)"
+
+
 def _address(mapping: mmap.mmap) -> int:
     import ctypes
 
@@ -588,6 +603,7 @@ def _place(
 ) -> None:
     if note:
         buf.notes.append(note)
+    separate = _own_mapping(buf.address, buf.mapped_bytes) if buf.fd is None else None
     if thp:
         try:
             _kernel.madvise(buf.address, buf.mapped_bytes, _kernel.MADV_HUGEPAGE)
@@ -605,6 +621,8 @@ def _place(
             f"{err}: placed by first touch from threads on node "
             f"{format_cpulist(buf.nodes)}'s CPUs instead"
         )
+    if separate:
+        buf.notes.append(separate)
     if not fill:
         return
     cpus = _fill_cpus(machine, buf.nodes)
