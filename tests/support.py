@@ -117,3 +117,24 @@ def venv_with_numabind(where: str, hook: bool) -> str:
     if hook:
         Path(site, "_numabind_hook.pth").write_text((src / "_numabind_hook.pth").read_text())
     return python
+
+
+_RUNNABLE: dict[int, str] = {}
+
+
+def python_for(uid: int) -> str:
+    """An interpreter that ``uid`` can start (for an attacker played with setpriv): this
+    one, unless it loads a libpython under a home the uid cannot enter (pyenv's under
+    /root), else the system's ``python3``.  The attacker's code needs only numabind's
+    sources on PYTHONPATH, which every supported Python reads."""
+    if uid not in _RUNNABLE:
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        for candidate in (sys.executable, "/usr/bin/python3"):
+            probe = [*drop, candidate, "-c", "import sys; assert sys.version_info >= (3, 10)"]
+            ok = subprocess.run(probe, capture_output=True, cwd="/").returncode == 0
+            if ok:
+                _RUNNABLE[uid] = candidate
+                break
+        else:
+            raise AssertionError(f"no Python that uid {uid} can run (tried {sys.executable})")
+    return _RUNNABLE[uid]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import synth
-from support import clean_env, py
+from support import clean_env, py, python_for
 
 ATTACKER = 43211
 FORGED = "\x1b]0;pwned\x07\x1b[2J\x1b[H\x1b[32mOK       pid 1: all fine\x1b[0m\r\n\x9b2J\u202e"
@@ -94,7 +94,7 @@ def test_root_check_all_prints_no_control_character_another_user_wrote(
             f"--reuid={ATTACKER}",
             f"--regid={ATTACKER}",
             "--clear-groups",
-            sys.executable,
+            python_for(ATTACKER),
             "-I",
             "-S",
             "-c",
@@ -376,7 +376,7 @@ def test_check_of_a_process_another_user_owns_is_one_clear_verdict() -> None:
                 f"--reuid={ATTACKER}",
                 f"--regid={ATTACKER}",
                 "--clear-groups",
-                sys.executable,
+                python_for(ATTACKER),
                 "-m",
                 "numabind",
                 "check",
@@ -423,7 +423,7 @@ def test_no_registry_inside_a_base_another_user_owns() -> None:
             f"--reuid={ATTACKER}",
             f"--regid={ATTACKER}",
             "--clear-groups",
-            sys.executable,
+            python_for(ATTACKER),
             "-c",
             code,
         ],
