@@ -558,6 +558,7 @@ def test_host_buffer_first_touch_under_seccomp(vm: dict[str, Any]) -> None:
     assert _on(b["maps"], "1") >= 0.99, b
 
 
+@pytest.mark.torch
 def test_torch_tensor_on_a_node_is_exact_and_placed(vm_torch: dict[str, Any]) -> None:
     d = vm_torch["empty_on_node"]
     assert d["nbytes"] == 64 << 20, "exactly numel * itemsize, not a power of two"
