@@ -20,10 +20,10 @@ import sys
 from . import _kernel
 from ._apply import Binding, enter
 from ._devices import find_device, resolve
-from ._environ import MAX_LOCAL, Config, RankInfo, detect
+from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
-from ._model import MODE_NAMES, USER_POLICIES, Record
+from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record
 from ._plan import Plan, plan, request_for
 from ._topology import Machine
 
@@ -65,6 +65,28 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str | N
     return value
 
 
+def _check_reserve(value: object) -> str | None:
+    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"reserve must be an int, a str or None, not {type(value).__name__}")
+    if isinstance(value, int) and not 0 <= value < 1 << 16:
+        raise ConfigError(f"reserve must be a core count of 0 or more, not {value}")
+    return parse_reserve(str(value), "reserve")
+
+
+def _check_smt(value: object) -> str | None:
+    """``smt=1`` (or ``"1"``) or ``"all"`` as NUMABIND_SMT."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value != 1:
+            raise ConfigError(f"smt={value!r} is not one of 1, 'all'")
+        return "1"
+    return _check_choice("smt", value, SMT_LEVELS)
+
+
 def _check_device(device: object) -> int | str | None:
     if device is None or isinstance(device, str):
         if isinstance(device, str) and (not device.strip() or len(device) > 128):
@@ -89,6 +111,8 @@ def plan_for(
     local_world_size: int | None = None,
     machine: Machine | None = None,
     environ: Mapping[str, str] | None = None,
+    reserve: int | str | None = None,
+    smt: int | str | None = None,
 ) -> Plan:
     """The plan :func:`apply` would apply, without applying it.
 
@@ -97,7 +121,10 @@ def plan_for(
     (``0000:3b:00.0``, NVML's ``00000000:3B:00.0`` too) or a ``GPU-`` UUID (a unique
     prefix is enough).  ``mode`` and ``memory`` are as NUMABIND_MODE / NUMABIND_MEMORY;
     ``local_world_size`` tells exclusive/core-complex modes how many ranks share a node.
-    ``machine`` plans on another machine (default: this one, or NUMABIND_SYSROOT).
+    ``reserve`` (``2``, ``"2/node"``, ``"1/rank"``) and ``smt`` (``1`` or ``"all"``) are as
+    NUMABIND_RESERVE / NUMABIND_SMT: cores kept out of the compute set for helpers, and
+    one hardware thread per core.  ``machine`` plans on another machine (default: this
+    one, or NUMABIND_SYSROOT).
     Arguments left None come from the environment (``environ``, default ``os.environ``).
     Bad arguments raise ``TypeError`` or :class:`~numabind.ConfigError`.
     """
@@ -106,10 +133,11 @@ def plan_for(
     device = _check_device(device)
     mode = _check_choice("mode", mode, MODE_NAMES)
     memory = _check_choice("memory", memory, MEMORY_POLICIES)
+    roles = (_check_reserve(reserve), _check_smt(smt))
     env = os.environ if environ is None else environ
     cfg = Config.from_env(env)
     m = machine if machine is not None else Machine.from_root(cfg.sysroot)
-    return _plan(m, env, cfg, local_rank, device, mode, memory, local_world_size)
+    return _plan(m, env, cfg, local_rank, device, mode, memory, local_world_size, roles=roles)
 
 
 def _plan(
@@ -122,7 +150,10 @@ def _plan(
     memory: str | None,
     local_world_size: int | None,
     source: str = "device argument",
+    roles: tuple[str | None, str | None] = (None, None),
 ) -> Plan:
+    """The plan of an API call: arguments left None come from ``cfg``; ``roles`` is
+    (reserve, smt), each None for the configuration's."""
     if local_rank is not None:
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
@@ -147,7 +178,15 @@ def _plan(
             chosen = device
         if info.local_rank is None:  # the device was named: say by whom, found or not
             info = RankInfo(rank_source=source)
-    request = request_for(info, visible, mode or cfg.mode, memory or cfg.memory)
+    reserve, smt = roles
+    request = request_for(
+        info,
+        visible,
+        mode or cfg.mode,
+        memory or cfg.memory,
+        reserve=cfg.reserve if reserve is None else reserve,
+        smt=smt or cfg.smt,
+    )
     return plan(m, request.replace(device=chosen))
 
 
@@ -160,6 +199,8 @@ def apply(
     migrate: bool = True,
     strict: bool | None = None,
     local_world_size: int | None = None,
+    reserve: int | str | None = None,
+    smt: int | str | None = None,
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
@@ -169,15 +210,15 @@ def apply(
             numabind.apply(device=local_rank)   # or a PCI address / UUID
             torch.cuda.set_device(local_rank)
 
-    ``local_rank``, ``device``, ``mode``, ``memory`` and ``local_world_size`` choose the
-    plan as in :func:`plan_for`.  Every thread's CPU mask is rebound (threads already
-    inside the plan are kept); the memory policy is set for the *calling thread* and what
-    it starts afterwards; with ``migrate`` (default True) the private anonymous pages
-    already on other nodes are moved.  The result prints as one line, says what was
-    skipped and why, and restores the previous state with ``restore()`` or as a context
-    manager (bindings nest; see :class:`Binding`).  ``strict`` (default: NUMABIND_STRICT)
-    raises :class:`~numabind.BindingError` instead of recording failures.  Thread-safe:
-    concurrent calls are serialised.
+    ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve`` and
+    ``smt`` choose the plan as in :func:`plan_for`.  Every thread's CPU mask is rebound
+    (threads already inside the plan are kept); the memory policy is set for the *calling
+    thread* and what it starts afterwards; with ``migrate`` (default True) the private
+    anonymous pages already on other nodes are moved.  The result prints as one line,
+    says what was skipped and why, and restores the previous state with ``restore()`` or
+    as a context manager (bindings nest; see :class:`Binding`).  ``strict`` (default:
+    NUMABIND_STRICT) raises :class:`~numabind.BindingError` instead of recording
+    failures.  Thread-safe: concurrent calls are serialised.
     """
     if not isinstance(migrate, bool):
         raise TypeError(f"migrate must be a bool, not {type(migrate).__name__}")
@@ -192,6 +233,7 @@ def apply(
         strict=strict,
         local_world_size=_check_count("local_world_size", local_world_size, 1),
         report=False,
+        roles=(_check_reserve(reserve), _check_smt(smt)),
     )
 
 
@@ -208,6 +250,7 @@ def bind(
     report: bool = True,
     prefix: str = "",
     source: str = "device argument",
+    roles: tuple[str | None, str | None] = (None, None),
 ) -> Binding:
     """Plan this process's binding from ``os.environ`` and enter it through the one
     protocol (:func:`numabind._apply.enter`); the guards are armed for a binding that
@@ -218,7 +261,16 @@ def bind(
     machine = Machine.from_root(cfg.sysroot)
     try:
         p = _plan(
-            machine, os.environ, cfg, local_rank, device, mode, memory, local_world_size, source
+            machine,
+            os.environ,
+            cfg,
+            local_rank,
+            device,
+            mode,
+            memory,
+            local_world_size,
+            source,
+            roles=roles,
         )
         binding = enter(
             p,
@@ -271,6 +323,8 @@ def numa_bound(
     rank_arg: int | str | None = None,
     migrate: bool = True,
     strict: bool | None = None,
+    reserve: int | str | None = None,
+    smt: int | str | None = None,
 ) -> Callable[[F], F]: ...
 def numa_bound(
     func: F | None = None,
@@ -280,6 +334,8 @@ def numa_bound(
     rank_arg: int | str | None = None,
     migrate: bool = True,
     strict: bool | None = None,
+    reserve: int | str | None = None,
+    smt: int | str | None = None,
 ) -> Any:
     """Decorator: bind the process when the function is called (not when decorated).
 
@@ -287,12 +343,13 @@ def numa_bound(
     keyword name or a position) if given, else from the environment, else, in a
     multiprocessing child, from the first positional argument when it is an int
     (``torch.multiprocessing.spawn(fn)`` passes the process index first).  ``mode``,
-    ``memory``, ``migrate`` and ``strict`` are as in :func:`apply`.  The binding stays
-    after the call: the function is the process's work.  Usable bare (``@numa_bound``) or
-    with arguments (``@numa_bound(mode="exclusive")``).
+    ``memory``, ``migrate``, ``strict``, ``reserve`` and ``smt`` are as in :func:`apply`.
+    The binding stays after the call: the function is the process's work.  Usable bare
+    (``@numa_bound``) or with arguments (``@numa_bound(mode="exclusive")``).
     """
     _check_choice("mode", mode, MODE_NAMES)
     _check_choice("memory", memory, MEMORY_POLICIES)
+    roles = (_check_reserve(reserve), _check_smt(smt))
     if rank_arg is not None and (
         isinstance(rank_arg, bool) or not isinstance(rank_arg, (int, str))
     ):
@@ -304,7 +361,9 @@ def numa_bound(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rank = _rank_from_call(rank_arg, args, kwargs)
-            binding = bind(rank, mode=mode, memory=memory, migrate=migrate, strict=strict)
+            binding = bind(
+                rank, mode=mode, memory=memory, migrate=migrate, strict=strict, roles=roles
+            )
             wrapper.binding = binding  # type: ignore[attr-defined]
             return fn(*args, **kwargs)
 

@@ -247,6 +247,7 @@ class Binding:
             reason=p.reason,
             threads=p.threads,
             thread_env=self.thread_env,
+            helpers=p.helpers,
         )
 
     @property

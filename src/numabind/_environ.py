@@ -41,7 +41,15 @@ import os
 import stat
 import sys
 
-from ._model import MODE_NAMES, RANK_VARIABLE_NAMES, RANK_VARIABLES, USER_POLICIES, Record
+from ._model import (
+    MODE_NAMES,
+    RANK_VARIABLE_NAMES,
+    RANK_VARIABLES,
+    RESERVE_SCOPES,
+    SMT_LEVELS,
+    USER_POLICIES,
+    Record,
+)
 from ._sysfs import short
 
 TYPE_CHECKING = False
@@ -54,6 +62,7 @@ if TYPE_CHECKING:
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")
 ENABLE_VALUES = ("auto", "force", "respect", "0", "off")
+MAX_RESERVE = 4096  # cores: no node has more (x86_64 MAXSMP is 8192 CPUs in all)
 MAX_THREADS = 1 << 16
 
 
@@ -64,7 +73,7 @@ class Knob(Record):
 
     name: str
     field: str
-    kind: str  # "choice", "flag", "threads", "path", "raw"
+    kind: str  # "choice", "flag", "threads", "reserve", "path", "raw"
     default: str
     help: str
     values: tuple[str, ...] = ()
@@ -99,6 +108,25 @@ KNOBS: tuple[Knob, ...] = (
         default="preferred",
         binding=True,
         help="the memory policy a rank gets",
+    ),
+    Knob(
+        name="NUMABIND_RESERVE",
+        field="reserve",
+        kind="reserve",
+        default="0",
+        binding=True,
+        help="n, n/node or n/rank: keep n physical cores of each node (or n per local rank "
+        "on it) out of every rank's compute set, for the system and helper processes",
+    ),
+    Knob(
+        name="NUMABIND_SMT",
+        field="smt",
+        kind="choice",
+        values=SMT_LEVELS,
+        default="all",
+        binding=True,
+        help="all: every hardware thread of a rank's cores; 1: one per core (the thread "
+        "budget follows)",
     ),
     Knob(
         name="NUMABIND_STRICT",
@@ -216,6 +244,30 @@ def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
     raise _invalid(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
 
 
+def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> str:
+    """``n``, ``n/node`` or ``n/rank`` (n physical cores, 0 for none), as the canonical
+    ``n/node`` / ``n/rank`` or ``""`` for no reservation."""
+    if raw is None:
+        return ""
+    value = raw.strip().lower()
+    if value in ("", *FALSE, "none"):
+        return ""
+    count, sep, scope = value.partition("/")
+    scope = scope.strip() if sep else "node"
+    count = count.strip()
+    if (
+        scope in RESERVE_SCOPES
+        and count.isascii()
+        and count.isdigit()
+        and len(count) < 6
+        and int(count) <= MAX_RESERVE
+    ):
+        return f"{int(count)}/{scope}" if int(count) else ""
+    raise _invalid(
+        f"{name}={short(raw)} is not n, n/node or n/rank (n physical cores, 0 to {MAX_RESERVE})"
+    )
+
+
 def _choice(knob: Knob, raw: str | None) -> str:
     if raw is None or raw.strip() == "":
         return knob.default
@@ -315,6 +367,8 @@ class Config(Record):
     enable: str = "auto"
     mode: str = "node"
     memory: str = "preferred"
+    reserve: str = ""  # "" or the canonical "n/node" / "n/rank"
+    smt: str = "all"
     strict: bool = False
     threads: str = "off"  # "off", "auto" or a decimal count
     verbose: bool = False
@@ -351,6 +405,8 @@ class Config(Record):
                     value = parse_flag(knob.name, raw, knob.default in TRUE)
                 elif knob.kind == "threads":
                     value = parse_threads(raw, knob.name)
+                elif knob.kind == "reserve":
+                    value = parse_reserve(raw, knob.name)
                 elif knob.kind == "path":
                     value = _redirect(knob, raw, own, notes)
                 else:

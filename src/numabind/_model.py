@@ -682,3 +682,11 @@ MODE_TABLE: tuple[Mode, ...] = (
     Mode(name="core-complex", help="one cache domain (L3 / CCX) of the GPU's node per rank"),
 )
 MODE_NAMES: tuple[str, ...] = tuple(m.name for m in MODE_TABLE)
+
+
+# --- vocabulary: core roles (NUMABIND_RESERVE, NUMABIND_SMT) ------------------------------------
+
+# how many hardware threads of each core a rank's compute set holds
+SMT_LEVELS: tuple[str, ...] = ("all", "1")
+# what the n of NUMABIND_RESERVE=n/<scope> counts: cores per node, or per local rank on it
+RESERVE_SCOPES: tuple[str, ...] = ("node", "rank")

@@ -15,7 +15,16 @@ ranks: a ``LOCAL_WORLD_SIZE`` of any size costs what the machine's own sizes cos
 from __future__ import annotations
 
 from . import _sysfs
-from ._model import BY_KEY, MODE_NAMES, POLICIES, USER_POLICIES, Accelerator, Record
+from ._model import (
+    BY_KEY,
+    MODE_NAMES,
+    POLICIES,
+    RESERVE_SCOPES,
+    SMT_LEVELS,
+    USER_POLICIES,
+    Accelerator,
+    Record,
+)
 
 # The planner turns an exception it did not foresee into a skip with the reason: a
 # capture nobody anticipated must not break a process.  The tests set this (conftest.py)
@@ -70,11 +79,23 @@ class Request(Record):
     # the startup hook asks for it only with NUMABIND_THREADS set, and reads their files
     # only then
     budget: bool = True
+    reserve: str = ""  # NUMABIND_RESERVE in canonical form: "" or "n/node", "n/rank"
+    smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
 
 
-def request_for(info: RankInfo, visible: Visible | None, mode: str, memory: str) -> Request:
+def request_for(
+    info: RankInfo,
+    visible: Visible | None,
+    mode: str,
+    memory: str,
+    *,
+    reserve: str = "",
+    smt: str = "all",
+) -> Request:
     """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
     return Request(
+        reserve=reserve,
+        smt=smt,
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         rank_source=info.rank_source,
@@ -172,6 +193,9 @@ class Plan(Record):
     forbids the plan) and None for a benign one (one NUMA node, no accelerator).  ``notes``
     carry the smaller things a user should know.  ``threads`` is the thread budget of a
     bound rank: its physical cores divided by the local ranks planned onto the same CPUs.
+    ``cpus`` is the rank's *compute* set; ``helpers`` the cores kept for its helpers
+    (``NUMABIND_RESERVE``: the reserved cores of its node, or its own share of them under
+    ``n/rank``), where ``check`` counts a thread as on plan too.
     """
 
     _positional = True
@@ -193,6 +217,9 @@ class Plan(Record):
     skip: SkipKind | None = None
     node_how: NodeHow | None = None
     threads: int | None = None
+    helpers: frozenset[int] = frozenset()
+    reserve: str = ""
+    smt: str = "all"
 
     @property
     def bound(self) -> bool:
@@ -220,6 +247,9 @@ class Plan(Record):
             "notes": list(self.notes),
             "problem": self.problem,
             "threads": self.threads,
+            "helpers": sorted(self.helpers),
+            "reserve": self.reserve,
+            "smt": self.smt,
         }
 
     def who(self) -> str:
@@ -303,6 +333,7 @@ class _Planner:
         self.index: int | None = None
         self.node: int | None = None
         self.how: NodeHow | None = None
+        self.helpers: frozenset[int] = frozenset()
 
     def skipped(self, kind: SkipKind, reason: str) -> Plan:
         r = self.r
@@ -316,6 +347,8 @@ class _Planner:
             numa_node=self.node,
             node_how=self.how,
             mode=r.mode,
+            reserve=r.reserve,
+            smt=r.smt,
             status="skipped",
             reason=reason,
             notes=tuple(self.notes),
@@ -350,6 +383,10 @@ class _Planner:
             where = self._device_place(devs)
         self.node = where.node
         cpus, sharers = self._cpus(where)
+        cores = len(cpus) // max(self.m.smt, 1)
+        if r.smt == "1":
+            cpus = one_per_core(self.m, cpus)
+            cores = len(cpus)
         mem_nodes, policy = self._memory(cpus, where.node)
         return Plan(
             local_rank=r.local_rank,
@@ -367,11 +404,10 @@ class _Planner:
             status="bound",
             reason=where.what,
             notes=tuple(self.notes),
-            threads=(
-                max(1, (len(cpus) // max(self.m.smt, 1)) // max(sharers or 1, 1))
-                if r.budget
-                else None
-            ),
+            threads=max(1, cores // max(sharers or 1, 1)) if r.budget else None,
+            helpers=self.helpers,
+            reserve=r.reserve,
+            smt=r.smt,
         )
 
     def _check_request(self) -> tuple[Accelerator, ...]:
@@ -386,6 +422,12 @@ class _Planner:
                 "bad-input",
                 f"unknown memory policy {r.memory!r} (use one of {', '.join(MEMORY_POLICIES)})",
             )
+        if r.smt not in SMT_LEVELS:
+            raise _Skip(
+                "bad-input", f"unknown SMT level {r.smt!r} (use one of {', '.join(SMT_LEVELS)})"
+            )
+        if r.reserve and reserve_parts(r.reserve) is None:
+            raise _Skip("bad-input", f"unknown reservation {r.reserve!r} (use n, n/node or n/rank)")
         if r.problem:
             raise _Skip("bad-input", r.problem)
         visible = r.visible
@@ -438,6 +480,8 @@ class _Planner:
                     "cgroup", f"{where.what}, but this process may use only CPUs {fmt(allowed)}"
                 )
             self.notes.append("node unknown: bound to the device's CPU locality instead")
+            if self.r.reserve:
+                self.notes.append("no cores reserved: a reservation needs the device's node")
             return cpus, None
         node = self.m.node(where.node)
         assert node is not None
@@ -450,18 +494,72 @@ class _Planner:
                 "not bound elsewhere",
             )
         peers = where.peers
+        reserved = self._reserve(where, allowed) if self.r.reserve else frozenset()
         return MODES[self.r.mode](
             ModeInput(
                 machine=self.m,
                 node_id=where.node,
-                base=base,
-                allowed=allowed,
+                base=base - reserved,
+                allowed=allowed - reserved,
                 position=peers[0] if peers else None,
                 count=peers[1] if peers else None,
                 package_count=where.package,
             ),
             self.notes,
         )
+
+    def _reserve(self, where: _Place, allowed: frozenset[int]) -> frozenset[int]:
+        """The CPUs ``NUMABIND_RESERVE`` keeps out of the compute sets on the nodes this
+        rank's mode draws from (its node; in socket mode its package's), and this rank's
+        helper set (``self.helpers``).  Cores the cgroup already leaves out of a node count
+        towards its reservation; the rest are taken from the end of the node's core list.
+        A reservation that would leave a node no core is dropped, with one note."""
+        assert where.node is not None
+        parsed = reserve_parts(self.r.reserve)
+        assert parsed is not None  # checked with the request
+        n, scope = parsed
+        label = f"{n}/{scope}"
+        ranks = where.peers[1] if where.peers else None
+        if scope == "rank" and ranks is None:
+            self.notes.append(
+                f"{label}: the number of local ranks on node {where.node} is "
+                "unknown; reserved for one"
+            )
+        want = n * (ranks or 1) if scope == "rank" else n
+        scope_nodes = [where.node]
+        if self.r.mode == "socket":
+            scope_nodes += sorted((package_nodes(self.m, where.node) or set()) - {where.node})
+        out: set[int] = set()
+        mine: list[frozenset[int]] = []
+        for nid in scope_nodes:
+            node = self.m.node(nid)
+            if node is None or not node.cpus:
+                continue
+            cores = groups(node.cpus, self.m.siblings_of)
+            usable = [c & allowed for c in cores if c & allowed]
+            need = want - (len(cores) - len(usable))  # the cgroup's own reservation
+            if need <= 0:
+                continue
+            if need >= len(usable):
+                self.notes.append(
+                    f"no cores reserved: {label} would leave node {nid} "
+                    f"({len(usable)} usable cores) no core to compute on"
+                )
+                return frozenset()
+            taken = usable[len(usable) - need :]
+            if nid == where.node:
+                mine = taken
+            for core in taken:
+                out |= core
+        if not out:
+            return frozenset()
+        self.helpers = frozenset(out)
+        if scope == "rank" and ranks is not None and where.peers and mine:
+            position = where.peers[0]
+            share = mine[position * n : (position + 1) * n] if len(mine) >= n * ranks else mine
+            self.helpers = frozenset().union(*share)
+        self.notes.append(f"reserved CPUs {fmt(out)} ({label}): not for compute")
+        return frozenset(out)
 
     def _pick_device(self, devs: tuple[Accelerator, ...]) -> tuple[Accelerator, int | None]:
         r = self.r
@@ -601,6 +699,21 @@ def package_nodes(machine: Machine, node_id: int) -> frozenset[int] | None:
     if pkg is None:
         return None
     return frozenset(n.id for n in machine.cpu_nodes if machine.package_of(min(n.cpus)) == pkg)
+
+
+def reserve_parts(text: str) -> tuple[int, str] | None:
+    """``(n, "node"|"rank")`` of a reservation as ``_environ.parse_reserve`` writes it
+    (``n/node``, ``n/rank``; a bare ``n`` is per node), None when it is not one."""
+    count, sep, scope = text.partition("/")
+    scope = scope if sep else "node"  # a bare count is per node
+    if not (scope in RESERVE_SCOPES and count.isascii() and count.isdigit() and 0 < len(count) < 6):
+        return None
+    return int(count), scope
+
+
+def one_per_core(machine: Machine, cpus: frozenset[int]) -> frozenset[int]:
+    """``NUMABIND_SMT=1``: the first hardware thread of each core in ``cpus``."""
+    return frozenset(min(g) for g in groups(cpus, machine.siblings_of))
 
 
 def _node(m: ModeInput, notes: list[str]) -> ModeResult:

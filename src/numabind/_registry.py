@@ -79,6 +79,9 @@ class Entry(Record):
     thread_env: tuple[tuple[str, str], ...] = ()  # variables numabind set, with values
     # host buffers the process made (address, bytes, nodes, policy), at most MAX_BUFFERS
     buffers: tuple[tuple[int, int, tuple[int, ...], str], ...] = ()
+    # the cores kept for the process's helpers (NUMABIND_RESERVE): check counts a thread
+    # there as on plan
+    helpers: frozenset[int] = frozenset()
 
     def encode(self) -> bytes:
         lines = []

@@ -51,7 +51,9 @@ def _fail(message: str, strict: bool) -> None:
         os._exit(1)
 
 
-def state_key(info: RankInfo, environ: Mapping[str, str], mode: str, memory: str) -> str:
+def state_key(
+    info: RankInfo, environ: Mapping[str, str], mode: str, memory: str, roles: str = ""
+) -> str:
     """What a binding depends on.  A child whose key matches the recorded one inherited
     exactly this binding and need not redo it; any other key plans afresh."""
     from ._model import VISIBILITY_VARIABLES
@@ -59,13 +61,21 @@ def state_key(info: RankInfo, environ: Mapping[str, str], mode: str, memory: str
     visible = ",".join(
         f"{v}={environ[v][:200]}" for v in VISIBILITY_VARIABLES if v in environ
     ).replace("#", "")
-    return f"{info.rank_source}={info.local_rank}|{visible}|{mode}|{memory}"
+    return f"{info.rank_source}={info.local_rank}|{visible}|{mode}|{memory}{roles}"
 
 
-def record_state(binding: Binding, info: RankInfo, mode: str, memory: str) -> None:
+def roles_key(cfg: Config) -> str:
+    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT add (empty by default,
+    so that keys recorded by an older numabind still match)."""
+    if not cfg.reserve and cfg.smt == "all":
+        return ""
+    return f"|reserve={cfg.reserve}|smt={cfg.smt}"
+
+
+def record_state(binding: Binding, info: RankInfo, mode: str, memory: str, roles: str = "") -> None:
     """Record in the environment what was done, so that children with the same key (same
     rank, same visible devices, same mode) inherit instead of planning again."""
-    key = state_key(info, os.environ, mode, memory)
+    key = state_key(info, os.environ, mode, memory, roles)
     os.environ[STATE_VARIABLE] = f"{key}#{binding.plan.status}"
 
 
@@ -121,7 +131,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         return None
     if info.local_rank is None and info.problem is None:
         return None
-    key = state_key(info, env, cfg.mode, cfg.memory)
+    key = state_key(info, env, cfg.mode, cfg.memory, roles_key(cfg))
     recorded, _, status = cfg.state.rpartition("#")
     if recorded == key:
         # the parent planned exactly this (and said so): a binding is inherited, a skip
@@ -151,13 +161,13 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
-        request = request_for(info, visible, cfg.mode, cfg.memory)
+        request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
         p = plan(machine, request.replace(budget=cfg.threads != "off"))
         # strict mode here is an exit before user code, after the binding's own line
         binding = enter(p, machine, cfg, environ=env, strict=False, threads="env", report=False)
     finally:
         machine.close()
-    record_state(binding, info, cfg.mode, cfg.memory)
+    record_state(binding, info, cfg.mode, cfg.memory, roles_key(cfg))
     last = binding
     if binding.failed or (cfg.strict and binding.refused):
         _fail(str(binding), cfg.strict)

@@ -15,9 +15,9 @@ import os
 import sys
 
 from .. import __version__
-from .._environ import KNOBS, MAX_LOCAL
+from .._environ import KNOBS, MAX_LOCAL, parse_reserve
 from .._errors import CaptureError, UsageError
-from .._model import MEMORY_POLICY_TABLE, MODE_NAMES, MODE_TABLE, USER_POLICIES
+from .._model import MEMORY_POLICY_TABLE, MODE_NAMES, MODE_TABLE, SMT_LEVELS, USER_POLICIES
 from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -104,6 +104,32 @@ def _int_in(name: str, lo: int, hi: int) -> Any:
     return parse
 
 
+def _reserve(text: str) -> str:
+    """``--reserve``: n, n/node or n/rank, as NUMABIND_RESERVE."""
+    try:
+        return parse_reserve(text, "--reserve")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _roles(parser: argparse.ArgumentParser) -> None:
+    """``--reserve`` and ``--smt``: the core roles of NUMABIND_RESERVE / NUMABIND_SMT."""
+    parser.add_argument(
+        "--reserve",
+        type=_reserve,
+        default=None,
+        metavar="N[/node|/rank]",
+        help="keep N physical cores of each node (or N per local rank on it) out of every "
+        "rank's compute set, for the system and helpers (NUMABIND_RESERVE)",
+    )
+    parser.add_argument(
+        "--smt",
+        choices=SMT_LEVELS,
+        default=None,
+        help="all: every hardware thread of a rank's cores; 1: one per core (NUMABIND_SMT)",
+    )
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -152,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--memory", choices=USER_POLICIES, default=None, help="memory policy (see below)"
     )
+    _roles(show)
     show.add_argument(
         "--nproc",
         type=_int_in("--nproc", 1, MAX_NPROC),
@@ -235,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode")
     run.add_argument("--memory", choices=USER_POLICIES, default=None, help="memory policy")
+    _roles(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
     check = sub.add_parser(
@@ -529,6 +557,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(f"numabind run: {err}") from err
     mode, memory = args.mode or cfg.mode, args.memory or cfg.memory
+    reserve = cfg.reserve if args.reserve is None else args.reserve
+    smt = args.smt or cfg.smt
+    cfg = cfg.replace(reserve=reserve, smt=smt)
     hooked = _startup.last
     asked = args.device is not None or args.node is not None or args.cpus is not None
     if asked:
@@ -538,6 +569,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     elif (
         hooked is not None
         and args.local_rank is None
+        and args.reserve is None
+        and args.smt is None
         and (mode, memory)
         == (
             cfg.mode,
@@ -554,6 +587,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 migrate=False,
                 strict=cfg.strict,
                 threads="env",
+                roles=(reserve, smt),
             )
         except BindingError as err:
             print(f"numabind run: {err}", file=sys.stderr)
@@ -561,6 +595,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # The command's own startup hook must see this binding as inherited, not plan anew
     # with other settings: hand it the same mode, memory policy and rank.
     os.environ["NUMABIND_MODE"], os.environ["NUMABIND_MEMORY"] = mode, memory
+    os.environ["NUMABIND_RESERVE"], os.environ["NUMABIND_SMT"] = reserve or "0", smt
     info = detect(os.environ)
     if args.local_rank is not None and info.local_rank != args.local_rank:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
@@ -569,7 +604,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             local_world_size=info.local_world_size,
             rank_source="LOCAL_RANK",
         )
-    _startup.record_state(binding, info, mode, memory)
+    _startup.record_state(binding, info, mode, memory, _startup.roles_key(cfg))
     try:
         os.execvp(cmd[0], cmd)
     except OSError as err:

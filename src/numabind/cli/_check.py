@@ -70,12 +70,13 @@ class PlanView(Record):
     notes: tuple[str, ...] = ()
     problem: str | None = None
     threads: int | None = None
+    helpers: frozenset[int] = frozenset()  # reserved for helpers: on plan too
 
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
         return cls(**{k: d[k] for k in cls._fields if k in d}).replace(
-            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes
+            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes, helpers=p.helpers
         )
 
     @classmethod
@@ -93,6 +94,7 @@ class PlanView(Record):
             mode=e.mode,
             reason=_sysfs.clean_line(e.reason, 500),
             threads=e.threads,
+            helpers=e.helpers,
         )
 
     @property
@@ -228,7 +230,8 @@ def expected_plan(
     except ValueError as err:
         return None, str(err), None
     visible = resolve(machine, environ)
-    p = plan(machine, request_for(info, visible, cfg.mode, cfg.memory))
+    request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+    p = plan(machine, request)
     return PlanView.of_plan(p), source, None
 
 
@@ -338,7 +341,7 @@ def check_pid(
             notes=tuple(notes),
             **base,
         )
-    share = _judge(expected, source, threads, policy, own, min_locality, problems, notes)
+    share = _judge(expected, source, pid, threads, policy, own, min_locality, problems, notes)
     if shared.pages:
         notes.append(
             f"{shared.pages * 4 // 1024} MiB of its pages are still shared copy-on-write with "
@@ -360,6 +363,7 @@ def check_pid(
 def _judge(
     expected: PlanView,
     source: str,
+    pid: int,
     threads: dict[int, frozenset[int]],
     policy: tuple[str, frozenset[int]] | None,
     own: dict[int, int],
@@ -368,10 +372,13 @@ def _judge(
     notes: list[str],
 ) -> float | None:
     """Compare a bound process with its plan: CPUs of every thread, memory policy, where
-    its own pages are.  Returns the share of its pages on the plan's nodes."""
+    its own pages are; the main thread belongs on the compute CPUs, any other thread may
+    also run on the plan's helper cores (NUMABIND_RESERVE).  Returns the share of its
+    pages on the plan's nodes."""
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
-    escaped = {t: c for t, c in threads.items() if not c <= cpus}
+    roles = cpus | expected.helpers
+    escaped = {t: c for t, c in threads.items() if not c <= (cpus if t == pid else roles)}
     if escaped and len(escaped) == len(threads):
         sample = next(iter(escaped.values()))
         problems.append(

@@ -40,6 +40,8 @@ def plans_for(
     nproc: int | None,
     mode: str,
     memory: str,
+    reserve: str = "",
+    smt: str = "all",
 ) -> tuple[Visible, list[Plan], str]:
     """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
     from .._devices import resolve
@@ -66,6 +68,8 @@ def plans_for(
                 visible=visible,
                 mode=mode,
                 memory=memory,
+                reserve=reserve,
+                smt=smt,
                 size_source=source,
                 notes=info.notes if r == 0 else (),
             ),
@@ -289,11 +293,16 @@ def show_text(
             f"  not handled: {len(where)} x {label} at {', '.join(where[:4])}{more} "
             "(numabind knows no such vendor; numabind doctor says more)"
         )
+    first = plans[0] if plans else None
+    roles = f", reserve {first.reserve}" if first and first.reserve else ""
+    roles += ", smt 1" if first and first.smt == "1" else ""
     out += [
         "",
-        f"Plan (mode {mode}, memory {memory}; {plural(len(plans), 'local rank')}: {source})",
+        f"Plan (mode {mode}, memory {memory}{roles}; {plural(len(plans), 'local rank')}: {source})",
     ]
-    rows = [["rank", "device", "node", "cpus", "threads", "memory", "status: reason"]]
+    helpers = any(p.helpers for p in plans)
+    rows = [["rank", "device", "node", "cpus", *(["reserved"] if helpers else [])]]
+    rows[0] += ["threads", "memory", "status: reason"]
     for p in plans:
         rows.append(
             [
@@ -301,6 +310,7 @@ def show_text(
                 str(p.device_index) if p.device_index is not None else "-",
                 str(p.numa_node) if p.numa_node is not None else "-",
                 fmt(p.cpus) or "-",
+                *([fmt(p.helpers) or "-"] if helpers else []),
                 str(p.threads) if p.threads is not None else "-",
                 _memory_cell(p),
                 f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
@@ -422,11 +432,15 @@ def run_show(args: argparse.Namespace) -> int:
             raise UsageError(f"numabind show: {err}") from err
         args.mode = args.mode or cfg.mode
         args.memory = args.memory or cfg.memory
+        args.reserve = cfg.reserve if args.reserve is None else args.reserve
+        args.smt = args.smt or cfg.smt
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
-        visible, plans, source = plans_for(machine, environ, args.nproc, args.mode, args.memory)
+        visible, plans, source = plans_for(
+            machine, environ, args.nproc, args.mode, args.memory, args.reserve, args.smt
+        )
         report = show_data(machine, visible, plans)
         this = None if args.input or args.example else this_process(machine, environ, plans)
         if this is not None:
