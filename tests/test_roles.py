@@ -5,7 +5,10 @@ shipped captures of real machines, read through the same reader as a live system
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -453,3 +456,245 @@ def test_check_counts_a_helper_thread_on_the_reserved_core_as_on_plan(
     finally:
         child.kill()
         child.wait()
+
+
+# --- OpenMP places, helper processes, roles ----------------------------------------------------
+
+
+def test_omp_places_set_only_where_nothing_is_set() -> None:
+    from numabind._threads import apply_places
+
+    env: dict[str, str] = {}
+    got = apply_places("cores", env)
+    assert env == {"OMP_PLACES": "cores", "OMP_PROC_BIND": "close"}
+    assert got.set == (("OMP_PLACES", "cores"), ("OMP_PROC_BIND", "close"))
+    for name in ("OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"):
+        mine = {name: "0-3"}
+        kept = apply_places("threads", mine)
+        assert mine == {name: "0-3"} and kept.kept == ((name, "0-3"),) and not kept.set
+    assert Config.from_env({}).omp_places == "off"
+    with pytest.raises(ConfigError, match="NUMABIND_OMP_PLACES"):
+        Config.from_env({"NUMABIND_OMP_PLACES": "sockets"})
+
+
+def test_registry_keeps_the_openmp_words_and_nothing_else() -> None:
+    e = Entry(pid=1, start="2", thread_env=(("OMP_PLACES", "cores"), ("OMP_PROC_BIND", "close")))
+    back = Entry.parse(e.encode())
+    assert back is not None and dict(back.thread_env)["OMP_PLACES"] == "cores"
+    forged = e.encode().replace(b"OMP_PROC_BIND:close", b"OMP_PROC_BIND:spread\x1b[2J")
+    assert Entry.parse(forged) is None
+
+
+def test_worker_cpus_share_spread_reserved() -> None:
+    from numabind._plan import worker_cpus
+
+    siblings = {c: frozenset({c, c + 8}) for c in range(8)} | {
+        c: frozenset({c - 8, c}) for c in range(8, 16)
+    }
+    p = Plan(
+        local_rank=0,
+        status="bound",
+        cpus=frozenset({0, 1, 2, 8, 9, 10}),
+        helpers=frozenset({3, 11}),
+    )
+    assert worker_cpus(p, "share", 1, 4, siblings.__getitem__) == (p.cpus, None)
+    spread = [worker_cpus(p, "spread", w, 2, siblings.__getitem__)[0] for w in range(2)]
+    assert spread == [frozenset({0, 1, 8, 9}), frozenset({2, 10})]  # whole cores, disjoint
+    many = [worker_cpus(p, "spread", w, 5, siblings.__getitem__)[0] for w in range(5)]
+    assert many[3] == many[0] == frozenset({0, 8}) and many[4] == frozenset({1, 9})
+    assert worker_cpus(p, "reserved", 0, 2, siblings.__getitem__) == (p.helpers, None)
+    cpus, note = worker_cpus(p.replace(helpers=frozenset()), "reserved", 0, 2, frozenset)
+    assert cpus == p.cpus and note is not None and "NUMABIND_RESERVE" in note
+
+
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("pt_data_worker", "dataloader worker"),
+        ("pt_data_pin", "pin"),
+        ("pt_nccl_watchdg", "nccl"),
+        ("NCCL Progress", "nccl"),
+        ("pt_autograd_0", "torch"),
+        ("python3", "other"),
+        ("", "other"),
+    ],
+)
+def test_role_of(name: str, role: str) -> None:
+    from numabind.cli._check import role_of
+
+    assert role_of(name) == role
+
+
+NAMED_RANK = """
+import os, sys, threading, time
+import numabind
+
+def named(name, cpus):
+    ready = threading.Event()
+    def run():
+        tid = threading.get_native_id()
+        with open(f"/proc/self/task/{tid}/comm", "w") as f:
+            f.write(name)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        ready.set()
+        time.sleep(600)
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait()
+
+named("pt_data_pin", None)
+named("pt_nccl_watchdg", None)
+named("pt_nccl_heartbt", {1})  # off the compute CPU, on the helper core: on plan
+pid = os.fork()
+if pid == 0:  # a DataLoader worker: its name, on the reserved core
+    with open("/proc/self/comm", "w") as f:
+        f.write("pt_data_worker")
+    os.sched_setaffinity(0, {1})
+    print("worker", os.getpid(), flush=True)
+    time.sleep(600)
+    os._exit(0)
+sys.stdin.readline()
+"""
+
+
+@two_cpus
+def test_check_groups_threads_and_workers_by_role(tmp_path: Path) -> None:
+    spec = synth.Spec(
+        nodes=[[0, 1], [2, 3]],
+        package_of_node=[0, 1],
+        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
+        memory_gib=1,
+    )
+    root = str(tmp_path / "m")
+    synth.write(spec, root)
+    env = clean_env(
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="2",
+        NUMABIND_SYSROOT=root,
+        NUMABIND_REGISTRY=str(tmp_path),
+        NUMABIND_RESERVE="1",
+        NUMABIND_MEMORY="none",
+        NUMABIND="force",
+    )
+    rank = subprocess.Popen(
+        [sys.executable, "-c", NAMED_RANK], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    worker = 0
+    try:
+        assert rank.stdout is not None
+        worker = int(rank.stdout.readline().split()[1])
+        out = subprocess.run(
+            [sys.executable, "-m", "numabind", "check", "--all", "--json"],
+            env=clean_env(NUMABIND_SYSROOT=root, NUMABIND_REGISTRY=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        found = {d["pid"]: d for d in json.loads(out.stdout)["processes"]}
+        assert out.returncode == 0, found
+        roles = {(g["role"], g["kind"]): g for g in found[rank.pid]["roles"]}
+        assert roles[("main", "threads")]["cpus"] == [0]
+        assert roles[("pin", "threads")]["count"] == 1
+        assert roles[("nccl", "threads")]["count"] == 2
+        assert roles[("nccl", "threads")]["cpus"] == [0, 1]
+        assert roles[("dataloader worker", "processes")]["ids"] == [worker]
+        assert roles[("dataloader worker", "processes")]["cpus"] == [1]
+        assert all(g["on_plan"] for g in roles.values())
+        # the worker inherited the rank's environment: checked as a helper process, on plan
+        assert found[worker]["ok"], found[worker]
+        text = subprocess.run(
+            [sys.executable, "-m", "numabind", "check", "--pid", str(rank.pid)],
+            env=clean_env(NUMABIND_SYSROOT=root, NUMABIND_REGISTRY=str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert "roles: main (1 thread) 0; " in text and "dataloader worker (1 process) 1" in text
+    finally:
+        rank.kill()
+        rank.wait()
+        if worker:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+
+
+def test_the_picture_shows_reserved_cores(dgx_root: str) -> None:
+    from numabind.cli._picture import RESERVED, build, draw
+    from numabind.cli._svg import render
+
+    m = Machine.from_root(dgx_root)
+    _, plans, _ = plans_for(m, {}, 8, "node", "preferred", "2/node", "all")
+    pic = build(m, plans, "node", "preferred")
+    assert pic.reserved == frozenset({54, 55, 166, 167, 110, 111, 222, 223})
+    text = draw(pic)
+    assert "reserve 2/node" in text[1]
+    row = next(line for line in text if line.endswith("cores of CPUs 32-55"))
+    assert row.split()[0].endswith("rr") and row.split()[0].count("r") == 2
+    assert any(line.startswith("  r  a reserved CPU") for line in text)
+    svg = render(m, plans)
+    assert svg.count(f'fill="{RESERVED}"') >= 8 + 1  # 8 reserved CPUs and the legend swatch
+    # without a reservation: no mark, no legend line
+    _, plain, _ = plans_for(m, {}, 8, "node", "preferred")
+    assert not any("reserved" in line for line in draw(build(m, plain, "node", "preferred")))
+
+
+FAKE_OMP_IMPORT = """
+import os
+os.sched_setaffinity(0, {0})  # what libgomp does to the thread that loads it
+"""
+
+
+@two_cpus
+def test_omp_places_puts_the_importing_thread_back(
+    synth_machine: MakeMachine, tmp_path: Path
+) -> None:
+    """The rule without torch: a module on the watch list (a stand-in ``sklearn``) narrows
+    the importing thread as libgomp does; with NUMABIND_OMP_PLACES the thread is put back on
+    the rank's CPUs, without it the narrowing stays (the oracle)."""
+    spec = synth.Spec(
+        nodes=[[0, 1], [2, 3]],
+        package_of_node=[0, 1],
+        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
+        memory_gib=1,
+    )
+    root = str(tmp_path / "m")
+    synth.write(spec, root)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "sklearn.py").write_text(FAKE_OMP_IMPORT)
+    code = "import os, sklearn; print(sorted(os.sched_getaffinity(0)))"
+
+    def after_import(**extra: str) -> str:
+        env = clean_env(
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="2",
+            NUMABIND_SYSROOT=root,
+            NUMABIND_MEMORY="none",
+            NUMABIND="force",
+            PYTHONPATH=str(tmp_path / "lib"),
+            **extra,
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert after_import(NUMABIND_OMP_PLACES="cores") == "[0, 1]"
+    assert after_import() == "[0]"
+    # an inherited binding (a spawned child of the rank) keeps its importer too
+    state = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ['NUMABIND_STATE'])"],
+        env=clean_env(
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="2",
+            NUMABIND_SYSROOT=root,
+            NUMABIND_MEMORY="none",
+            NUMABIND="force",
+            NUMABIND_OMP_PLACES="cores",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    assert state.endswith("#bound")
+    assert after_import(NUMABIND_OMP_PLACES="cores", NUMABIND_STATE=state) == "[0, 1]"

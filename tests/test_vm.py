@@ -116,6 +116,20 @@ def vm_ray() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def vm_roles() -> dict[str, Any]:
+    """Core roles with real torch 2.13: 2 nodes x 3 CPUs, GPUs 0-1 on node 0 and 2-3 on
+    node 1, 2 GiB per node."""
+    pytest.importorskip("torch")
+    return _boot(
+        "tests/vm/roles_scenarios.py",
+        "0 0 1 1",
+        mem="2048",
+        cpus="3",
+        extra={"VM_TIMEOUT": "1500"},
+    )
+
+
+@pytest.fixture(scope="session")
 def vm4() -> dict[str, Any]:
     """4 nodes x 1 CPU, 768 MiB each, one spoofed GPU per node (GPU i on node i)."""
     return _boot("tests/vm/residue.py", "0 1 2 3", mem="768", nodes="4", cpus="1")
@@ -563,3 +577,42 @@ def test_torch_tensor_on_a_node_is_exact_and_placed(vm_torch: dict[str, Any]) ->
     d = vm_torch["empty_on_node"]
     assert d["nbytes"] == 64 << 20, "exactly numel * itemsize, not a power of two"
     assert d["pages"] == {"1": (64 << 20) // 4096}, d
+
+
+# --- core roles (NUMABIND_RESERVE, NUMABIND_WORKERS, NUMABIND_OMP_PLACES) ----------------------
+
+
+@pytest.mark.torch
+def test_omp_places_are_set_and_a_users_kept(vm_roles: dict[str, Any]) -> None:
+    assert vm_roles["places"] == {"ours": ["cores", "close"], "users": ["threads", None]}
+
+
+@pytest.mark.torch
+def test_torchrun_ranks_stay_off_the_reserved_core(vm_roles: dict[str, Any]) -> None:
+    run = vm_roles["torchrun"]
+    assert run["rc"] == 0, run["stderr"]
+    ranks = {r["rank"]: r for r in run["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3], run
+    want = {0: [0], 1: [1], 2: [3], 3: [4]}  # exclusive over cores 0-1 / 3-4
+    for rank, r in ranks.items():
+        reserved = [2] if rank < 2 else [5]
+        assert r["helpers"] == reserved and r["cpus"] == want[rank], r
+        assert r["first"] == want[rank], r  # bound before the first statement
+        assert all(mask == want[rank] for mask in r["threads"]), r
+
+
+@pytest.mark.torch
+def test_dataloader_workers_and_openmp_keep_their_roles(vm_roles: dict[str, Any]) -> None:
+    run = vm_roles["loader"]
+    assert run["rc"] == 0 and run["data"] is not None, run["stderr"]
+    d = run["data"]
+    node0 = [0, 1, 2]  # GPU 1 is on node 0
+    assert d["after_import"] == d["after_parallel"] == node0, d
+    assert d["thread"] == d["fork_child"] == node0, d
+    assert all(len(mask) == 1 and mask[0] in node0 for mask in d["others"] if mask != node0), d
+    workers = d["workers"]
+    assert workers["0"]["cpus"] == [0, 1] and workers["1"]["cpus"] == [2], workers  # spread
+    assert d["check_rc"] == 0 and d["check_me"]["ok"], d["check_me"]
+    assert all(d["check_workers"].values()), d["check_workers"]
+    roles = {(g["role"], g["kind"]): g for g in d["check_me"]["roles"]}
+    assert roles[("dataloader worker", "processes")]["count"] == 2, roles

@@ -288,6 +288,10 @@ def bind(
         from ._guard import arm
 
         arm()
+    if cfg.omp_places != "off" and binding.ok:
+        from ._guard import arm_places
+
+        arm_places()
     return binding
 
 

@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from ._environ import Config
     from ._plan import Plan
     from ._registry import Entry
+    from ._threads import Places, ThreadSettings
     from ._topology import Machine
 
     ExistingAction = Literal["kept", "replaced"]
@@ -369,6 +370,11 @@ def enter(
         from ._threads import apply_env
 
         settings = apply_env(plan, cfg.threads, env)
+    places = None
+    if cfg.omp_places != "off" and threads is not None:
+        from ._threads import apply_places
+
+        places = apply_places(cfg.omp_places, env)
     with LOCK:
         b = apply_with_rule(plan, machine, cfg.enable, env, migrate=migrate)
         if strict and (b.errors or b.refused):
@@ -377,16 +383,7 @@ def enter(
             from ._errors import BindingError
 
             raise BindingError(plan.summary() + (f": {what}" if what else ""))
-        if cfg.threads != "off" and threads == "runtime":
-            from ._threads import apply_runtime
-
-            settings, notes = apply_runtime(plan, cfg.threads)
-            b.notes.extend(notes)
-        if settings is not None:
-            b.thread_env = settings.registry_env()
-            b.notes.extend(settings.notes(cfg.verbose))
-            if settings.affinity_warning:
-                b.warnings.append(settings.affinity_warning)
+        _enter_threads(b, cfg, threads, settings, places)
         if register and not b.errors:
             from . import _registry
 
@@ -400,6 +397,46 @@ def enter(
     if report:
         b.report(cfg.verbose, prefix)
     return b
+
+
+def _enter_threads(
+    b: Binding,
+    cfg: Config,
+    threads: str | None,
+    settings: ThreadSettings | None,
+    places: Places | None,
+) -> None:
+    """The thread pools' part of entering a binding (NUMABIND_THREADS and
+    NUMABIND_OMP_PLACES): resize what is loaded on late binding, record what was set."""
+    if cfg.threads != "off" and threads == "runtime":
+        from ._threads import apply_runtime
+
+        settings, notes = apply_runtime(b.plan, cfg.threads)
+        b.notes.extend(notes)
+    if settings is not None:
+        b.thread_env = settings.registry_env()
+        b.notes.extend(settings.notes(cfg.verbose))
+        if settings.affinity_warning:
+            b.warnings.append(settings.affinity_warning)
+    if places is not None:
+        _enter_places(b, places, threads, cfg.verbose)
+
+
+def _enter_places(b: Binding, places: Places, threads: str | None, verbose: bool) -> None:
+    """NUMABIND_OMP_PLACES for a binding that took: record the variables, say what was
+    done (the entry points arm :func:`numabind._guard.arm_places`, which keeps the main
+    thread on the rank's CPUs once an OpenMP runtime loads)."""
+    from ._threads import PLACES_MODULES
+
+    b.thread_env = tuple(sorted({**dict(b.thread_env), **dict(places.set or places.kept)}.items()))
+    if verbose:
+        b.notes.append(places.note())
+    loaded = [m for m in PLACES_MODULES if m in sys.modules]
+    if places.set and threads == "runtime" and loaded:
+        b.notes.append(
+            f"NUMABIND_OMP_PLACES: {loaded[0]} was imported before this binding: its OpenMP "
+            "runtime keeps the places it read; processes started from here get them"
+        )
 
 
 # --- the rule for a mask already in place ------------------------------------------------------

@@ -43,11 +43,13 @@ import sys
 
 from ._model import (
     MODE_NAMES,
+    OMP_PLACES_VALUES,
     RANK_VARIABLE_NAMES,
     RANK_VARIABLES,
     RESERVE_SCOPES,
     SMT_LEVELS,
     USER_POLICIES,
+    WORKER_PLACEMENTS,
     Record,
 )
 from ._sysfs import short
@@ -145,6 +147,26 @@ KNOBS: tuple[Knob, ...] = (
         binding=True,
         help="auto or N: size OpenMP/BLAS thread pools to the rank's cores (or N); the "
         "user's own values are kept",
+    ),
+    Knob(
+        name="NUMABIND_OMP_PLACES",
+        field="omp_places",
+        kind="choice",
+        values=OMP_PLACES_VALUES,
+        default="off",
+        binding=True,
+        help="cores or threads: set OMP_PLACES to it and OMP_PROC_BIND=close where neither "
+        "is set, and keep the main thread (and what it starts) on the rank's CPUs",
+    ),
+    Knob(
+        name="NUMABIND_WORKERS",
+        field="workers",
+        kind="choice",
+        values=WORKER_PLACEMENTS,
+        default="share",
+        binding=True,
+        help="with numabind.torch, where DataLoader workers run: share the rank's CPUs, "
+        "spread (one disjoint core set each) or reserved (the rank's reserved cores)",
     ),
     Knob(
         name="NUMABIND_VERBOSE",
@@ -371,6 +393,8 @@ class Config(Record):
     smt: str = "all"
     strict: bool = False
     threads: str = "off"  # "off", "auto" or a decimal count
+    omp_places: str = "off"
+    workers: str = "share"
     verbose: bool = False
     guard: bool = True
     torch: bool = False

@@ -116,6 +116,40 @@ def check_calling_thread(what: str, before: frozenset[int] | None) -> frozenset[
     return now
 
 
+def keep_importer(what: str, armed: frozenset[int] | None) -> frozenset[int] | None:
+    """NUMABIND_OMP_PLACES: after ``what`` loaded an OpenMP runtime, put the calling thread
+    back on the rank's CPUs if the runtime narrowed it to one place (libgomp pins the
+    thread that loads it when OMP_PLACES/OMP_PROC_BIND are set).  Returns the mask it had
+    been narrowed to, None when it was not."""
+    from . import _kernel
+
+    want = _expected(None) or armed
+    now = _kernel.affinity_of(0)
+    if not want or now is None or not now < want:
+        return None
+    try:
+        _kernel.set_thread_affinity(0, want)
+    except OSError:
+        return None
+    return now
+
+
+def arm_places() -> None:
+    """Watch the imports that load an OpenMP runtime and keep the importing thread on the
+    CPUs it has now (or the binding numabind applies later): the main thread, and what it
+    starts afterwards, keep the rank's CPUs while the OpenMP workers hold their places."""
+    from ._kernel import affinity_of
+    from ._threads import PLACES_MODULES
+
+    armed = affinity_of(0)
+
+    def run(module: ModuleType) -> None:
+        keep_importer(f"import {module.__name__}", armed)
+
+    for name in PLACES_MODULES:
+        after_import(name, run)
+
+
 def wrap_init_process_group(dist: Any) -> None:
     """Guard ``torch.distributed.init_process_group`` (idempotent)."""
     original = getattr(dist, "init_process_group", None)

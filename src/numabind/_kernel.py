@@ -596,6 +596,28 @@ def thread_masks(pid: int | str) -> dict[int, frozenset[int]]:
     return out
 
 
+def thread_name(pid: int, tid: int) -> str:
+    """A thread's name (``comm``: at most 15 bytes, set by the program), "" when gone."""
+    text = _sysfs.read_opt(f"/proc/{pid}/task/{tid}/comm", 64)
+    return (text or "").strip()
+
+
+CHILDREN_CAP = 4096  # child processes looked at per process (DataLoader workers, helpers)
+
+
+def child_pids(pid: int, tids: list[int] | None = None) -> list[int]:
+    """The processes ``pid``'s threads started and that still run (``/proc/PID/task/TID/
+    children``; empty where the kernel lacks CONFIG_PROC_CHILDREN), at most
+    :data:`CHILDREN_CAP`."""
+    found: set[int] = set()
+    for tid in tids if tids is not None else thread_ids(pid):
+        text = _sysfs.read_opt(f"/proc/{pid}/task/{tid}/children", 1 << 16) or ""
+        found.update(int(c) for c in text.split() if c.isascii() and c.isdigit() and len(c) < 11)
+        if len(found) >= CHILDREN_CAP:
+            break
+    return sorted(found)[:CHILDREN_CAP]
+
+
 class Lines:
     """The lines of a /proc file, read as a stream under a byte and a line cap; lines
     longer than 8 KiB (file mappings with long paths, which numabind never measures) are

@@ -690,3 +690,23 @@ MODE_NAMES: tuple[str, ...] = tuple(m.name for m in MODE_TABLE)
 SMT_LEVELS: tuple[str, ...] = ("all", "1")
 # what the n of NUMABIND_RESERVE=n/<scope> counts: cores per node, or per local rank on it
 RESERVE_SCOPES: tuple[str, ...] = ("node", "rank")
+# NUMABIND_OMP_PLACES: off, or the OMP_PLACES value numabind sets (with OMP_PROC_BIND=close)
+OMP_PLACES_VALUES: tuple[str, ...] = ("off", "cores", "threads")
+# what it sets besides OMP_PLACES: the binding OpenMP documents for a pool that fills a
+# rank's cores from the first place on
+OMP_PROC_BIND = "close"
+# the values numabind writes into an affinity variable (the registry accepts only these)
+PLACES_WORDS: tuple[str, ...] = (*OMP_PLACES_VALUES[1:], OMP_PROC_BIND)
+# what a thread (or helper process) of a rank is, told by the name it gives itself: the
+# first row whose word is in the name (case-insensitive) wins; "main" is the process's
+# first thread, "other" a name no row knows (OpenMP and BLAS workers have no name of
+# their own: they keep the interpreter's)
+THREAD_ROLES: tuple[tuple[str, str], ...] = (
+    ("dataloader worker", "pt_data_worker"),
+    ("pin", "pt_data_pin"),
+    ("nccl", "nccl"),
+    ("torch", "pt_"),
+)
+HELPER_PROCESS_ROLES: tuple[str, ...] = ("dataloader worker",)  # may run on reserved cores
+# NUMABIND_WORKERS: where a rank's DataLoader workers run (numabind.torch)
+WORKER_PLACEMENTS: tuple[str, ...] = ("share", "spread", "reserved")

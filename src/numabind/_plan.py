@@ -880,3 +880,34 @@ def explicit(
         reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
         notes=tuple(planner.notes),
     )
+
+
+# --- a rank's helper processes -------------------------------------------------------------------
+
+
+def worker_cpus(
+    p: Plan,
+    placement: str,
+    worker: int,
+    workers: int,
+    siblings_of: Callable[[int], frozenset[int]],
+) -> tuple[frozenset[int], str | None]:
+    """Where helper process ``worker`` of ``workers`` (a DataLoader worker) of a rank bound
+    to ``p`` runs, under ``NUMABIND_WORKERS``: ``share`` the rank's compute CPUs; ``spread``
+    one disjoint set of whole cores of them each (split as exclusive mode splits a node;
+    with more workers than cores, core ``worker % cores``); ``reserved`` the rank's helper
+    cores (``NUMABIND_RESERVE``), or its compute CPUs with a note when it has none.  Never
+    another rank's cores: every answer lies in the rank's own sets."""
+    if placement == "reserved":
+        if p.helpers:
+            return p.helpers, None
+        return p.cpus, "NUMABIND_WORKERS=reserved without reserved cores (NUMABIND_RESERVE)"
+    if placement != "spread" or workers <= 1 or not p.cpus:
+        return p.cpus, None
+    cores = groups(p.cpus, siblings_of)
+    if workers > len(cores):
+        return cores[worker % len(cores)], None
+    each, extra = divmod(len(cores), workers)
+    start = worker * each + min(worker, extra)
+    take = each + (1 if worker < extra else 0)
+    return frozenset().union(*cores[start : start + take]), None

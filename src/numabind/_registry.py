@@ -36,7 +36,7 @@ import stat
 
 from . import _sysfs
 from ._kernel import process_uids, start_time
-from ._model import MODE_NAMES, REGISTRY_POLICIES, Record
+from ._model import MODE_NAMES, PLACES_WORDS, REGISTRY_POLICIES, Record
 from ._sysfs import normalize_pci
 
 TYPE_CHECKING = False
@@ -158,7 +158,8 @@ def _field(name: str, value: str | None, default: Any) -> Any:
         pairs = []
         for item in value.split(","):
             k, _, v = item.partition(":")
-            if not (_is_name(k) and v.isascii() and v.isdigit() and len(v) < 7):
+            number = v.isascii() and v.isdigit() and len(v) < 7
+            if not (_is_name(k) and (number or v in PLACES_WORDS)):
                 raise ValueError(name)
             pairs.append((k, v))
         return tuple(pairs)

@@ -137,6 +137,10 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         # the parent planned exactly this (and said so): a binding is inherited, a skip
         # would be the same skip
         lines = list(cfg.warnings)
+        if cfg.omp_places != "off" and status == "bound":
+            from ._guard import arm_places
+
+            arm_places()  # this interpreter loads its own OpenMP runtime: keep its importer
         if cfg.verbose and status == "bound":
             lines.insert(
                 0, f"local rank {info.local_rank}: binding inherited from the parent process"
@@ -177,6 +181,10 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         from ._guard import arm
 
         arm()
+    if cfg.omp_places != "off" and binding.ok:
+        from ._guard import arm_places
+
+        arm_places()
     return binding
 
 

@@ -17,6 +17,16 @@ The user's values are never touched.  The affinity variables (``OMP_PROC_BIND``,
 ``OMP_PLACES``, ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY``) are left as set, and numabind says
 once when an explicit CPU list in them lies outside the binding.
 
+``NUMABIND_OMP_PLACES=cores`` (or ``threads``) is the one opt-in exception
+(:func:`apply_places`): where none of the affinity variables is set, numabind sets
+``OMP_PLACES`` to it and ``OMP_PROC_BIND=close``, so that the OpenMP workers hold one place
+each inside the rank's CPUs.  libgomp then also pins the thread that loads it to the
+first place (measured with torch 2.13: ``import torch`` leaves the main thread on one
+CPU), and every thread and process it starts afterwards (the DataLoader's pin thread,
+NCCL's, forked workers) would inherit that one CPU; so numabind puts the importing thread
+back on the rank's CPUs after the import (:func:`numabind._guard.arm_places`).  Later
+parallel regions leave it there (measured); the workers keep their places.
+
 At startup the variables are set before any runtime is imported (the runtimes read them
 when they load).  On late binding the pools already loaded are resized at run time:
 through threadpoolctl (``numabind[threads]``) for OpenMP/BLAS, and ``torch.set_num_threads``
@@ -29,6 +39,7 @@ import os
 import sys
 
 from . import _kernel, _sysfs
+from ._model import OMP_PROC_BIND, Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,6 +78,37 @@ def owner_of(name: str, environ: Mapping[str, str], initial: Mapping[str, str] |
         if agent is not None and "OMP_NUM_THREADS" not in agent:
             return "torchrun"
     return "user"
+
+
+class Places(Record):
+    """What :func:`apply_places` did: the variables it set, or those it found set (by the
+    user or a launcher) and left alone."""
+
+    set: tuple[tuple[str, str], ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
+
+    def note(self) -> str:
+        if self.set:
+            return "NUMABIND_OMP_PLACES: set " + ", ".join(f"{k}={v}" for k, v in self.set)
+        return "NUMABIND_OMP_PLACES: left as set: " + ", ".join(
+            f"{k}={_sysfs.short(v)}" for k, v in self.kept
+        )
+
+
+PLACES_MODULES = ("torch", "numpy", "scipy", "sklearn")  # each may load an OpenMP runtime
+
+
+def apply_places(setting: str, environ: MutableMapping[str, str] | Mapping[str, str]) -> Places:
+    """``NUMABIND_OMP_PLACES``: set OMP_PLACES and OMP_PROC_BIND where no affinity variable
+    is set; a value anyone set is kept (the user's, or a launcher's)."""
+    found = tuple((k, environ[k]) for k in AFFINITY_VARIABLES if environ.get(k))
+    if found:
+        return Places(kept=found)
+    wanted = (("OMP_PLACES", setting), ("OMP_PROC_BIND", OMP_PROC_BIND))
+    if hasattr(environ, "__setitem__"):
+        for k, v in wanted:
+            environ[k] = v
+    return Places(set=wanted)
 
 
 def budget_of(plan: Plan, setting: str) -> int | None:

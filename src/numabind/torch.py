@@ -15,6 +15,12 @@
   said, not chased; later calls cost one flag test.  ``with torch.cuda.device(i)`` and
   ``tensor.to("cuda:1")`` do not select a device for the process and do not bind.
   ``NUMABIND_TORCH_SET_DEVICE=0`` turns this part off.
+* **DataLoader workers and the pin thread**: each DataLoader worker process places itself
+  as ``NUMABIND_WORKERS`` says (``share`` the rank's CPUs, the default; ``spread`` one
+  disjoint set of whole cores each; ``reserved`` the rank's ``NUMABIND_RESERVE`` cores)
+  before it loads anything, whatever mask it inherited (an OpenMP runtime in the parent
+  may have pinned the forking thread to one core); the pin-memory thread is put back on
+  the rank's CPUs if it started elsewhere.
 
 One line for users::
 
@@ -33,7 +39,12 @@ environments with it).  numabind replaces the ``multiprocessing`` module that sp
 sees with a thin proxy whose contexts' ``Process.start()`` runs inside
 :func:`numabind.child_binding` for rank ``i`` and whose child enters through numabind
 first.  The device-selection functions are replaced by wrappers that bind, then call
-the original.  Nothing else in torch is touched.  :func:`install` checks each of those
+the original.  DataLoader: ``torch/utils/data/dataloader.py`` starts each worker with
+``target=_utils.worker._worker_loop`` (looked up when the iterator is made) and the pin
+thread with ``target=_utils.pin_memory._pin_memory_loop``; numabind replaces those two
+module attributes with wrappers that place the caller, then call the original (the
+worker's wrapper pickles by its own name, so spawned workers find it too).  Nothing else
+in torch is touched.  :func:`install` checks each of those
 internals and raises :class:`TorchIntegrationError` naming the one that changed.
 """
 
@@ -289,6 +300,136 @@ def install_set_device() -> None:
         )
 
 
+# --- DataLoader workers and the pin thread ------------------------------------------------------
+
+_LOOPS = (
+    ("torch.utils.data._utils.worker", "_worker_loop"),
+    ("torch.utils.data._utils.pin_memory", "_pin_memory_loop"),
+)
+_said_workers: set[str] = set()
+
+
+def _original_loop(module_name: str, name: str) -> Callable[..., Any]:
+    """torch's own loop function: what install() replaced, else the module's (a spawned
+    worker where numabind.torch was installed only in the parent)."""
+    import importlib
+
+    found = _installed.get(name)
+    if found is None:
+        found = getattr(importlib.import_module(module_name), name)
+        found = getattr(found, "__wrapped__", found)
+    return found  # type: ignore[no-any-return]
+
+
+def _rank_plan() -> Any:
+    """The binding this process runs under: the one numabind applied here (a forked worker
+    keeps its parent's), else the plan its environment gives (a spawned worker inherited
+    its binding without planning).  None when it is not bound."""
+    from ._apply import ACTIVE, LOCK
+
+    with LOCK:
+        for b in reversed(ACTIVE):
+            if b.plan.bound:
+                return b.plan
+    from ._api import plan_for
+
+    try:
+        p = plan_for()
+    except Exception:
+        return None
+    return p if p.bound else None
+
+
+def place_worker(worker_id: int, num_workers: int) -> frozenset[int] | None:
+    """Put this DataLoader worker (every thread of it) where ``NUMABIND_WORKERS`` says, in
+    its rank's sets; returns its CPUs (None: the rank is not bound, nothing done)."""
+    from . import _kernel
+    from ._environ import Config
+    from ._plan import worker_cpus
+
+    cfg = Config.from_env()
+    p = _rank_plan()
+    if p is None:
+        return None
+    if cfg.workers == "spread":
+        from ._topology import Machine
+
+        m = Machine.from_root(cfg.sysroot)
+        try:
+            cpus, note = worker_cpus(p, cfg.workers, worker_id, num_workers, m.siblings_of)
+        finally:
+            m.close()
+    else:
+        cpus, note = worker_cpus(p, cfg.workers, worker_id, num_workers, _alone)
+    if note and worker_id == 0:
+        say(f"DataLoader workers: {note}: they share the rank's CPUs")
+    for tid in _kernel.thread_ids():
+        try:
+            _kernel.set_thread_affinity(tid, cpus)
+        except OSError:
+            continue
+    return cpus
+
+
+def _alone(cpu: int) -> frozenset[int]:
+    return frozenset({cpu})  # share and reserved ask no sibling
+
+
+def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+    """torch's DataLoader worker loop, after placing the worker."""
+    import inspect
+
+    original = _original_loop(*_LOOPS[0])
+    try:
+        call = inspect.signature(original).bind(*args, **kwargs).arguments
+        place_worker(int(call["worker_id"]), int(call["num_workers"]))
+    except Exception as err:  # placing is a courtesy: the worker must run regardless
+        if "worker" not in _said_workers:
+            _said_workers.add("worker")
+            say(f"DataLoader worker not placed ({type(err).__name__}: {err})")
+    return original(*args, **kwargs)
+
+
+def _pin_memory_loop(*args: Any, **kwargs: Any) -> Any:
+    """torch's pin-memory thread, put back on the rank's CPUs if it started elsewhere."""
+    from . import _kernel
+
+    try:
+        p = _rank_plan()
+        now = _kernel.affinity_of(0)
+        if p is not None and now is not None and not now <= p.cpus:
+            _kernel.set_thread_affinity(0, p.cpus)
+    except Exception:
+        pass
+    return _original_loop(*_LOOPS[1])(*args, **kwargs)
+
+
+def install_dataloader() -> None:
+    """Place DataLoader workers and the pin thread (see the module docstring); idempotent.
+    Raises :class:`TorchIntegrationError` when torch's loops are not the ones tested."""
+    import importlib
+    import inspect
+
+    wrappers = {"_worker_loop": _worker_loop, "_pin_memory_loop": _pin_memory_loop}
+    for module_name, name in _LOOPS:
+        module = importlib.import_module(module_name)
+        current = getattr(module, name, None)
+        if current is wrappers[name]:
+            continue
+        if not callable(current):
+            raise TorchIntegrationError(f"numabind.torch: {module_name}.{name} is gone")
+        if name == "_worker_loop":
+            params = inspect.signature(current).parameters
+            if not {"worker_id", "num_workers"} <= set(params):
+                raise TorchIntegrationError(
+                    f"numabind.torch: {module_name}.{name} has no worker_id/num_workers "
+                    f"parameters (it takes {', '.join(params)})"
+                )
+        _installed[name] = current
+        wrappers[name].__wrapped__ = current  # type: ignore[attr-defined]
+        setattr(module, name, wrappers[name])
+
+
 def _set_device_wanted() -> bool:
     from ._environ import Config
 
@@ -320,11 +461,17 @@ def install(*, mode: str | None = None, memory: str | None = None) -> None:
             f"numabind.torch cannot hook torch's children: torch.multiprocessing.spawn does "
             f"not import ({err}); device selection is hooked"
         ) from None
-    if isinstance(spawn_mod.multiprocessing, _MultiprocessingProxy):
-        return
-    _check(spawn_mod)
-    spawn_mod.multiprocessing = _MultiprocessingProxy(_stdlib_mp, mode, memory, spawn_mod._wrap)
-    _installed["spawn"] = spawn_mod
+    if not isinstance(spawn_mod.multiprocessing, _MultiprocessingProxy):
+        _check(spawn_mod)
+        spawn_mod.multiprocessing = _MultiprocessingProxy(_stdlib_mp, mode, memory, spawn_mod._wrap)
+        _installed["spawn"] = spawn_mod
+    try:
+        install_dataloader()
+    except ImportError as err:
+        raise TorchIntegrationError(
+            f"numabind.torch cannot place DataLoader workers: {err}; children and device "
+            "selection are hooked"
+        ) from None
 
 
 def empty_on_node(
@@ -374,6 +521,13 @@ def uninstall() -> None:
         spawn_mod.multiprocessing = _stdlib_mp
     for module, name, original in _installed.pop("selectors", []):
         setattr(module, name, original)
+    import sys
+
+    for module_name, name in _LOOPS:
+        original = _installed.pop(name, None)
+        module = sys.modules.get(module_name)
+        if original is not None and module is not None:
+            setattr(module, name, original)
     _selected.clear()
     _seen.clear()
 

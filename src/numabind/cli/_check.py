@@ -24,10 +24,12 @@ import time
 from .. import _kernel, _registry, _sysfs
 from .._environ import detect
 from .._kernel import locality, pages_per_node, read_maps, shared_pages
-from .._model import POLICIES, RANK_VARIABLE_NAMES, Record
+from .._model import HELPER_PROCESS_ROLES, POLICIES, RANK_VARIABLE_NAMES, THREAD_ROLES, Record
+from .._threads import AFFINITY_VARIABLES
 from .._threads import VARIABLES as THREAD_VARIABLES
 from ._common import OFF_PLAN, OK, UNREACHABLE, USAGE, notice_lines, write_json, write_lines
 
+_SETTINGS = (*THREAD_VARIABLES, *AFFINITY_VARIABLES)  # what check reports of a rank's pools
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -161,6 +163,65 @@ def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[Buff
     return tuple(out)
 
 
+class RoleGroup(Record):
+    """A rank's threads (or child processes) of one role, told by their names
+    (:data:`numabind._model.THREAD_ROLES`): how many, the first ids, the CPUs they may run
+    on together, and whether those lie in the plan's sets (the compute CPUs; a helper, the
+    reserved cores too)."""
+
+    role: str
+    kind: str  # "threads" or "processes"
+    count: int
+    ids: tuple[int, ...]
+    cpus: frozenset[int]
+    on_plan: bool | None  # None: no plan to compare with
+
+    def text(self) -> str:
+        one = {"threads": "thread", "processes": "process"}.get(self.kind, self.kind)
+        what = f"{self.role} ({self.count} {one if self.count == 1 else self.kind})"
+        flag = "" if self.on_plan is not False else " OFF PLAN"
+        return f"{what} {fmt(self.cpus) or '-'}{flag}"
+
+
+ROLE_IDS = 8  # ids listed per role
+
+
+def role_of(name: str) -> str:
+    """The role a thread's or process's own name says (``other`` when none)."""
+    low = name.lower()
+    return next((role for role, word in THREAD_ROLES if word in low), "other")
+
+
+def roles_of(
+    pid: int, threads: dict[int, frozenset[int]], expected: PlanView | None
+) -> tuple[RoleGroup, ...]:
+    """Group a rank's threads and child processes by role, with their CPUs, so that an
+    off-node helper is visible at a glance; names are read, nothing is signalled."""
+    found: dict[tuple[str, str], list[tuple[int, frozenset[int]]]] = {}
+    for tid, cpus in threads.items():
+        role = "main" if tid == pid else role_of(_kernel.thread_name(pid, tid))
+        found.setdefault((role, "threads"), []).append((tid, cpus))
+    for child in _kernel.child_pids(pid, sorted(threads)):
+        mask = _kernel.cpus_allowed(child, child)
+        if mask is None:
+            continue
+        role = role_of(_kernel.thread_name(child, child))
+        role = role if role in HELPER_PROCESS_ROLES else "child"
+        found.setdefault((role, "processes"), []).append((child, mask))
+    out = []
+    for (role, kind), members in found.items():
+        cpus = frozenset().union(*(c for _, c in members))
+        on_plan = None
+        if expected is not None and expected.bound:
+            allowed = expected.cpus if role == "main" else expected.cpus | expected.helpers
+            on_plan = cpus <= allowed
+        ids = tuple(sorted(i for i, _ in members)[:ROLE_IDS])
+        out.append(
+            RoleGroup(role=role, kind=kind, count=len(members), ids=ids, cpus=cpus, on_plan=on_plan)
+        )
+    return tuple(sorted(out, key=lambda g: (g.kind != "threads", g.role != "main", g.role)))
+
+
 class ProcessCheck(Record):
     """One process checked: ``status`` is ``bound``, ``skipped`` (its plan does not bind)
     or ``unknown`` (no plan to check against); ``ok`` is False when it is off its plan or
@@ -181,6 +242,7 @@ class ProcessCheck(Record):
     thread_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
     maps_truncated: bool = False
     host_buffers: tuple[BufferCheck, ...] = ()
+    roles: tuple[RoleGroup, ...] = ()
 
 
 class CheckReport(Record):
@@ -242,12 +304,12 @@ def _thread_settings(
     hook sets them after start, so /proc/PID/environ cannot show them), else its initial
     environment."""
     if entry is not None and entry.thread_env:
-        return {k: v for k, v in entry.thread_env if k in THREAD_VARIABLES}
+        return {k: v for k, v in entry.thread_env if k in _SETTINGS}
     try:
         env = _kernel.read_environ(pid) if entry_env is None else dict(entry_env)
     except OSError:
         return {}
-    return {k: env[k] for k in THREAD_VARIABLES if k in env}
+    return {k: env[k] for k in _SETTINGS if k in env}
 
 
 def _permitted() -> bool:
@@ -321,6 +383,7 @@ def check_pid(
         "pages": pages,
         "shared_pages": shared,
         "maps_truncated": maps.truncated,
+        "roles": roles_of(pid, threads, expected),
     }
     if expected is None:
         problems.append(f"no plan to check against: {source}")
@@ -341,7 +404,11 @@ def check_pid(
             notes=tuple(notes),
             **base,
         )
-    share = _judge(expected, source, pid, threads, policy, own, min_locality, problems, notes)
+    # a helper process (a forked DataLoader worker: its environment names the rank too)
+    # may run on the reserved cores with its first thread
+    helper = role_of(_kernel.thread_name(pid, pid)) in HELPER_PROCESS_ROLES
+    main = None if helper else pid
+    share = _judge(expected, source, main, threads, policy, own, min_locality, problems, notes)
     if shared.pages:
         notes.append(
             f"{shared.pages * 4 // 1024} MiB of its pages are still shared copy-on-write with "
@@ -363,7 +430,7 @@ def check_pid(
 def _judge(
     expected: PlanView,
     source: str,
-    pid: int,
+    main: int | None,
     threads: dict[int, frozenset[int]],
     policy: tuple[str, frozenset[int]] | None,
     own: dict[int, int],
@@ -378,7 +445,7 @@ def _judge(
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
     roles = cpus | expected.helpers
-    escaped = {t: c for t, c in threads.items() if not c <= (cpus if t == pid else roles)}
+    escaped = {t: c for t, c in threads.items() if not c <= (cpus if t == main else roles)}
     if escaped and len(escaped) == len(threads):
         sample = next(iter(escaped.values()))
         problems.append(
@@ -541,8 +608,14 @@ def _thread_notes(settings: dict[str, str], expected: PlanView, notes: list[str]
                 f"OMP_NUM_THREADS={n} uses fewer threads than its budget of {budget} "
                 "(NUMABIND_THREADS=auto sizes it)"
             )
-    elif settings:
-        notes.append("thread settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    elif any(k in settings for k in THREAD_VARIABLES):
+        notes.append(
+            "thread settings: "
+            + ", ".join(f"{k}={v}" for k, v in settings.items() if k in THREAD_VARIABLES)
+        )
+    places = [f"{k}={_sysfs.short(v, 60)}" for k, v in settings.items() if k in AFFINITY_VARIABLES]
+    if places:
+        notes.append(f"its OpenMP runtime was given {', '.join(places)}")
 
 
 # --- which processes ---------------------------------------------------------------------------
@@ -598,6 +671,8 @@ def process_lines(r: ProcessCheck) -> list[str]:
     lines = [f"{verdict:8} {who}: {where}"]
     lines += [f"         - {problem}" for problem in r.problems]
     lines += [f"         note: {note}" for note in r.notes]
+    if len(r.roles) > 1 or any(g.on_plan is False for g in r.roles):
+        lines.append("         roles: " + "; ".join(g.text() for g in r.roles))
     return lines
 
 

@@ -34,6 +34,7 @@ PALETTE = (
 SYMBOLS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789#$%&+=?@^~<>[]{}|/\\!;:"
 DISALLOWED = "#d9d9d9"
 FREE = "#ffffff"
+RESERVED = "#6b6b6b"  # NUMABIND_RESERVE: the system's and the helpers' cores
 
 
 def colour(i: int) -> str:
@@ -59,6 +60,7 @@ class Cell(Record):
     cpu: int
     allowed: bool
     ranks: frozenset[int]
+    reserved: bool = False  # kept out of every compute set (NUMABIND_RESERVE)
 
 
 class Core(Record):
@@ -104,6 +106,7 @@ class Picture(Record):
     sets: tuple[RankSet, ...]
     distances: tuple[tuple[str, ...], ...]  # rows, the first one the header
     smt: int
+    reserved: frozenset[int] = frozenset()  # the plans' helper cores
 
     def set_of(self, ranks: frozenset[int]) -> RankSet | None:
         return next((s for s in self.sets if s.ranks == ranks), None)
@@ -123,7 +126,10 @@ def _device_nodes(machine: Machine, plans: list[Plan]) -> dict[str, int | None]:
 
 
 def _groups(
-    machine: Machine, cpus: frozenset[int], owner: dict[int, set[int]]
+    machine: Machine,
+    cpus: frozenset[int],
+    owner: dict[int, set[int]],
+    reserved: frozenset[int] = frozenset(),
 ) -> tuple[CacheGroup, ...]:
     """The node's cores grouped by cache domain, each core with its SMT threads."""
     allowed = machine.allowed.cpus
@@ -148,7 +154,12 @@ def _groups(
                 cores=tuple(
                     Core(
                         cells=tuple(
-                            Cell(cpu=c, allowed=c in allowed, ranks=frozenset(owner.get(c, ())))
+                            Cell(
+                                cpu=c,
+                                allowed=c in allowed,
+                                ranks=frozenset(owner.get(c, ())),
+                                reserved=c in reserved,
+                            )
                             for c in core
                         )
                     )
@@ -175,6 +186,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         if p.bound and p.local_rank is not None:
             for cpu in p.cpus:
                 owner.setdefault(cpu, set()).add(p.local_rank)
+    reserved = frozenset().union(*(p.helpers for p in plans if p.bound))
     where = _device_nodes(machine, plans)
     ranks_by_pci: dict[str, list[int]] = {}
     index_of: dict[str, int | None] = {}
@@ -218,7 +230,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
             NodeBox(
                 id=n.id,
                 header=header,
-                groups=_groups(machine, n.cpus, owner) if n.cpus else (),
+                groups=_groups(machine, n.cpus, owner, reserved) if n.cpus else (),
                 gpus=gpus,
                 ranks=lines,
             )
@@ -226,7 +238,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
     ordered = sorted(packages.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
     return Picture(
         title=f"numabind: {machine.description}",
-        subtitle=f"mode {mode}, memory {memory}; {len(plans)} local rank"
+        subtitle=f"mode {mode}, memory {memory}{_roles_text(plans)}; {len(plans)} local rank"
         + ("" if len(plans) == 1 else "s"),
         packages=tuple(
             (f"package {k}" if k is not None else "memory-only nodes", tuple(v)) for k, v in ordered
@@ -240,7 +252,14 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         sets=sets,
         distances=_distances(machine),
         smt=machine.smt,
+        reserved=reserved,
     )
+
+
+def _roles_text(plans: list[Plan]) -> str:
+    """``, reserve 2/node, smt 1`` where the plans were made with core roles."""
+    out = "".join(f", reserve {r}" for r in sorted({p.reserve for p in plans if p.reserve}))
+    return out + (", smt 1" if any(p.smt == "1" for p in plans) else "")
 
 
 def _rank_sets(owner: dict[int, set[int]]) -> tuple[RankSet, ...]:
@@ -292,7 +311,7 @@ def _core_symbol(pic: Picture, core: Core) -> str:
     if len(kinds) > 1:
         return "*"
     if not first.ranks:
-        return "."
+        return "r" if any(cell.reserved for cell in core.cells) else "."
     found = pic.set_of(first.ranks)
     return found.symbol if found is not None else "?"
 
@@ -338,6 +357,12 @@ def legend(pic: Picture, text: bool) -> list[str]:
         lines.append(f"{mark}{ranks_text(s.ranks)}{share}: CPUs {fmt(s.cpus)}")
     lines.append(("." + "  " if text else "") + "a CPU no rank is planned onto")
     lines.append(("x" + "  " if text else "") + "a CPU this process may not use (its cgroup)")
+    if pic.reserved:
+        lines.append(
+            ("r" + "  " if text else "")
+            + f"a reserved CPU (NUMABIND_RESERVE: {fmt(pic.reserved)}): the system's and "
+            "the ranks' helpers'"
+        )
     if text:
         lines.append("*  a core whose threads are planned for different ranks")
         lines.append(

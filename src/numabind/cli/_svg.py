@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ._picture import DISALLOWED, FREE, Cell, NodeBox, Picture, build, colour, legend
+from ._picture import DISALLOWED, FREE, RESERVED, Cell, NodeBox, Picture, build, colour, legend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -151,6 +151,9 @@ def _cell(c: _Canvas, pic: Picture, cell: Cell, x: float, y: float) -> None:
         tip += (
             f": rank{'s' if len(cell.ranks) > 1 else ''} {', '.join(map(str, sorted(cell.ranks)))}"
         )
+    if cell.reserved and found is None:
+        fill = RESERVED
+        tip += ": reserved for the system and helpers (NUMABIND_RESERVE)"
     if not cell.allowed:
         fill, stroke = DISALLOWED, "#bbb"
         tip += " (outside the CPUs this process may use)"
@@ -236,6 +239,9 @@ def _legend(c: _Canvas, pic: Picture) -> None:
     rest = legend(pic, text=False)[len(pic.sets) :]
     c.swatch_line(PAD, FREE, rest[0], WIDTH - 2 * PAD)
     c.swatch_line(PAD, DISALLOWED, rest[1], WIDTH - 2 * PAD, stroke="#bbb")
+    if pic.reserved:
+        c.swatch_line(PAD, RESERVED, rest[2], WIDTH - 2 * PAD)
+        rest = rest[1:]
     for line in rest[2:]:
         c.lines(PAD, line, WIDTH - 2 * PAD)
 

@@ -1,0 +1,113 @@
+"""Core roles in the multi-NUMA VM (2 nodes x 3 CPUs: node 0 = CPUs 0-2, node 1 = 3-5;
+GPUs 0-1 on node 0, 2-3 on node 1), with real torch 2.13:
+
+* torchrun with 4 workers (2 per node), exclusive mode and NUMABIND_RESERVE=1/node: each
+  rank on its own core, none on its node's reserved (last) core;
+* a DataLoader rank (NUMABIND_WORKERS=spread, NUMABIND_OMP_PLACES=cores): the main
+  thread, a thread and a forked child keep the rank's CPUs after ``import torch``, the two
+  workers get disjoint cores of the rank's node, and ``check --all`` passes rank and workers;
+* NUMABIND_OMP_PLACES sets OMP_PLACES/OMP_PROC_BIND, and keeps a user's OMP_PLACES.
+
+Usage (in the guest): python tests/vm/roles_scenarios.py OUT.json
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENV_OFF = ("LOCAL_", "NUMABIND", "OMP_")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_OFF)}
+    env.update(extra)
+    return env
+
+
+def torchrun_reserve(results: dict) -> None:  # type: ignore[type-arg]
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    t = time.time()
+    p = subprocess.run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "4",
+            "--no-python",
+            sys.executable,
+            os.path.join(HERE, "probes", "roles_rank.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(NUMABIND_RESERVE="1/node", NUMABIND_MODE="exclusive"),
+    )
+    results["torchrun"] = {
+        "rc": p.returncode,
+        "stderr": p.stderr[-3000:],
+        "ranks": [json.loads(x[5:]) for x in p.stdout.splitlines() if x.startswith("ROLE ")],
+        "seconds": round(time.time() - t, 1),
+    }
+
+
+def loader(results: dict) -> None:  # type: ignore[type-arg]
+    t = time.time()
+    p = subprocess.run(
+        [sys.executable, os.path.join(HERE, "probes", "roles_loader.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(
+            LOCAL_RANK="1",
+            LOCAL_WORLD_SIZE="4",
+            NUMABIND_TORCH="1",
+            NUMABIND_WORKERS="spread",
+            NUMABIND_OMP_PLACES="cores",
+            NUMABIND_MEMORY="none",
+        ),
+    )
+    lines = [x[7:] for x in p.stdout.splitlines() if x.startswith("LOADER ")]
+    results["loader"] = {
+        "rc": p.returncode,
+        "stderr": p.stderr[-3000:],
+        "data": json.loads(lines[-1]) if lines else None,
+        "seconds": round(time.time() - t, 1),
+    }
+
+
+def places(results: dict) -> None:  # type: ignore[type-arg]
+    code = (
+        "import os, json; "
+        "print(json.dumps([os.environ.get('OMP_PLACES'), os.environ.get('OMP_PROC_BIND')]))"
+    )
+    out = {}
+    for name, extra in (("ours", {}), ("users", {"OMP_PLACES": "threads"})):
+        p = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_env(LOCAL_RANK="0", LOCAL_WORLD_SIZE="4", NUMABIND_OMP_PLACES="cores", **extra),
+        )
+        out[name] = json.loads(p.stdout) if p.returncode == 0 else p.stderr[-2000:]
+    results["places"] = out
+
+
+def main() -> int:
+    out_path = sys.argv[1]
+    results: dict = {"errors": {}}  # type: ignore[type-arg]
+    for name, fn in (("places", places), ("torchrun", torchrun_reserve), ("loader", loader)):
+        try:
+            fn(results)
+        except Exception:
+            results["errors"][name] = traceback.format_exc()
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
