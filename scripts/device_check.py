@@ -13,6 +13,11 @@ One short run for a machine with a real NVIDIA GPU (likely one NUMA node, no net
    machine, so the NVIDIA path is tested against a real machine's answers afterwards.
 3. The startup hook on the real GPU (``LOCAL_RANK=0 NUMABIND_VERBOSE=1``), ``numabind
    check`` on that live rank, and ``numabind bench`` including pinned copies.
+4. Host buffers registered with the real driver (``host_buffer(register=True)`` through
+   libcuda, and ``numabind.torch.pinned_empty`` when torch has CUDA): registered,
+   ``is_pinned()``, resident memory grown by the request and not by a power of two, every
+   page on the buffer's node, and host-to-device copy bandwidth from it against
+   ``torch.empty(pin_memory=True)`` (and from a remote node's buffer where there are two).
 
 Exit status 0 when everything agrees; 1 with a list of disagreements.  Everything it
 saw is written to --out (default: $OUT, else ./device-check-out).
@@ -239,6 +244,71 @@ def scrub_capture(path: Path, uuids: dict[str, str]) -> None:
             tar.addfile(m, io.BytesIO(data))
 
 
+REGISTER = r"""
+import json, os, time
+import numabind
+out = {"problems": []}
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+size = 96 << 20  # not a power of two: torch's pinned allocator would round it to 128 MiB
+before = rss()
+buf = numabind.host_buffer(size, device=0, register=True)
+grown = rss() - before
+where = buf.placement()
+out.update(registered=buf.registered, with_=buf.registered_with, grown=grown,
+           placement={str(k): v for k, v in where.items()}, nodes=list(buf.nodes))
+if not buf.registered:
+    out["problems"].append(f"host_buffer(register=True) not registered: {buf.register_reason}")
+if not size <= grown < size + (16 << 20):
+    out["problems"].append(f"resident memory grew by {grown} bytes for {size}")
+if sum(v for k, v in where.items() if k in buf.nodes) != buf.mapped_bytes // 4096:
+    out["problems"].append(f"registered pages not all on node(s) {buf.nodes}: {where}")
+try:
+    import torch
+    if torch.cuda.is_available():
+        import numabind.torch as nt
+        t = nt.pinned_empty((size,), dtype=torch.uint8, device=0)
+        out["is_pinned"] = bool(t.is_pinned())
+        if not t.is_pinned():
+            out["problems"].append("pinned_empty(...).is_pinned() is False on a CUDA build")
+        ref = torch.empty((size,), dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty((size,), dtype=torch.uint8, device="cuda:0")
+        def gbps(src):
+            for _ in range(3):
+                dev.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                dev.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            return 20 * size / (time.perf_counter() - t0) / 1e9
+        out["h2d_gbps"] = {"pinned_empty": gbps(t), "torch_pin_memory": gbps(ref)}
+        nodes = [
+            int(n[4:])
+            for n in os.listdir("/sys/devices/system/node")
+            if n.startswith("node") and n[4:].isdigit()
+        ]
+        remote = [n for n in nodes if n not in buf.nodes]
+        if remote:
+            far = nt.pinned_empty((size,), dtype=torch.uint8, node=remote[0])
+            out["h2d_gbps"]["remote_node"] = gbps(far)
+except ImportError:
+    out["torch"] = "not installed"
+buf.close()
+print("REGISTER " + json.dumps(out))
+"""
+
+
+def registration(env: dict[str, str]) -> dict[str, Any]:
+    """Host buffers registered with the real driver (section 4 of the module docstring)."""
+    rc, text, err = sh([PY, "-c", REGISTER], env, timeout=300)
+    lines = [x[9:] for x in text.splitlines() if x.startswith("REGISTER ")]
+    if rc != 0 or not lines:
+        return {"problems": [f"registration check: exit {rc}: {err[-500:]}"]}
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="device-check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or "device-check-out")
@@ -303,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"numabind bench: exit {rc}")
     gpu_part = report["bench"].get("gpu") if isinstance(report["bench"], dict) else None
     report["pinned_copies"] = gpu_part
+
+    report["registration"] = registration(env)
+    problems.extend(report["registration"].get("problems", []))
 
     # the recording the NVML fake replays
     uuids = {

@@ -455,6 +455,32 @@ MUTANTS: tuple[Mutant, ...] = (
         "NUMABIND_OMP_PLACES puts the thread libgomp narrowed back on the rank's CPUs",
         ("tests/test_roles.py",),
     ),
+    # --- registration with the GPU driver -----------------------------------------------------
+    M(
+        "M51",
+        "src/numabind/_model.py",
+        "portable=0x01,  # CU_MEMHOSTREGISTER_PORTABLE",
+        "portable=0x00,  # CU_MEMHOSTREGISTER_PORTABLE",
+        "host buffers are registered PORTABLE: every context sees them",
+        ("tests/test_register.py",),
+    ),
+    M(
+        "M52",
+        "src/numabind/_memory.py",
+        "            if dontfork:\n",
+        "            if False:\n",
+        "a registered buffer is not mapped by a fork child (MADV_DONTFORK)",
+        ("tests/test_register.py",),
+    ),
+    M(
+        "M53",
+        "src/numabind/_memory.py",
+        "    if reg is not None:\n        reg.unregister()\n    try:\n        mapping.close()",
+        "    try:\n        mapping.close()\n"
+        "        if reg is not None:\n            reg.unregister()",
+        "close() unregisters before it unmaps",
+        ("tests/test_register.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -16,6 +16,8 @@ read through the library's own reader, and the rules every test runs under:
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,6 +177,27 @@ def synth_machine(tmp_path: Path) -> Callable[[synth.Spec], Machine]:
         return Machine.from_root(str(root))
 
     return make
+
+
+SOURCES = {"libcuda.so.1": "libcuda.c", "libamdhip64.so": "libamdhip64.c"}
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One private directory per stand-in library, built once per session."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.fail("no C compiler: scripts/install-apt-deps build installs gcc")
+    out = {}
+    for soname, source in SOURCES.items():
+        where = tmp_path_factory.mktemp(soname.split(".")[0])
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(where / soname),
+             f"-Wl,-soname,{soname}", str(Path(__file__).parent / "standin" / source)],
+            check=True,
+        )  # fmt: skip
+        out[soname] = where
+    return out
 
 
 @pytest.fixture(scope="session")

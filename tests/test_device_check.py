@@ -40,7 +40,7 @@ def nvmlDeviceGetMigMode(h): return (0, 0)
 """
 
 
-def _fake_tools(tmp: Path, swap_numa: bool = False) -> dict[str, str]:
+def _fake_tools(tmp: Path, swap_numa: bool = False, driver: Path | None = None) -> dict[str, str]:
     spec = synth.dgx_h100(filler_pci=0)
     root = synth.write(spec, str(tmp / "dgx"))
     gpus = []
@@ -88,6 +88,7 @@ def _fake_tools(tmp: Path, swap_numa: bool = False) -> dict[str, str]:
         FAKE_NVML=str(tmp / "nvml.json"),
         PYTHONPATH=str(mods),
         PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        LD_LIBRARY_PATH=str(driver) if driver else "/nonexistent",
     )
 
 
@@ -102,14 +103,16 @@ def _run(env: dict[str, str], out: Path, *extra: str) -> subprocess.CompletedPro
 
 
 @two_cpus
-def test_device_check_agrees_with_a_faithful_fake(tmp_path: Path) -> None:
-    env = _fake_tools(tmp_path)
+def test_device_check_agrees_with_a_faithful_fake(tmp_path: Path, standin: dict[str, Path]) -> None:
+    env = _fake_tools(tmp_path, driver=standin["libcuda.so.1"])
     fixture = tmp_path / "nvml-fake-dgx.json"
     r = _run(env, tmp_path / "out", "--fixture", str(fixture))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "8 GPU(s) from pynvml; 0 disagreement(s)" in r.stdout
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["hook"]["rc"] == 0 and report["check"]["rc"] == 0
+    reg = report["registration"]  # the stand-in libcuda.so.1 registered the buffer
+    assert reg["registered"] and reg["with_"] == "CUDA driver" and not reg["problems"], reg
     recording = json.loads(fixture.read_text())
     text = json.dumps(recording)
     assert synth._uuid(3) not in text, "UUIDs are scrubbed"

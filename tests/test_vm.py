@@ -117,15 +117,22 @@ def vm_ray() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def vm_roles() -> dict[str, Any]:
-    """Core roles with real torch 2.13: 2 nodes x 3 CPUs, GPUs 0-1 on node 0 and 2-3 on
-    node 1, 2 GiB per node."""
+    """Core roles with real torch 2.13: 2 nodes x 2 CPUs, GPUs 0-1 on node 0 and 2-3 on
+    node 1, 2 GiB per node (3 CPUs per node, 6 vCPUs under emulation on a 2-CPU host,
+    stalled the guest's stop_machine threads: soft lockups)."""
     pytest.importorskip("torch")
+    standin = ROOT / ".vmtmp" / "standin"
+    standin.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O1", "-o", str(standin / "libcuda.so.1"),
+         "-Wl,-soname,libcuda.so.1", str(ROOT / "tests" / "standin" / "libcuda.c")],
+        check=True,
+    )  # fmt: skip
     return _boot(
         "tests/vm/roles_scenarios.py",
         "0 0 1 1",
         mem="2048",
-        cpus="3",
-        extra={"VM_TIMEOUT": "1500"},
+        extra={"VM_TIMEOUT": "1500", "STANDIN_DIR": str(standin)},
     )
 
 
@@ -593,9 +600,11 @@ def test_torchrun_ranks_stay_off_the_reserved_core(vm_roles: dict[str, Any]) -> 
     assert run["rc"] == 0, run["stderr"]
     ranks = {r["rank"]: r for r in run["ranks"]}
     assert sorted(ranks) == [0, 1, 2, 3], run
-    want = {0: [0], 1: [1], 2: [3], 3: [4]}  # exclusive over cores 0-1 / 3-4
+    # node 0 = CPUs 0-1, node 1 = 2-3; one core reserved per node (the last) leaves one
+    # compute core, which exclusive mode's two ranks then share (said in a note)
+    want = {0: [0], 1: [0], 2: [2], 3: [2]}
     for rank, r in ranks.items():
-        reserved = [2] if rank < 2 else [5]
+        reserved = [1] if rank < 2 else [3]
         assert r["helpers"] == reserved and r["cpus"] == want[rank], r
         assert r["first"] == want[rank], r  # bound before the first statement
         assert all(mask == want[rank] for mask in r["threads"]), r
@@ -606,13 +615,26 @@ def test_dataloader_workers_and_openmp_keep_their_roles(vm_roles: dict[str, Any]
     run = vm_roles["loader"]
     assert run["rc"] == 0 and run["data"] is not None, run["stderr"]
     d = run["data"]
-    node0 = [0, 1, 2]  # GPU 1 is on node 0
+    node0 = [0, 1]  # GPU 1 is on node 0
     assert d["after_import"] == d["after_parallel"] == node0, d
     assert d["thread"] == d["fork_child"] == node0, d
     assert all(len(mask) == 1 and mask[0] in node0 for mask in d["others"] if mask != node0), d
     workers = d["workers"]
-    assert workers["0"]["cpus"] == [0, 1] and workers["1"]["cpus"] == [2], workers  # spread
+    assert workers["0"]["cpus"] == [0] and workers["1"]["cpus"] == [1], workers  # spread
     assert d["check_rc"] == 0 and d["check_me"]["ok"], d["check_me"]
     assert all(d["check_workers"].values()), d["check_workers"]
     roles = {(g["role"], g["kind"]): g for g in d["check_me"]["roles"]}
     assert roles[("dataloader worker", "processes")]["count"] == 2, roles
+
+
+@pytest.mark.torch
+def test_a_registered_buffer_is_not_mapped_by_a_fork_child(vm_roles: dict[str, Any]) -> None:
+    run = vm_roles["register"]
+    assert run["rc"] == 0 and run["data"] is not None, run["stderr"]
+    data = run["data"]
+    for dontfork in ("True", "False"):
+        d = data[dontfork]
+        assert d["registered"], d
+        assert d["before"] == d["after"] == {"1": 16384}, d  # 64 MiB, all on node 1
+        assert d["child_maps"] is (dontfork == "False"), d
+    assert data["live"] == 0

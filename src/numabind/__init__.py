@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         IntegrationError,
         KernelError,
         NumabindError,
+        RegistrationError,
     )
     from ._memory import (
         HostBuffer,
@@ -46,6 +47,7 @@ __all__ = [
     "PlacementError",
     "Plan",
     "RangeBinding",
+    "RegistrationError",
     "Request",
     "State",
     "__version__",
@@ -76,6 +78,7 @@ _LAZY = {
     "IntegrationError": "_errors",
     "KernelError": "_errors",
     "NumabindError": "_errors",
+    "RegistrationError": "_errors",
     "Plan": "_plan",
     "Request": "_plan",
     "plan": "_plan",

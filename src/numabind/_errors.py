@@ -62,6 +62,11 @@ def require(module: str, product: str, pip: str, caller: str) -> None:
         )
 
 
+class RegistrationError(NumabindError, RuntimeError):
+    """Host memory could not be registered with the GPU driver where registration was
+    required (``host_buffer(..., register=True)``); the message names the driver's error."""
+
+
 class UsageError(NumabindError):
     """Bad command-line arguments or an unreadable input: one line, exit status 2."""
 

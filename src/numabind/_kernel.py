@@ -355,6 +355,8 @@ def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int 
     )
 
 
+MADV_DONTFORK = 10  # fork does not copy the range (pages pinned for DMA would be copied)
+MADV_DOFORK = 11
 MADV_HUGEPAGE = 14
 MADV_DONTDUMP = 16
 MADV_POPULATE_WRITE = 23

@@ -22,6 +22,13 @@ pools), so the node is resolved here and the pages placed before anyone register
 Where the memory-policy calls are refused (seccomp without CAP_SYS_NICE), placement falls
 back to first touch from threads bound to the node's CPUs, and the measured placement is
 reported.  Nothing here runs at startup: the module is imported by the functions only.
+
+A populated buffer is then registered with the GPU driver where there is one
+(:mod:`numabind._driver`: page-locked and mapped for DMA, so that copies run at full
+speed), strictly after populating (registration faults missing pages in on the
+registering thread), and marked ``MADV_DONTFORK``: since Linux 5.9 ``fork`` copies pages
+pinned for DMA into the child, so a 100 GiB pool would be copied into every forked
+DataLoader worker.  :meth:`HostBuffer.close` unregisters before it unmaps.
 """
 
 from __future__ import annotations
@@ -30,9 +37,10 @@ import errno
 import mmap
 import os
 import threading
+import weakref
 
 from . import _kernel, _sysfs
-from ._errors import ConfigError, NumabindError
+from ._errors import ConfigError, NumabindError, RegistrationError
 from ._model import POLICIES, Record
 from ._sysfs import format_cpulist
 
@@ -40,6 +48,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
+    from ._driver import Registration
+    from ._model import Accelerator
     from ._topology import Machine
 
 PAGE = mmap.PAGESIZE
@@ -136,6 +146,30 @@ def target_nodes(
 ) -> tuple[int, ...]:
     """The nodes a buffer goes to: ``node`` as given, else the node the planner binds
     ``device``'s ranks to, else the node of this process's binding."""
+    return target(machine, device, node, caller).nodes
+
+
+class Target(Record):
+    """Where a buffer goes (``nodes``) and for which device, when one is known (named, or
+    the device of this process's binding): the device registration makes current."""
+
+    nodes: tuple[int, ...]
+    device: Accelerator | None = None
+    index: int | None = None
+
+
+def target(
+    machine: Machine, device: int | str | None, node: int | Sequence[int] | None, caller: str
+) -> Target:
+    """:func:`target_nodes`, with the device it was resolved from."""
+    from ._apply import ACTIVE
+
+    bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
+    own = Target(
+        nodes=(),
+        device=bound.plan.device if bound is not None else None,
+        index=bound.plan.device_index if bound is not None else None,
+    )
     if node is not None:
         nodes = (node,) if isinstance(node, int) else tuple(node)
         if not nodes or any(not isinstance(n, int) or isinstance(n, bool) for n in nodes):
@@ -147,7 +181,7 @@ def target_nodes(
                 raise ConfigError(
                     f"{caller}: node {n} does not exist (nodes: {format_cpulist(machine.node_ids)})"
                 )
-        return tuple(sorted(set(nodes)))
+        return own.replace(nodes=tuple(sorted(set(nodes))))
     if device is not None:
         from ._devices import find_device, resolve
         from ._plan import device_node
@@ -162,12 +196,10 @@ def target_nodes(
                 f"{caller}: the NUMA node of device {device!r} ({found.pci}) is unknown; "
                 "give node= instead"
             )
-        return (where.node,)
-    from ._apply import ACTIVE
-
-    bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
+        index = visible.devices.index(found) if found in visible.devices else None
+        return Target(nodes=(where.node,), device=found, index=index)
     if bound is not None and bound.plan.numa_node is not None:
-        return (bound.plan.numa_node,)
+        return own.replace(nodes=(bound.plan.numa_node,))
     raise ConfigError(
         f"{caller}: give device= (an index, PCI address or UUID) or node=; this process "
         "has no binding to take the node from"
@@ -335,9 +367,12 @@ class HostBuffer:
     pages or huge pages), ``nodes``, ``policy`` (the kernel policy set, or ``first-touch``
     where memory-policy calls are refused), ``huge`` (``hugetlb``, ``thp`` or None),
     ``fd`` (a memfd another process can map, when ``shared``), ``populated`` (how:
-    ``MADV_POPULATE_WRITE``, ``touch`` or None) and ``notes``.  A context manager;
-    :meth:`close` unmaps, and raises ``BufferError`` while a view or a tensor still uses
-    the memory, as ``mmap`` does.
+    ``MADV_POPULATE_WRITE``, ``touch`` or None), ``registered`` (with the GPU driver:
+    ``registered_with`` names it; ``register_reason`` says why not when False) and
+    ``notes``.  A context manager; :meth:`close` unregisters, then unmaps, and raises
+    ``BufferError`` while a view or a tensor still uses the memory, as ``mmap`` does (the
+    buffer stays registered then).  A buffer dropped without ``close()`` is unregistered
+    and unmapped when it is collected, if nothing else uses its memory.
     """
 
     def __init__(
@@ -361,6 +396,12 @@ class HostBuffer:
         self.populated: str | None = None
         self.threads = 0
         self.notes: list[str] = []
+        self.registered = False
+        self.registered_with: str | None = None
+        self.register_reason: str | None = None
+        self.dontfork = False
+        self._state: dict[str, object] = {"mmap": mapping, "registration": None}
+        self._finalizer = weakref.finalize(self, _release, self._state, True)
 
     @property
     def closed(self) -> bool:
@@ -384,8 +425,10 @@ class HostBuffer:
         nothing, while a view or a tensor still uses the memory.  Closing twice is fine."""
         if self._mmap is None:
             return
-        self._mmap.close()  # BufferError while exported: nothing changed, still open
+        _release(self._state, False)  # BufferError while exported: still open, registered
+        self._finalizer.detach()
         self._mmap = None
+        self.registered = False
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -403,6 +446,30 @@ class HostBuffer:
             f"HostBuffer({state}, {self.nbytes} bytes, nodes {format_cpulist(self.nodes)}, "
             f"{self.policy})"
         )
+
+
+def _release(state: dict[str, object], collected: bool) -> None:
+    """Unregister (if registered), then unmap.  When the memory is still in use (a view, a
+    tensor: ``BufferError``), register it again as it was and raise (``collected``: in a
+    finalizer, where there is no one to raise to: keep it registered and mapped)."""
+    reg: Registration | None = state["registration"]  # type: ignore[assignment]
+    mapping: mmap.mmap = state["mmap"]  # type: ignore[assignment]
+    if mapping.closed:
+        return
+    if reg is not None:
+        reg.unregister()
+    try:
+        mapping.close()
+    except BufferError:
+        if reg is not None:
+            try:
+                state["registration"] = reg.driver.register(reg.address, reg.nbytes, reg.device)
+            except RegistrationError:
+                state["registration"] = None
+        if not collected:
+            raise
+        return
+    state["registration"] = None
 
 
 _live: dict[int, tuple[int, int, tuple[int, ...], str]] = {}  # id -> what the registry lists
@@ -508,8 +575,11 @@ def host_buffer(
     huge: bool = False,
     shared: bool = False,
     threads: int | None = None,
+    register: bool | str = "auto",
+    dontfork: bool = True,
 ) -> HostBuffer:
-    """Map ``nbytes`` of host memory on a GPU's NUMA node, populated and verifiable.
+    """Map ``nbytes`` of host memory on a GPU's NUMA node, populated, registered with the
+    GPU driver and verifiable.
 
     For the memory the GPU reads and writes (pinned staging buffers, KV-cache offload
     pools, activation offload): the startup binding places what a rank's threads fault
@@ -541,6 +611,17 @@ def host_buffer(
     the pages are placed by first touch from threads on the node's CPUs (``policy`` is
     then ``first-touch``) and :meth:`HostBuffer.placement` says where they are.
 
+    ``register`` (default ``"auto"``) registers the populated buffer with the GPU driver
+    (page-locked and mapped for DMA, visible to every context: CUDA's driver API or HIP by
+    ctypes, see :mod:`numabind._driver`) where a driver is present, and otherwise skips with
+    one note (``registered`` False, ``register_reason`` why); ``True`` raises
+    :class:`~numabind.RegistrationError` (nothing left mapped) when it cannot, ``False``
+    never registers.  Registration needs ``populate`` (it would fault the pages in on the
+    registering thread).  A registered buffer is marked ``MADV_DONTFORK`` unless
+    ``dontfork=False``: since Linux 5.9 ``fork`` copies pages pinned for DMA into the
+    child, so every forked DataLoader worker would get a copy of the pool; with
+    ``dontfork`` the child does not map the range at all.
+
     A bound rank that registered for ``numabind check`` lists its buffers there, and
     ``check`` measures each one's placement.
     """
@@ -551,9 +632,17 @@ def host_buffer(
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     ):
         raise ConfigError(f"{caller}: threads must be a positive integer, not {threads!r}")
+    if register not in ("auto", True, False):
+        raise ConfigError(f"{caller}: register must be 'auto', True or False, not {register!r}")
+    if register is True and not populate:
+        raise ConfigError(
+            f"{caller}: register=True needs populate=True (registering would fault the "
+            "pages in on the registering thread, wherever it runs)"
+        )
     machine = _machine()
     try:
-        nodes = target_nodes(machine, device, node, caller)
+        where = target(machine, device, node, caller)
+        nodes = where.nodes
         allowed = machine.allowed.mems
         if allowed is not None and set(nodes) - allowed:
             raise ConfigError(
@@ -583,6 +672,8 @@ def host_buffer(
         )
         try:
             _place(buf, machine, kpolicy, note, huge and not hugetlb, populate, threads)
+            if register is not False:
+                _register_with_driver(buf, where, register is True, populate, dontfork)
         except BaseException:
             buf.close()
             raise
@@ -590,6 +681,36 @@ def host_buffer(
         machine.close()
     _remember(buf)
     return buf
+
+
+def _register_with_driver(
+    buf: HostBuffer, where: Target, required: bool, populated: bool, dontfork: bool
+) -> None:
+    """Register a placed, populated buffer with its device's driver; mark it DONTFORK."""
+    from ._driver import driver_for
+
+    why = None
+    driver = None
+    if not populated:
+        why = "populate=False (registering would fault the pages in on the registering thread)"
+    else:
+        driver, why = driver_for(where.device)
+    if driver is not None:
+        try:
+            handle = driver.device(where.device, where.index)
+            buf._state["registration"] = driver.register(buf.address, buf.mapped_bytes, handle)
+        except RegistrationError as err:
+            why = str(err)
+        else:
+            buf.registered, buf.registered_with = True, driver.name
+            if dontfork:
+                _kernel.madvise(buf.address, buf.mapped_bytes, _kernel.MADV_DONTFORK)
+                buf.dontfork = True
+            return
+    if required:
+        raise RegistrationError(f"numabind.host_buffer(): not registered: {why}")
+    buf.register_reason = why
+    buf.notes.append(f"not registered with a GPU driver: {why}")
 
 
 def _place(

@@ -335,6 +335,60 @@ class Visibility(Record):
     fallback_for: str | None = None  # read only when this other variable is unset
 
 
+class HostRegisterApi(Record):
+    """How a vendor's driver page-locks host memory and maps it for DMA (``host_buffer(...,
+    register=...)``, :mod:`numabind._driver`): the library (first soname that loads), its
+    C functions by role, the flag that makes a registration visible to every context,
+    and how a device is made current around the call: ``primary-context`` (the CUDA
+    driver API: the device's primary context pushed, then popped) or ``current-device``
+    (HIP: the caller's device set back after)."""
+
+    name: str  # what messages and HostBuffer.registered_with say
+    sonames: tuple[str, ...]
+    init: str
+    register: str
+    unregister: str
+    error_name: str
+    device_by_index: str
+    device_by_pci: str
+    portable: int
+    context: str  # "primary-context" or "current-device"
+    functions: tuple[tuple[str, str], ...] = ()  # the context calls, by role
+
+
+CUDA_DRIVER = HostRegisterApi(
+    name="CUDA driver",
+    sonames=("libcuda.so.1",),
+    init="cuInit",
+    register="cuMemHostRegister_v2",
+    unregister="cuMemHostUnregister",
+    error_name="cuGetErrorName",
+    device_by_index="cuDeviceGet",
+    device_by_pci="cuDeviceGetByPCIBusId",
+    portable=0x01,  # CU_MEMHOSTREGISTER_PORTABLE
+    context="primary-context",
+    functions=(
+        ("retain", "cuDevicePrimaryCtxRetain"),
+        ("release", "cuDevicePrimaryCtxRelease_v2"),
+        ("push", "cuCtxPushCurrent_v2"),
+        ("pop", "cuCtxPopCurrent_v2"),
+    ),
+)
+HIP_RUNTIME = HostRegisterApi(
+    name="HIP runtime",
+    sonames=("libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"),
+    init="hipInit",
+    register="hipHostRegister",
+    unregister="hipHostUnregister",
+    error_name="hipGetErrorName",
+    device_by_index="",  # HIP devices are their ordinals
+    device_by_pci="hipDeviceGetByPCIBusId",
+    portable=0x01,  # hipHostRegisterPortable
+    context="current-device",
+    functions=(("get", "hipGetDevice"), ("set", "hipSetDevice")),
+)
+
+
 class Vendor(Record):
     """One vendor's entry (see the module docstring)."""
 
@@ -355,6 +409,7 @@ class Vendor(Record):
     driver_numa_file: str | None = None  # the GPU-memory node, as "<key>: <node>" lines
     driver_numa_key: str | None = None
     torch_module: str | None = None  # the torch module whose set_device selects its devices
+    host_register: HostRegisterApi | None = None  # how its driver registers host memory
 
     def is_compute(self, device_id: int | None, pci_class: int | None) -> bool:
         """Whether a PCI function of this vendor is a compute device.
@@ -393,6 +448,7 @@ NVIDIA = Vendor(
     driver_numa_file="numa_status",
     driver_numa_key="Node",
     torch_module="torch.cuda",
+    host_register=CUDA_DRIVER,
 )
 AMD = Vendor(
     key="amd",
@@ -420,6 +476,7 @@ AMD = Vendor(
     runtime=None,
     hwloc_uuid_key="AMDUUID",
     torch_module="torch.cuda",  # ROCm builds of torch select HIP devices through torch.cuda
+    host_register=HIP_RUNTIME,
 )
 INTEL = Vendor(
     key="intel",

@@ -484,7 +484,8 @@ def empty_on_node(
     populate: bool = True,
 ) -> Any:
     """A CPU tensor whose memory is a :func:`numabind.host_buffer` on a GPU's node: for
-    offload pools and staging tensors the GPU reads, placed whatever thread allocates it.
+    offload pools and staging tensors the GPU reads, placed whatever thread allocates it
+    (not registered with the driver: :func:`pinned_empty` is).
 
     ``shape`` and ``dtype`` (default: torch's default dtype) are as for ``torch.empty``;
     the tensor's storage is exactly ``numel * itemsize`` bytes of the buffer, and the
@@ -492,7 +493,60 @@ def empty_on_node(
     ``populate`` are :func:`numabind.host_buffer`'s.  The contents are zeros when
     populated, undefined (as ``torch.empty``'s) otherwise.
     """
+    return _placed_tensor(shape, dtype, device, node, policy, populate, register=False)
+
+
+def pinned_empty(
+    shape: Any,
+    *,
+    dtype: Any = None,
+    device: int | str | None = None,
+    node: int | list[int] | None = None,
+    policy: str = "bind",
+) -> Any:
+    """A CPU tensor on a GPU's node, registered with the GPU driver: ``is_pinned()`` is
+    true on a CUDA build and copies to and from the GPU run at pinned speed, while the
+    pages sit on the GPU's node (``torch.empty(pin_memory=True)`` puts them wherever the
+    allocating thread runs, and rounds the size up to a power of two).  Exactly ``numel *
+    itemsize`` bytes; the registration and the mapping live as long as the storage does
+    and are undone when it is freed (unregistered first).  Where no GPU driver is present
+    (the CPU build) the tensor is the placed one of :func:`empty_on_node`, and one line
+    says it is not registered.  Arguments as for :func:`empty_on_node`.
+    """
+    return _placed_tensor(shape, dtype, device, node, policy, True, register="auto")
+
+
+def pinned_like(
+    tensor: Any,
+    *,
+    device: int | str | None = None,
+    node: int | list[int] | None = None,
+    policy: str = "bind",
+) -> Any:
+    """:func:`pinned_empty` with ``tensor``'s shape and dtype, its contents copied in
+    (``device``, ``node`` and ``policy`` as there)."""
+    out = pinned_empty(
+        tuple(tensor.shape), dtype=tensor.dtype, device=device, node=node, policy=policy
+    )
+    out.copy_(tensor)
+    return out
+
+
+_said_unpinned: set[str] = set()
+
+
+def _placed_tensor(
+    shape: Any,
+    dtype: Any,
+    device: int | str | None,
+    node: int | list[int] | None,
+    policy: str,
+    populate: bool,
+    register: bool | str,
+) -> Any:
+    import ctypes
     import math
+    import weakref
 
     import torch
 
@@ -503,14 +557,24 @@ def empty_on_node(
     count = math.prod(dims)
     itemsize = torch.empty((), dtype=kind).element_size()
     buf = host_buffer(
-        max(count * itemsize, 1), device=device, node=node, policy=policy, populate=populate
+        max(count * itemsize, 1),
+        device=device,
+        node=node,
+        policy=policy,
+        populate=populate,
+        register=register,
     )
+    if register and not buf.registered and "unpinned" not in _said_unpinned:
+        _said_unpinned.add("unpinned")
+        say(f"numabind.torch.pinned_empty: placed, not registered: {buf.register_reason}")
     if count == 0:
         buf.close()
         return torch.empty(dims, dtype=kind)
-    # frombuffer holds the view, the view holds the mapping: the memory lives as long as
-    # the tensor's storage, and is unmapped with it
-    flat = torch.frombuffer(buf.view(), dtype=kind, count=count)
+    # the tensor holds a ctypes view of the memory, not the mapping: when the storage is
+    # freed the view goes, and its finalizer closes the buffer (unregister, then unmap)
+    window = (ctypes.c_char * (count * itemsize)).from_address(buf.address)
+    weakref.finalize(window, buf.close)
+    flat = torch.frombuffer(window, dtype=kind, count=count)
     return flat.view(dims)
 
 

@@ -1,12 +1,15 @@
-"""Core roles in the multi-NUMA VM (2 nodes x 3 CPUs: node 0 = CPUs 0-2, node 1 = 3-5;
+"""Core roles in the multi-NUMA VM (2 nodes x 2 CPUs: node 0 = CPUs 0-1, node 1 = 2-3;
 GPUs 0-1 on node 0, 2-3 on node 1), with real torch 2.13:
 
-* torchrun with 4 workers (2 per node), exclusive mode and NUMABIND_RESERVE=1/node: each
-  rank on its own core, none on its node's reserved (last) core;
+* torchrun with 4 workers (2 per node), exclusive mode and NUMABIND_RESERVE=1/node: no
+  rank on its node's reserved (last) core;
 * a DataLoader rank (NUMABIND_WORKERS=spread, NUMABIND_OMP_PLACES=cores): the main
   thread, a thread and a forked child keep the rank's CPUs after ``import torch``, the two
   workers get disjoint cores of the rank's node, and ``check --all`` passes rank and workers;
-* NUMABIND_OMP_PLACES sets OMP_PLACES/OMP_PROC_BIND, and keeps a user's OMP_PLACES.
+* NUMABIND_OMP_PLACES sets OMP_PLACES/OMP_PROC_BIND, and keeps a user's OMP_PLACES;
+* a host buffer on node 1 registered with the stand-in libcuda.so.1 (built on the host
+  into STANDIN_DIR), then ``fork()``: the child does not map it (MADV_DONTFORK), the
+  parent's pages stay on node 1; with ``dontfork=False`` the child maps it.
 
 Usage (in the guest): python tests/vm/roles_scenarios.py OUT.json
 """
@@ -96,10 +99,56 @@ def places(results: dict) -> None:  # type: ignore[type-arg]
     results["places"] = out
 
 
+REGISTER = """
+import ctypes, json, os, numabind
+lib = ctypes.CDLL("libcuda.so.1")
+out = {}
+for dontfork in (True, False):
+    buf = numabind.host_buffer(64 << 20, node=1, dontfork=dontfork)
+    before = buf.placement()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        with open("/proc/self/maps") as f:
+            seen = any(int(l.split("-")[0], 16) == buf.address for l in f)
+        os.write(w, json.dumps(seen).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = json.loads(os.read(r, 100))
+    after = buf.placement()
+    out[str(dontfork)] = {
+        "registered": buf.registered, "child_maps": child,
+        "before": {str(k): v for k, v in before.items()},
+        "after": {str(k): v for k, v in after.items()},
+    }
+    buf.close()
+out["live"] = lib.standin_registered()
+print("REGISTER " + json.dumps(out))
+"""
+
+
+def register(results: dict) -> None:  # type: ignore[type-arg]
+    p = subprocess.run(
+        [sys.executable, "-c", REGISTER],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(LD_LIBRARY_PATH=os.environ.get("STANDIN_DIR", "/nonexistent")),
+    )
+    lines = [x[9:] for x in p.stdout.splitlines() if x.startswith("REGISTER ")]
+    results["register"] = {
+        "rc": p.returncode,
+        "stderr": p.stderr[-3000:],
+        "data": json.loads(lines[-1]) if lines else None,
+    }
+
+
 def main() -> int:
     out_path = sys.argv[1]
     results: dict = {"errors": {}}  # type: ignore[type-arg]
-    for name, fn in (("places", places), ("torchrun", torchrun_reserve), ("loader", loader)):
+    steps = (("places", places), ("register", register), ("torchrun", torchrun_reserve),
+             ("loader", loader))  # fmt: skip
+    for name, fn in steps:
         try:
             fn(results)
         except Exception:

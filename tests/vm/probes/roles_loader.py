@@ -25,7 +25,7 @@ class Where(Dataset):  # type: ignore[type-arg]
 
 def main() -> None:
     out: dict[str, object] = {"after_import": sorted(os.sched_getaffinity(0))}
-    torch.set_num_threads(3)
+    torch.set_num_threads(2)
     x = torch.ones(1 << 20)
     for _ in range(5):
         (x * 2).sum()
