@@ -77,14 +77,17 @@ def test_bench_respects_the_share_of_free_memory() -> None:
     64 MiB asked: every buffer measured fits the share of the free memory the report
     states (an oracle computed here, not by bench)."""
     share = max(1e-4, round((16 << 20) / _free_now(), 6))
-    r = bench("--json", "--quick", "--size", "64", "--share", str(share))
+    # not --quick: a quick run chases 8 MiB whatever the buffer, which would hide the cap
+    r = bench("--json", "--size", "64", "--share", str(share))
     data = json.loads(r.stdout)
     allowed = int(data["nodes"][0]["free_bytes"] * share) // 4096 * 4096
     spans = [m["span_bytes"] for m in data["measurements"] if m["span_bytes"]]
     if allowed < 4 << 20:  # too little to measure within the share: nothing measured
         assert data["measurements"] == []
     else:
-        assert spans and max(spans) <= allowed < 64 << 20, (spans, allowed)
+        # free memory moves between bench's reading and the report's (other processes):
+        # 10% slack, far below the 4x a buffer of the size asked would be
+        assert spans and max(spans) <= allowed * 1.1 and allowed < 64 << 20, (spans, allowed)
 
 
 def test_bench_places_by_first_touch_where_mbind_is_refused() -> None:
