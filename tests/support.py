@@ -138,3 +138,31 @@ def python_for(uid: int) -> str:
         else:
             raise AssertionError(f"no Python that uid {uid} can run (tried {sys.executable})")
     return _RUNNABLE[uid]
+
+
+def two_core_nodes(where: str) -> str:
+    """Write a generated machine whose node 0 is CPUs 0-1 (this host's two CPUs, two cores)
+    and node 1 CPUs 2-3, GPU 0 on node 0 and GPU 1 on node 1, into ``where``: rank 0's plan
+    is then both real CPUs, which a reservation or a placement can split for real."""
+    import synth
+
+    spec = synth.Spec(
+        nodes=[[0, 1], [2, 3]],
+        package_of_node=[0, 1],
+        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
+        memory_gib=1,
+    )
+    return synth.write(spec, where)
+
+
+def rank0_env(root: str, **extra: str) -> dict[str, str]:
+    """The clean environment of local rank 0 of 2 on the machine at ``root``, bound exactly
+    as planned (``NUMABIND=force``) and with no memory policy, plus ``extra``."""
+    return clean_env(
+        LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE="2",
+        NUMABIND_SYSROOT=root,
+        NUMABIND_MEMORY="none",
+        NUMABIND="force",
+        **extra,
+    )

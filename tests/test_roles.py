@@ -27,7 +27,7 @@ from numabind._plan import Plan, Request, plan
 from numabind._registry import Entry
 from numabind._topology import Machine
 from numabind.cli._show import plans_for
-from support import clean_env, two_cpus
+from support import clean_env, rank0_env, two_core_nodes, two_cpus
 
 MakeMachine = Callable[[synth.Spec], Machine]
 DATA = Path(__file__).parent / "data" / "hwloc"
@@ -405,23 +405,8 @@ def test_check_counts_a_helper_thread_on_the_reserved_core_as_on_plan(
     """A real rank bound by the startup hook with NUMABIND_RESERVE=1 on a machine whose node
     0 is CPUs 0-1: compute CPU 0, helper CPU 1.  A helper thread on CPU 1 is on plan; the
     main thread there is not."""
-    spec = synth.Spec(
-        nodes=[[0, 1], [2, 3]],
-        package_of_node=[0, 1],
-        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
-        memory_gib=1,
-    )
-    root = str(tmp_path / "m")
-    synth.write(spec, root)
-    env = clean_env(
-        LOCAL_RANK="0",
-        LOCAL_WORLD_SIZE="2",
-        NUMABIND_SYSROOT=root,
-        NUMABIND_REGISTRY=str(tmp_path),
-        NUMABIND_RESERVE="1",
-        NUMABIND_MEMORY="none",
-        NUMABIND="force",
-    )
+    root = two_core_nodes(str(tmp_path / "m"))
+    env = rank0_env(root, NUMABIND_REGISTRY=str(tmp_path), NUMABIND_RESERVE="1")
     child = subprocess.Popen(
         [sys.executable, "-c", HELPER_RANK],
         env=env,
@@ -559,23 +544,8 @@ sys.stdin.readline()
 
 @two_cpus
 def test_check_groups_threads_and_workers_by_role(tmp_path: Path) -> None:
-    spec = synth.Spec(
-        nodes=[[0, 1], [2, 3]],
-        package_of_node=[0, 1],
-        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
-        memory_gib=1,
-    )
-    root = str(tmp_path / "m")
-    synth.write(spec, root)
-    env = clean_env(
-        LOCAL_RANK="0",
-        LOCAL_WORLD_SIZE="2",
-        NUMABIND_SYSROOT=root,
-        NUMABIND_REGISTRY=str(tmp_path),
-        NUMABIND_RESERVE="1",
-        NUMABIND_MEMORY="none",
-        NUMABIND="force",
-    )
+    root = two_core_nodes(str(tmp_path / "m"))
+    env = rank0_env(root, NUMABIND_REGISTRY=str(tmp_path), NUMABIND_RESERVE="1")
     rank = subprocess.Popen(
         [sys.executable, "-c", NAMED_RANK], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
@@ -651,28 +621,13 @@ def test_omp_places_puts_the_importing_thread_back(
     """The rule without torch: a module on the watch list (a stand-in ``sklearn``) narrows
     the importing thread as libgomp does; with NUMABIND_OMP_PLACES the thread is put back on
     the rank's CPUs, without it the narrowing stays (the oracle)."""
-    spec = synth.Spec(
-        nodes=[[0, 1], [2, 3]],
-        package_of_node=[0, 1],
-        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
-        memory_gib=1,
-    )
-    root = str(tmp_path / "m")
-    synth.write(spec, root)
+    root = two_core_nodes(str(tmp_path / "m"))
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "sklearn.py").write_text(FAKE_OMP_IMPORT)
     code = "import os, sklearn; print(sorted(os.sched_getaffinity(0)))"
 
     def after_import(**extra: str) -> str:
-        env = clean_env(
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="2",
-            NUMABIND_SYSROOT=root,
-            NUMABIND_MEMORY="none",
-            NUMABIND="force",
-            PYTHONPATH=str(tmp_path / "lib"),
-            **extra,
-        )
+        env = rank0_env(root, PYTHONPATH=str(tmp_path / "lib"), **extra)
         r = subprocess.run(
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
         )
@@ -684,14 +639,7 @@ def test_omp_places_puts_the_importing_thread_back(
     # an inherited binding (a spawned child of the rank) keeps its importer too
     state = subprocess.run(
         [sys.executable, "-c", "import os; print(os.environ['NUMABIND_STATE'])"],
-        env=clean_env(
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="2",
-            NUMABIND_SYSROOT=root,
-            NUMABIND_MEMORY="none",
-            NUMABIND="force",
-            NUMABIND_OMP_PLACES="cores",
-        ),
+        env=rank0_env(root, NUMABIND_OMP_PLACES="cores"),
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,34 +15,20 @@ from pathlib import Path
 
 import pytest
 
-import synth
-from support import clean_env, two_cpus
+from support import rank0_env, two_core_nodes, two_cpus
 
 pytestmark = [two_cpus, pytest.mark.torch]
 
 
 def _machine(tmp_path: Path) -> str:
-    spec = synth.Spec(
-        nodes=[[0, 1], [2, 3]],
-        package_of_node=[0, 1],
-        gpus=[synth.Gpu("0000:01:00.0", 0), synth.Gpu("0000:02:00.0", 1)],
-        memory_gib=1,
-    )
-    return synth.write(spec, str(tmp_path / "m"))
+    return two_core_nodes(str(tmp_path / "m"))
 
 
 def _run(code: str, root: str, **env: str) -> dict[str, object]:
     pytest.importorskip("torch")
     r = subprocess.run(
         [sys.executable, "-c", code],
-        env=clean_env(
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="2",
-            NUMABIND_SYSROOT=root,
-            NUMABIND_MEMORY="none",
-            NUMABIND="force",
-            **env,
-        ),
+        env=rank0_env(root, **env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -139,12 +125,8 @@ def test_dataloader_workers_are_placed(
     script.write_text(LOADER)
     r = subprocess.run(
         [sys.executable, str(script), context, "pinned"],
-        env=clean_env(
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="2",
-            NUMABIND_SYSROOT=root,
-            NUMABIND_MEMORY="none",
-            NUMABIND="force",
+        env=rank0_env(
+            root,
             NUMABIND_TORCH="1",
             NUMABIND_WORKERS=placement,
         ),
@@ -164,12 +146,8 @@ def test_reserved_workers_run_on_the_reserved_core(tmp_path: Path) -> None:
     script.write_text(LOADER)
     r = subprocess.run(
         [sys.executable, str(script), "fork"],
-        env=clean_env(
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="2",
-            NUMABIND_SYSROOT=root,
-            NUMABIND_MEMORY="none",
-            NUMABIND="force",
+        env=rank0_env(
+            root,
             NUMABIND_TORCH="1",
             NUMABIND_RESERVE="1",
             NUMABIND_WORKERS="reserved",
