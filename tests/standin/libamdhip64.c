@@ -2,47 +2,14 @@
  * records the calls, checks PORTABLE, that every page is present at registration, that
  * unregister precedes unmap, and that the caller's current device is set back.
  * STANDIN_INIT_ERROR=<code>: hipInit returns it. */
-#define _GNU_SOURCE
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "standin.h"
 
-static char log_buf[1 << 16];
-static size_t log_len;
 static __thread int current_device;
 static uintptr_t reg_base[4096];
 static size_t reg_size[4096];
 static int reg_count;
 
-static void note(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (log_len < sizeof(log_buf) - 256) {
-        log_len += (size_t)vsnprintf(log_buf + log_len, sizeof(log_buf) - log_len, fmt, ap);
-        log_buf[log_len++] = '\n';
-        log_buf[log_len] = 0;
-    }
-    va_end(ap);
-}
-
-const char *standin_log(void) { return log_buf; }
 int standin_registered(void) { return reg_count; }
-
-static int all_present(uintptr_t p, size_t size) {
-    long page = sysconf(_SC_PAGESIZE);
-    size_t pages = (size + (size_t)page - 1) / (size_t)page;
-    unsigned char vec[4096];
-    for (size_t done = 0; done < pages; done += sizeof(vec)) {
-        size_t n = pages - done < sizeof(vec) ? pages - done : sizeof(vec);
-        if (mincore((void *)(p + done * (size_t)page), n * (size_t)page, vec) != 0) return -1;
-        for (size_t i = 0; i < n; i++)
-            if (!(vec[i] & 1)) return 0;
-    }
-    return 1;
-}
 
 int hipInit(unsigned flags) {
     const char *e = getenv("STANDIN_INIT_ERROR");
@@ -66,6 +33,7 @@ int hipHostRegister(void *p, size_t size, unsigned flags) {
     note("hipHostRegister %#lx %zu %u on device %d", (unsigned long)a, size, flags, current_device);
     if (!(flags & 1)) { note("ERROR flags without PORTABLE"); return 1; }
     if (all_present(a, size) != 1) { note("ERROR pages not present at registration"); return 1; }
+    if (reg_count >= 4096) return 2;
     reg_base[reg_count] = a;
     reg_size[reg_count] = size;
     reg_count++;

@@ -11,22 +11,14 @@
  * Behaviour for failure paths, from the environment: STANDIN_INIT_ERROR=<code> (cuInit
  * returns it), STANDIN_FAIL_AT=<n> (the n-th cuMemHostRegister_v2 returns
  * CUDA_ERROR_OUT_OF_MEMORY).  standin_log() returns the record, one call per line. */
-#define _GNU_SOURCE
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "standin.h"
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
 
 #define MAX_REG 4096
-static char log_buf[1 << 16];
-static size_t log_len;
 static uintptr_t reg_base[MAX_REG];
 static size_t reg_size[MAX_REG];
 static int reg_count;
@@ -35,34 +27,9 @@ static int retained[64];
 static __thread int ctx_depth;
 static int initialized;
 
-static void note(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (log_len < sizeof(log_buf) - 256) {
-        log_len += (size_t)vsnprintf(log_buf + log_len, sizeof(log_buf) - log_len, fmt, ap);
-        log_buf[log_len++] = '\n';
-        log_buf[log_len] = 0;
-    }
-    va_end(ap);
-}
-
-const char *standin_log(void) { return log_buf; }
 int standin_registered(void) { return reg_count; }
 int standin_ctx_depth(void) { return ctx_depth; }
 int standin_retained(int dev) { return dev >= 0 && dev < 64 ? retained[dev] : -1; }
-
-static int all_present(uintptr_t p, size_t size) {
-    long page = sysconf(_SC_PAGESIZE);
-    size_t pages = (size + (size_t)page - 1) / (size_t)page;
-    unsigned char vec[4096];
-    for (size_t done = 0; done < pages; done += sizeof(vec)) {
-        size_t n = pages - done < sizeof(vec) ? pages - done : sizeof(vec);
-        if (mincore((void *)(p + done * (size_t)page), n * (size_t)page, vec) != 0) return -1;
-        for (size_t i = 0; i < n; i++)
-            if (!(vec[i] & 1)) return 0;
-    }
-    return 1;
-}
 
 CUresult cuInit(unsigned flags) {
     const char *e = getenv("STANDIN_INIT_ERROR");
