@@ -318,6 +318,16 @@ class Binding:
         self.restore()
 
 
+def bound_plan() -> Plan | None:
+    """The plan of this process's latest active binding that binds, None when numabind has
+    not bound it (host buffers and DataLoader workers take their node and device here)."""
+    with LOCK:
+        for b in reversed(ACTIVE):
+            if b.plan.bound:
+                return b.plan
+    return None
+
+
 def intended_cpus() -> frozenset[int] | None:
     """The CPUs this process is meant to run on: those of its latest active binding
     (a kept mask counts as intended), None when numabind has not bound it."""

@@ -162,13 +162,13 @@ def target(
     machine: Machine, device: int | str | None, node: int | Sequence[int] | None, caller: str
 ) -> Target:
     """:func:`target_nodes`, with the device it was resolved from."""
-    from ._apply import ACTIVE
+    from ._apply import bound_plan
 
-    bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
+    bound = bound_plan()
     own = Target(
         nodes=(),
-        device=bound.plan.device if bound is not None else None,
-        index=bound.plan.device_index if bound is not None else None,
+        device=bound.device if bound is not None else None,
+        index=bound.device_index if bound is not None else None,
     )
     if node is not None:
         nodes = (node,) if isinstance(node, int) else tuple(node)
@@ -198,8 +198,8 @@ def target(
             )
         index = visible.devices.index(found) if found in visible.devices else None
         return Target(nodes=(where.node,), device=found, index=index)
-    if bound is not None and bound.plan.numa_node is not None:
-        return own.replace(nodes=(bound.plan.numa_node,))
+    if bound is not None and bound.numa_node is not None:
+        return own.replace(nodes=(bound.numa_node,))
     raise ConfigError(
         f"{caller}: give device= (an index, PCI address or UUID) or node=; this process "
         "has no binding to take the node from"

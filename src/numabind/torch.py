@@ -219,13 +219,13 @@ def _on_select(what: str, device: Any) -> None:
             _say_second(what, index)
         return
     _selected["first"], _selected["checked"] = index, {index}
-    from ._apply import ACTIVE
+    from ._apply import bound_plan
 
-    bound = next((b for b in reversed(ACTIVE) if b.plan.bound), None)
+    bound = bound_plan()
     if bound is not None:
         # bound already (the startup hook, numabind.apply, a numabind child): left alone,
         # and said when the device selected is on another node
-        _selected["node"] = bound.plan.numa_node
+        _selected["node"] = bound.numa_node
         _selected["first"] = None
         _say_second(what, index)
         return
@@ -325,12 +325,11 @@ def _rank_plan() -> Any:
     """The binding this process runs under: the one numabind applied here (a forked worker
     keeps its parent's), else the plan its environment gives (a spawned worker inherited
     its binding without planning).  None when it is not bound."""
-    from ._apply import ACTIVE, LOCK
+    from ._apply import bound_plan
 
-    with LOCK:
-        for b in reversed(ACTIVE):
-            if b.plan.bound:
-                return b.plan
+    found = bound_plan()
+    if found is not None:
+        return found
     from ._api import plan_for
 
     try:
