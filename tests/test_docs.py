@@ -140,11 +140,15 @@ def test_the_exit_table_on_the_cli_page_is_the_code_s() -> None:
         assert all(w in flat for w in words), (e.code, [w for w in words if w not in flat])
 
 
-@pytest.mark.parametrize("record", ["ShowReport", "CheckReport", "ProcessCheck"])
+@pytest.mark.parametrize(
+    "record",
+    ["ShowReport", "CheckReport", "ProcessCheck", "JobReport", "NodeRow", "RankRow", "Summary"],
+)
 def test_every_json_key_is_on_the_cli_page(record: str) -> None:
+    from numabind import _job
     from numabind.cli import _check, _show
 
-    cls = getattr(_show, record, None) or getattr(_check, record)
+    cls = getattr(_show, record, None) or getattr(_check, record, None) or getattr(_job, record)
     missing = [f for f in cls._fields if f"``{f}``" not in CLI and f"``{f}[]``" not in CLI]
     assert not missing, f"{record}: {missing} not on docs/cli.rst"
 

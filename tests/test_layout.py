@@ -153,7 +153,16 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "who am I": ("_environ", "_devices", "_nvml"),
     "plan": ("_plan",),
     "bind": ("_kernel", "_apply", "_registry", "_threads", "_guard", "_driver", "_memory"),
-    "entry points": ("_startup", "_api", "_children", "torch", "ray", "", "_site.sitecustomize"),
+    "entry points": (
+        "_startup",
+        "_api",
+        "_children",
+        "torch",
+        "ray",
+        "_job",
+        "",
+        "_site.sitecustomize",
+    ),
     "cli": ("cli", "__main__"),
 }
 

@@ -620,6 +620,31 @@ def child_pids(pid: int, tids: list[int] | None = None) -> list[int]:
     return sorted(found)[:CHILDREN_CAP]
 
 
+FDS_CAP = 4096  # open files looked at per process for device handles
+
+
+def char_devices(pid: int | str) -> set[tuple[int, int]]:
+    """The (major, minor) numbers of the character devices a process holds open, from
+    ``stat`` of its ``/proc/PID/fd`` links (no open, no signal: it works while the process
+    hangs in a collective); at most :data:`FDS_CAP` descriptors are looked at.  Empty when
+    the descriptors are not readable by this user."""
+    import stat as _stat
+
+    found: set[tuple[int, int]] = set()
+    for name in _sysfs.listdir(f"/proc/{pid}/fd", FDS_CAP):
+        if not (name.isascii() and name.isdigit() and len(name) < 11):
+            continue
+        try:  # stat only what names a device: a file on a hung NFS mount would block
+            if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("/dev/"):
+                continue
+            st = os.stat(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if _stat.S_ISCHR(st.st_mode):
+            found.add((os.major(st.st_rdev), os.minor(st.st_rdev)))
+    return found
+
+
 class Lines:
     """The lines of a /proc file, read as a stream under a byte and a line cap; lines
     longer than 8 KiB (file mappings with long paths, which numabind never measures) are

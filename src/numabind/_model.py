@@ -716,6 +716,47 @@ RANK_VARIABLES: tuple[RankVariable, ...] = (
 )
 RANK_VARIABLE_NAMES: tuple[str, ...] = tuple(v.name for v in RANK_VARIABLES)
 SIZE_VARIABLE_NAMES: tuple[str, ...] = tuple(s for v in RANK_VARIABLES for s in v.sizes)
+# a rank's global rank, first found wins (torchrun's RANK before the srun task id of an
+# agent that started it)
+GLOBAL_RANK_VARIABLES: tuple[str, ...] = (
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+)
+# who a rank is in a Slurm job (``check --job``): what each variable of its initial
+# environment tells
+JOB_VARIABLES: dict[str, str] = {
+    "host": "SLURMD_NODENAME",
+    "job": "SLURM_JOB_ID",
+    "step": "SLURM_STEP_ID",
+    "step_nodes": "SLURM_STEP_NODELIST",
+    "step_tasks": "SLURM_STEP_TASKS_PER_NODE",
+    "job_nodes": "SLURM_JOB_NODELIST",
+}
+
+
+# --- vocabulary: device files (which GPU a process holds open) ---------------------------------
+
+
+class DeviceFile(Record):
+    """A character device through which a process uses an accelerator: ``check`` tells a
+    rank's GPU from the handles it holds open (``stat`` of /proc/PID/fd), mapping the
+    minor number to a PCI address by ``lookup``: ``minor`` (the driver's "Device Minor"
+    of each GPU) or ``drm`` (/sys/class/drm/<name>/device names the PCI function)."""
+
+    vendor: str  # a Vendor key
+    major: int
+    minors: tuple[int, int]  # first and last minor that are GPUs (others: control nodes)
+    name: str  # the device's name, ``{n}`` the minor
+    lookup: str
+
+
+DEVICE_FILES: tuple[DeviceFile, ...] = (
+    DeviceFile(vendor="nvidia", major=195, minors=(0, 254), name="nvidia{n}", lookup="minor"),
+    DeviceFile(vendor="amd", major=226, minors=(128, 255), name="renderD{n}", lookup="drm"),
+)
 
 
 # --- vocabulary: binding modes -----------------------------------------------------------------

@@ -292,6 +292,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="--all: stop after this long; processes not reached are listed as skipped "
         "(default 60)",
     )
+    check.add_argument(
+        "--job",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="JOBID",
+        help="every rank of a Slurm job on every node, in one report (default: "
+        "$SLURM_JOB_ID); runs the collector on each node with srun --overlap",
+    )
+    check.add_argument(
+        "--job-id",
+        default=None,
+        metavar="JOBID",
+        help="with --all: only the ranks of this Slurm job started on this node and not "
+        "of this process's own step, printed as one node record (what --job merges)",
+    )
     check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     check.add_argument(
         "--verbose", action="store_true", help="also count the registry entries ignored"
@@ -415,6 +431,16 @@ def _silence_stdout() -> None:
         pass
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    if args.job is not None or args.job_id is not None:
+        from ._job import run_job
+
+        return run_job(args)
+    from ._check import run_check
+
+    return run_check(args)
+
+
 def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -430,9 +456,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     if args.command == "run":
         return _cmd_run(args)
     if args.command == "check":
-        from ._check import run_check
-
-        return run_check(args)
+        return _cmd_check(args)
     if args.command == "bench":
         from ._bench import run_bench
 

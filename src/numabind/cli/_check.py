@@ -24,7 +24,16 @@ import time
 from .. import _kernel, _registry, _sysfs
 from .._environ import detect
 from .._kernel import locality, pages_per_node, read_maps, shared_pages
-from .._model import HELPER_PROCESS_ROLES, POLICIES, RANK_VARIABLE_NAMES, THREAD_ROLES, Record
+from .._model import (
+    DEVICE_FILES,
+    GLOBAL_RANK_VARIABLES,
+    HELPER_PROCESS_ROLES,
+    JOB_VARIABLES,
+    POLICIES,
+    RANK_VARIABLE_NAMES,
+    THREAD_ROLES,
+    Record,
+)
 from .._threads import AFFINITY_VARIABLES
 from .._threads import VARIABLES as THREAD_VARIABLES
 from ._common import OFF_PLAN, OK, UNREACHABLE, USAGE, notice_lines, write_json, write_lines
@@ -33,7 +42,7 @@ _SETTINGS = (*THREAD_VARIABLES, *AFFINITY_VARIABLES)  # what check reports of a 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from .._kernel import Region
@@ -193,13 +202,17 @@ def role_of(name: str) -> str:
 
 
 def roles_of(
-    pid: int, threads: dict[int, frozenset[int]], expected: PlanView | None
+    pid: int,
+    threads: dict[int, frozenset[int]],
+    names: Mapping[int, str],
+    expected: PlanView | None,
 ) -> tuple[RoleGroup, ...]:
     """Group a rank's threads and child processes by role, with their CPUs, so that an
-    off-node helper is visible at a glance; names are read, nothing is signalled."""
+    off-node helper is visible at a glance; ``names`` are the threads' names, read once
+    by the caller; nothing is signalled."""
     found: dict[tuple[str, str], list[tuple[int, frozenset[int]]]] = {}
     for tid, cpus in threads.items():
-        role = "main" if tid == pid else role_of(_kernel.thread_name(pid, tid))
+        role = "main" if tid == pid else role_of(names.get(tid, ""))
         found.setdefault((role, "threads"), []).append((tid, cpus))
     for child in _kernel.child_pids(pid, sorted(threads)):
         mask = _kernel.cpus_allowed(child, child)
@@ -220,6 +233,53 @@ def roles_of(
             RoleGroup(role=role, kind=kind, count=len(members), ids=ids, cpus=cpus, on_plan=on_plan)
         )
     return tuple(sorted(out, key=lambda g: (g.kind != "threads", g.role != "main", g.role)))
+
+
+class Identity(Record):
+    """Who a rank is in its job, from its initial environment (:data:`numabind._model.
+    JOB_VARIABLES`): what a job report groups and names it by; None where not set."""
+
+    host: str | None = None  # the Slurm node name it was started on
+    rank: int | None = None  # its global rank
+    job_id: str | None = None
+    step_id: str | None = None
+    step_nodes: str | None = None  # the step's nodes (a hostlist expression)
+    step_tasks: str | None = None  # tasks per node of the step (``2(x3),1``)
+
+    @classmethod
+    def of_environ(cls, env: Mapping[str, str]) -> Identity:
+        def text(name: str, limit: int = 200) -> str | None:
+            value = env.get(name)
+            return _sysfs.clean_line(value, limit) if value else None
+
+        rank = None
+        for name in GLOBAL_RANK_VARIABLES:
+            value = env.get(name, "")
+            if value.isascii() and value.isdigit() and len(value) < 8:
+                rank = int(value)
+                break
+        v = JOB_VARIABLES
+        return cls(
+            host=text(v["host"]),
+            rank=rank,
+            job_id=text(v["job"], 40),
+            step_id=text(v["step"], 40),
+            step_nodes=text(v["step_nodes"], 4000),
+            step_tasks=text(v["step_tasks"], 1000),
+        )
+
+
+class GpuSeen(Record):
+    """The accelerator a rank uses, as far as /proc tells: the device files it holds open
+    (``open``: their PCI addresses), narrowed to one by its plan where it holds several
+    (CUDA opens every visible GPU's file); ``index`` is the machine's (PCI order, as
+    ``nvidia-smi`` counts), ``numa_node`` that GPU's node, ``source`` how it was told."""
+
+    index: int | None = None
+    pci: str | None = None
+    numa_node: int | None = None
+    source: str = "none"
+    open: tuple[str, ...] = ()
 
 
 class ProcessCheck(Record):
@@ -243,6 +303,22 @@ class ProcessCheck(Record):
     maps_truncated: bool = False
     host_buffers: tuple[BufferCheck, ...] = ()
     roles: tuple[RoleGroup, ...] = ()
+    identity: Identity = Identity()
+    gpu: GpuSeen = GpuSeen()
+    thread_names: dict[int, str] = {}  # noqa: RUF012 (records are immutable)
+    mems_allowed: frozenset[int] | None = None  # its cpuset's memory nodes (/proc status)
+
+
+class NodeFacts(Record):
+    """What holds for every rank of this machine: its name, NUMA balancing, the memory
+    nodes this (the checking) process's cpuset allows, whether memory-policy calls are
+    permitted here (a seccomp filter), the kernel."""
+
+    host: str
+    numa_balancing: bool | None
+    cpuset_mems: frozenset[int] | None
+    mempolicy_permitted: bool
+    kernel: str | None
 
 
 class CheckReport(Record):
@@ -257,29 +333,23 @@ class CheckReport(Record):
     registry_ignored: dict[str, int]
     numa_balancing: bool | None
     notes: tuple[str, ...]
+    node: NodeFacts | None = None
 
 
 # --- the plan a process should have ------------------------------------------------------------
 
 
 def expected_plan(
-    pid: int, machine: Machine, environ: Mapping[str, str] | None = None
+    pid: int, machine: Machine, environ: Mapping[str, str] | OSError, source: str
 ) -> tuple[PlanView | None, str, Entry | None]:
-    """The plan a process should have: its registry entry, else planned from its initial
-    environment (``environ`` given: that one).  Returns (plan, where it came from, entry)."""
+    """The plan a process should have: its registry entry, else planned from ``environ``
+    (its initial environment, or the error reading it; ``source`` says which).  Returns
+    (plan, where it came from, entry)."""
     entry = _registry.read(pid)
     if entry is not None:
         return PlanView.of_entry(entry), "registry", entry
-    if environ is None:
-        try:
-            environ = _kernel.read_environ(pid)
-        except FileNotFoundError as err:
-            raise Vanished(pid) from err
-        except OSError as err:
-            return None, f"cannot read /proc/{pid}/environ ({err.strerror or err})", None
-        source = "its initial environment"
-    else:
-        source = "its environment"
+    if isinstance(environ, OSError):
+        return None, f"cannot read /proc/{pid}/environ ({environ.strerror or environ})", None
     from .._devices import resolve
     from .._environ import Config
     from .._plan import plan, request_for
@@ -297,19 +367,82 @@ def expected_plan(
     return PlanView.of_plan(p), source, None
 
 
-def _thread_settings(
-    pid: int, entry_env: Mapping[str, str] | None, entry: Entry | None
-) -> dict[str, str]:
+def _thread_settings(entry: Entry | None, env: Mapping[str, str] | OSError) -> dict[str, str]:
     """The thread variables a rank was given: what numabind set (its registry entry; the
     hook sets them after start, so /proc/PID/environ cannot show them), else its initial
     environment."""
     if entry is not None and entry.thread_env:
         return {k: v for k, v in entry.thread_env if k in _SETTINGS}
-    try:
-        env = _kernel.read_environ(pid) if entry_env is None else dict(entry_env)
-    except OSError:
+    if isinstance(env, OSError):
         return {}
     return {k: env[k] for k in _SETTINGS if k in env}
+
+
+def initial_environ(pid: int) -> Mapping[str, str] | OSError:
+    """A process's initial environment, or the error reading it; raises
+    :class:`Vanished` when the process is gone."""
+    try:
+        return _kernel.read_environ(pid)
+    except FileNotFoundError as err:
+        raise Vanished(pid) from err
+    except OSError as err:
+        return err
+
+
+def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen:
+    """The accelerator a process uses, told from the device files it holds open
+    (:data:`numabind._model.DEVICE_FILES`), else from its plan."""
+    accs = machine.accelerators
+    by_minor: dict[tuple[str, int], str] = {}
+    opened: list[str] = []
+    for major, minor in sorted(_kernel.char_devices(pid)):
+        for row in DEVICE_FILES:
+            if row.major != major or not row.minors[0] <= minor <= row.minors[1]:
+                continue
+            if row.lookup == "minor":
+                if not by_minor:
+                    for a in machine.all_accelerators:
+                        if a.minor is not None:
+                            by_minor[(a.vendor, a.minor)] = a.pci
+                pci = by_minor.get((row.vendor, minor))
+            else:
+                pci = _drm_pci(row.name.format(n=minor))
+            if pci is not None and pci not in opened:
+                opened.append(pci)
+    planned = expected.device_pci if expected is not None else None
+    if len(opened) == 1:
+        pci, source = opened[0], "the device file it holds open"
+    elif opened and planned in opened:
+        pci, source = planned, f"its plan (one of the {len(opened)} device files it holds open)"
+    elif opened:
+        pci, source = None, f"{len(opened)} device files open, none its plan's"
+    elif planned:
+        pci, source = planned, "its plan (no device file open yet)"
+    else:
+        return GpuSeen()
+    acc = machine.accelerator(pci) if pci else None
+    index = None
+    if acc is not None:
+        same = [a.pci for a in accs if a.vendor == acc.vendor]
+        index = same.index(acc.pci) if acc.pci in same else None
+        acc = machine.located(acc)
+    return GpuSeen(
+        index=index,
+        pci=pci,
+        numa_node=acc.numa_node if acc is not None and acc.numa_node != -1 else None,
+        source=source,
+        open=tuple(opened[:16]),
+    )
+
+
+def _drm_pci(name: str) -> str | None:
+    """The PCI address of a DRM render node (live /sys only: its ``device`` link)."""
+    try:
+        target = os.readlink(f"/sys/class/drm/{name}/device")
+    except OSError:
+        return None
+    last = target.rsplit("/", 1)[-1]
+    return last if _sysfs.clean_line(last, 32) == last else None
 
 
 def _permitted() -> bool:
@@ -333,7 +466,10 @@ def check_pid(
     """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
     if not _kernel.alive(pid):
         raise Vanished(pid)
-    expected, source, entry = expected_plan(pid, machine, environ)
+    env = environ if environ is not None else initial_environ(pid)
+    expected, source, entry = expected_plan(
+        pid, machine, env, "its environment" if environ is not None else "its initial environment"
+    )
     threads = _kernel.thread_masks(pid)
     if not threads and not _kernel.alive(pid):
         raise Vanished(pid)
@@ -372,8 +508,18 @@ def check_pid(
             f"/proc/{pid}: {' and '.join(unreadable)} not readable by this user: memory not "
             "checked (run check as the process's user or as root)"
         )
+    names = {tid: _sysfs.clean_line(_kernel.thread_name(pid, tid), 32) for tid in threads}
+    status = _kernel.status(pid) or {}
+    try:
+        mems = _sysfs.parse_cpulist(status.get("Mems_allowed_list", "-"), what="node")
+    except ValueError:
+        mems = None
     base: dict[str, Any] = {
         "pid": pid,
+        "identity": Identity() if isinstance(env, OSError) else Identity.of_environ(env),
+        "gpu": gpu_in_use(pid, machine, expected),
+        "thread_names": names,
+        "mems_allowed": mems,
         "plan": expected,
         "plan_source": source,
         "threads": threads,
@@ -383,14 +529,14 @@ def check_pid(
         "pages": pages,
         "shared_pages": shared,
         "maps_truncated": maps.truncated,
-        "roles": roles_of(pid, threads, expected),
+        "roles": roles_of(pid, threads, names, expected),
     }
     if expected is None:
         problems.append(f"no plan to check against: {source}")
         return ProcessCheck(
             ok=False, status="unknown", problems=tuple(problems), notes=tuple(notes), **base
         )
-    settings = _thread_settings(pid, environ, entry)
+    settings = _thread_settings(entry, env)
     base["thread_settings"] = settings
     base["host_buffers"] = check_buffers(pid, entry, notes)
     if not expected.bound:
@@ -406,7 +552,7 @@ def check_pid(
         )
     # a helper process (a forked DataLoader worker: its environment names the rank too)
     # may run on the reserved cores with its first thread
-    helper = role_of(_kernel.thread_name(pid, pid)) in HELPER_PROCESS_ROLES
+    helper = role_of(names.get(pid, "")) in HELPER_PROCESS_ROLES
     main = None if helper else pid
     share = _judge(expected, source, main, threads, policy, own, min_locality, problems, notes)
     if shared.pages:
@@ -621,11 +767,15 @@ def _thread_notes(settings: dict[str, str], expected: PlanView, notes: list[str]
 # --- which processes ---------------------------------------------------------------------------
 
 
-def rank_pids() -> tuple[list[int], Scan]:
+def rank_pids(
+    keep: Callable[[Mapping[str, str]], bool] | None = None,
+) -> tuple[list[int], Scan]:
     """Processes on this machine that are ranks: a rank variable in their initial
-    environment, or an entry in numabind's registry."""
+    environment, or an entry in numabind's registry; with ``keep``, only those whose
+    initial environment it accepts (a job's ranks on this node)."""
     scan = _registry.scan(all_users=True)
-    found = set(scan.entries)
+    registered = set(scan.entries)
+    found = set(registered) if keep is None else set()
     me = os.getpid()
     for name in _sysfs.listdir("/proc", 1 << 22):
         if not (name.isascii() and name.isdigit()):
@@ -637,9 +787,27 @@ def rank_pids() -> tuple[list[int], Scan]:
             env = _kernel.read_environ(pid)
         except OSError:
             continue
-        if any(v in env for v in RANK_VARIABLE_NAMES) and detect(env, _kernel.cmdline(pid)).is_rank:
+        if keep is not None and not keep(env):
+            continue
+        if pid in registered or (
+            any(v in env for v in RANK_VARIABLE_NAMES) and detect(env, _kernel.cmdline(pid)).is_rank
+        ):
             found.add(pid)
     return sorted(found), scan
+
+
+def node_facts(machine: Machine) -> NodeFacts:
+    """What holds for every rank here (the job report's per-node line)."""
+    import socket
+
+    host = os.environ.get(JOB_VARIABLES["host"]) or socket.gethostname()
+    return NodeFacts(
+        host=_sysfs.clean_line(host, 255),
+        numa_balancing=machine.numa_balancing,
+        cpuset_mems=machine.allowed.mems,
+        mempolicy_permitted=_permitted(),
+        kernel=machine.kernel_release,
+    )
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -731,6 +899,7 @@ def check(
         registry_ignored=dict(ignored),
         numa_balancing=machine.numa_balancing,
         notes=tuple(notes),
+        node=node_facts(machine),
     )
 
 
@@ -742,7 +911,13 @@ def exit_status(report: CheckReport, named: bool) -> int:
     return OK
 
 
-def run_check(args: argparse.Namespace) -> int:
+def run_check(
+    args: argparse.Namespace,
+    keep: Callable[[Mapping[str, str]], bool] | None = None,
+    emit: Callable[[CheckReport], None] | None = None,
+) -> int:
+    """``numabind check``; ``keep`` narrows ``--all`` (a job's ranks), ``emit`` writes the
+    report instead of the text or JSON (the job collector's node record)."""
     from .._environ import Config
     from .._errors import UsageError
     from .._topology import Machine
@@ -755,7 +930,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.pid:
         pids = list(dict.fromkeys(args.pid))
     elif args.all:
-        pids, scan = rank_pids()
+        pids, scan = rank_pids(keep)
     else:
         info = detect(os.environ)
         if info.local_rank is None and info.problem is None:
@@ -778,7 +953,9 @@ def run_check(args: argparse.Namespace) -> int:
         )
     finally:
         machine.close()
-    if args.json:
+    if emit is not None:
+        emit(report)
+    elif args.json:
         write_json(report.to_dict())
     else:
         lines: list[str] = []

@@ -49,22 +49,24 @@ EXITS: tuple[Exit, ...] = (
     Exit(
         code=1,
         name="off-plan",
-        meaning="check: a process is off its plan; run: strict mode could not bind, or "
-        "--device/--node/--cpus could not be honoured (the command is not run); doctor: "
-        "something keeps ranks from being bound",
+        meaning="check: a process is off its plan (--job: a rank of any node); run: strict "
+        "mode could not bind, or --device/--node/--cpus could not be honoured (the command "
+        "is not run); doctor: something keeps ranks from being bound",
     ),
     Exit(
         code=2,
         name="usage",
         meaning="usage error: bad arguments, an unreadable or malformed input, an output "
-        "that exists (without --force)",
+        "that exists (without --force); check --job: no such job, or Slurm is not installed "
+        "here",
     ),
     Exit(
         code=3,
         name="unreachable",
         meaning="check --pid: a process named is gone (or a zombie), or has no plan to check "
-        "against; check --all: a rank not "
-        "reached before --deadline",
+        "against; check --all: a rank not reached before --deadline; check --job: no rank "
+        "off plan, but a node did not answer (or sent an invalid record) or a rank could "
+        "not be checked",
     ),
     Exit(code=127, name="not-run", meaning="run: the command could not be executed"),
 )

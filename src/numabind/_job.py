@@ -1,0 +1,679 @@
+"""The job report: every rank of a distributed job in one table, from one collector record
+per node.
+
+A collector (``numabind check --all --job-id J``, run on each node) writes a *node record*:
+the node's facts and, per rank of the job on it, who it is (host, global and local rank,
+job and step), its GPU and that GPU's NUMA node, its plan and the CPUs of every thread
+(grouped by mask, with their names), its memory policy, the share of its private pages on
+its plan's nodes and its host buffers.  :func:`parse_node` turns such a record, which came
+over a launcher's pipe or a store and is therefore input, into typed rows: every field is
+type-checked, bounded and cleaned, and a record or rank that does not pass is a row that
+says so, never an exception.  :func:`merge` adds the nodes that never answered and the
+ranks they should have had (the step's layout, from the ranks that did answer), and
+:func:`report_lines` prints one screen: the ranks that are not healthy first, identical
+healthy nodes collapsed into one block, and one summary line.
+
+Everything here is pure: no /proc, no subprocess (numabind.cli._job runs the collectors).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from . import _sysfs
+from ._model import Record
+
+SCHEMA = "numabind-node/1"
+JOB_SCHEMA = "numabind-job/1"
+MAX_HOSTS = 100_000  # nodes one report may name (the largest jobs are ~10,000 nodes)
+MAX_RANKS = 1024  # ranks one node record may hold (8 GPUs x many ranks is far below)
+MAX_GROUPS = 64  # thread groups (one CPU mask each) kept per rank
+MAX_TIDS = 4096  # thread ids kept per rank
+MAX_NOTES = 32  # problems or notes kept per rank or node
+MAX_BUFFERS = 64  # host buffers kept per rank
+TEXT = 300  # characters kept of one piece of text
+RECORD_BYTES = 64 << 20  # bytes of one node record parsed at most
+STATUSES = ("off plan", "invalid", "unknown", "warning", "ok")  # the order rows are shown in
+HEALTHY = ("ok",)
+
+
+class InvalidRecord(ValueError):
+    """A node record (or one rank of it) that is not what a collector writes."""
+
+
+# --- hostlists ---------------------------------------------------------------------------------
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
+def expand_hostlist(text: str, limit: int = MAX_HOSTS) -> list[str]:
+    """Slurm's hostlist expression (``gpu[01-03,07],login1``, several bracket groups in one
+    name too) as names, in order and without repeats; raises :class:`InvalidRecord` past
+    ``limit`` names or on a malformed expression."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for item in _split_top(text):
+        if not item:
+            continue
+        for name in _expand_one(item, limit - len(names)):
+            if name not in seen:
+                seen.add(name)
+                names.append(name)
+        if len(names) > limit:
+            raise InvalidRecord(f"hostlist names more than {limit} hosts")
+    return names
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on the commas outside brackets."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+        if depth not in (0, 1):
+            raise InvalidRecord(f"hostlist {_sysfs.short(text)!r}: unbalanced brackets")
+    if depth:
+        raise InvalidRecord(f"hostlist {_sysfs.short(text)!r}: unbalanced brackets")
+    out.append(text[start:])
+    return [s.strip() for s in out]
+
+
+def _expand_one(item: str, budget: int) -> list[str]:
+    m = _BRACKET.search(item)
+    if m is None:
+        if not _good_name(item):
+            raise InvalidRecord(f"host name {_sysfs.short(item)!r} is not a host name")
+        return [item]
+    head, tail = item[: m.start()], item[m.end() :]
+    out: list[str] = []
+    for part in m.group(1).split(","):
+        lo, sep, hi = part.partition("-")
+        if not (lo.isascii() and lo.isdigit() and len(lo) < 10):
+            raise InvalidRecord(f"hostlist range {_sysfs.short(part)!r} is not a number range")
+        if sep and not (hi.isascii() and hi.isdigit() and len(hi) < 10):
+            raise InvalidRecord(f"hostlist range {_sysfs.short(part)!r} is not a number range")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first or last - first >= budget + 1:
+            raise InvalidRecord(f"hostlist range {_sysfs.short(part)!r} is too large or reversed")
+        for n in range(first, last + 1):
+            for rest in _expand_one(tail, budget) if _BRACKET.search(tail) else [tail]:
+                out.append(f"{head}{n:0{len(lo)}d}{rest}")
+                if len(out) > budget:
+                    raise InvalidRecord(f"hostlist names more than {budget} hosts")
+    for name in out:
+        if not _good_name(name):
+            raise InvalidRecord(f"host name {_sysfs.short(name)!r} is not a host name")
+    return out
+
+
+def _good_name(name: str) -> bool:
+    return 0 < len(name) <= 255 and name.isascii() and all(c.isalnum() or c in "-_." for c in name)
+
+
+def expand_tasks(text: str, limit: int = MAX_HOSTS) -> list[int]:
+    """Slurm's tasks-per-node list (``2(x3),1``) as one count per node."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"(\d{1,6})(?:\(x(\d{1,6})\))?", part.strip())
+        if m is None:
+            raise InvalidRecord(f"tasks per node {_sysfs.short(text)!r} is malformed")
+        count, times = int(m.group(1)), int(m.group(2) or 1)
+        if len(out) + times > limit:
+            raise InvalidRecord(f"tasks per node names more than {limit} nodes")
+        out.extend([count] * times)
+    return out
+
+
+# --- rows --------------------------------------------------------------------------------------
+
+
+class ThreadGroup(Record):
+    """Threads of a rank that share one CPU mask: their ids and names (first few kept),
+    and whether that mask lies within the plan (None: no plan)."""
+
+    cpus: frozenset[int]
+    tids: tuple[int, ...]
+    names: tuple[str, ...]
+    count: int
+    on_plan: bool | None
+
+
+class BufferRow(Record):
+    nbytes: int
+    nodes: frozenset[int]
+    locality: float | None
+
+
+class RankRow(Record):
+    """One rank as the report shows it (``status``: one of :data:`STATUSES`)."""
+
+    host: str
+    pid: int | None
+    rank: int | None = None
+    local_rank: int | None = None
+    job_id: str | None = None
+    step_id: str | None = None
+    status: str = "ok"
+    gpu_index: int | None = None
+    gpu_pci: str | None = None
+    gpu_node: int | None = None
+    gpu_source: str = ""
+    plan_cpus: frozenset[int] | None = None
+    plan_helpers: frozenset[int] = frozenset()
+    plan_node: int | None = None
+    plan_policy: str | None = None
+    plan_mems: frozenset[int] = frozenset()
+    plan_source: str = ""
+    threads: tuple[ThreadGroup, ...] = ()
+    memory_policy: str | None = None
+    memory_nodes: frozenset[int] = frozenset()
+    locality: float | None = None
+    mems_allowed: frozenset[int] | None = None
+    buffers: tuple[BufferRow, ...] = ()
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    step_nodes: str | None = None
+    step_tasks: str | None = None
+
+    @property
+    def cpus(self) -> frozenset[int]:
+        """Every CPU its threads may run on."""
+        return frozenset().union(*(g.cpus for g in self.threads))
+
+    @property
+    def off_plan_threads(self) -> tuple[ThreadGroup, ...]:
+        return tuple(g for g in self.threads if g.on_plan is False)
+
+
+class NodeRow(Record):
+    """One node of the job: ``state`` ``answered``, ``unreachable`` (no record before the
+    deadline, ``reason`` says what the launcher said) or ``invalid`` (a record that did
+    not parse); ``expected`` the ranks the step layout puts on it (None: unknown)."""
+
+    host: str
+    state: str
+    reason: str = ""
+    ranks: tuple[RankRow, ...] = ()
+    facts: dict[str, Any] = {}  # noqa: RUF012 (records are immutable)
+    notes: tuple[str, ...] = ()
+    expected: int | None = None
+
+
+class Summary(Record):
+    ranks: int
+    nodes: int
+    ok: int
+    warnings: int
+    off_plan: int
+    unreachable: int
+    unknown: int
+    unreachable_nodes: int
+
+    def text(self) -> str:
+        line = (
+            f"{self.ranks} ranks on {self.nodes} nodes: {self.ok} ok, {self.warnings} warnings, "
+            f"{self.off_plan} off plan, {self.unreachable} unreachable"
+        )
+        if self.unknown:
+            line += f", {self.unknown} unknown or invalid"
+        return line
+
+
+class JobReport(Record):
+    job: str | None
+    nodes: tuple[NodeRow, ...]
+    summary: Summary
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["schema"] = JOB_SCHEMA
+        d["summary"]["text"] = self.summary.text()
+        return d
+
+
+# --- parsing one node record (input) -----------------------------------------------------------
+
+
+def _text(value: object, what: str, limit: int = TEXT, empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise InvalidRecord(f"{what} is not text")
+    if not value and not empty:
+        raise InvalidRecord(f"{what} is empty")
+    return _sysfs.clean_line(value, limit)
+
+
+def _opt_text(d: dict[str, Any], key: str, limit: int = TEXT) -> str | None:
+    value = d.get(key)
+    return None if value is None else _text(value, key, limit)
+
+
+def _int(value: object, what: str, lo: int = 0, hi: int = 1 << 31) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise InvalidRecord(f"{what} is not a whole number from {lo} to {hi}")
+    return value
+
+
+def _opt_int(d: dict[str, Any], key: str, lo: int = 0, hi: int = 1 << 31) -> int | None:
+    value = d.get(key)
+    return None if value is None else _int(value, key, lo, hi)
+
+
+def _cpus(value: object, what: str, limit: int = _sysfs.MAX_CPUS) -> frozenset[int]:
+    """A CPU or node list in the kernel's text form (``0-3,8``), bounded."""
+    text = _text(value, what, 4 * _sysfs.MAX_CPUS)
+    try:
+        return _sysfs.parse_cpulist(text, limit)
+    except ValueError as err:
+        raise InvalidRecord(f"{what}: {err}") from None
+
+
+def _share(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
+        raise InvalidRecord(f"{what} is not a share from 0 to 1")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _list(value: object, what: str, limit: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidRecord(f"{what} is not a list")
+    return value[:limit]
+
+
+def _dict(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRecord(f"{what} is not an object")
+    return value
+
+
+def _texts(value: object, what: str) -> tuple[str, ...]:
+    return tuple(_text(v, what) for v in _list(value or [], what, MAX_NOTES))
+
+
+def parse_rank(obj: object, host: str) -> RankRow:
+    """One rank of a node record; raises :class:`InvalidRecord`."""
+    d = _dict(obj, "rank")
+    pid = _int(d.get("pid"), "pid", 1, 1 << 22)
+    plan = d.get("plan")
+    plan_d = _dict(plan, "plan") if plan is not None else None
+    plan_cpus = _cpus(plan_d.get("cpus"), "plan cpus") if plan_d else None
+    helpers = _cpus(plan_d.get("helpers", ""), "plan helpers") if plan_d else frozenset()
+    groups = []
+    kept = 0
+    for g in _list(d.get("threads", []), "threads", MAX_GROUPS):
+        gd = _dict(g, "thread group")
+        cpus = _cpus(gd.get("cpus"), "thread cpus")
+        tids = [_int(t, "thread id", 1, 1 << 22) for t in _list(gd.get("tids"), "tids", MAX_TIDS)]
+        tids = tids[: max(MAX_TIDS - kept, 0)]
+        kept += len(tids)
+        names = tuple(_text(n, "thread name", 32) for n in _list(gd.get("names", []), "names", 8))
+        count = _int(gd.get("count", len(tids)), "thread count", len(tids), 1 << 22)
+        on_plan = None
+        if plan_cpus is not None and plan_d is not None and plan_d.get("bound", True):
+            allowed = plan_cpus if pid in tids else plan_cpus | helpers
+            on_plan = cpus <= allowed
+        groups.append(
+            ThreadGroup(cpus=cpus, tids=tuple(tids), names=names, count=count, on_plan=on_plan)
+        )
+    gpu = _dict(d.get("gpu") or {}, "gpu")
+    buffers = []
+    for b in _list(d.get("host_buffers", []), "host_buffers", MAX_BUFFERS):
+        bd = _dict(b, "host buffer")
+        buffers.append(
+            BufferRow(
+                nbytes=_int(bd.get("nbytes"), "buffer size", 0, 1 << 50),
+                nodes=_cpus(bd.get("nodes"), "buffer nodes", _sysfs.MAX_NODES),
+                locality=_share(bd.get("locality"), "buffer locality"),
+            )
+        )
+    status = _text(d.get("status"), "status", 20)
+    if status not in STATUSES:
+        raise InvalidRecord(f"status {status!r} is not one of {', '.join(STATUSES)}")
+    mems = d.get("mems_allowed")
+    policy = d.get("memory_policy")
+    return RankRow(
+        host=host,
+        pid=pid,
+        rank=_opt_int(d, "rank", 0, 1 << 24),
+        local_rank=_opt_int(d, "local_rank", 0, 1 << 16),
+        job_id=_opt_text(d, "job", 40),
+        step_id=_opt_text(d, "step", 40),
+        status=status,
+        gpu_index=_opt_int(gpu, "index", 0, 4096),
+        gpu_pci=_opt_text(gpu, "pci", 40),
+        gpu_node=_opt_int(gpu, "numa_node", 0, _sysfs.MAX_NODES),
+        gpu_source=_opt_text(gpu, "source", 120) or "",
+        plan_cpus=plan_cpus,
+        plan_helpers=helpers,
+        plan_node=_opt_int(plan_d, "numa_node", 0, _sysfs.MAX_NODES) if plan_d else None,
+        plan_policy=_opt_text(plan_d, "memory_policy", 20) if plan_d else None,
+        plan_mems=_cpus(plan_d.get("memory_nodes", ""), "plan memory nodes", _sysfs.MAX_NODES)
+        if plan_d
+        else frozenset(),
+        plan_source=_opt_text(plan_d, "source", 120) or "" if plan_d else "",
+        threads=tuple(groups),
+        memory_policy=None if policy is None else _text(policy, "memory policy", 20),
+        memory_nodes=_cpus(d.get("memory_nodes", ""), "memory nodes", _sysfs.MAX_NODES),
+        locality=_share(d.get("locality"), "locality"),
+        mems_allowed=None if mems is None else _cpus(mems, "mems", _sysfs.MAX_NODES),
+        buffers=tuple(buffers),
+        problems=_texts(d.get("problems"), "problems"),
+        notes=_texts(d.get("notes"), "notes"),
+        step_nodes=_opt_text(d, "step_nodes", 4000),
+        step_tasks=_opt_text(d, "step_tasks", 1000),
+    )
+
+
+def parse_node(
+    text: str | bytes, expect_host: str | None = None, job: str | None = None
+) -> NodeRow:
+    """A collector's node record as a row; never raises: what does not parse is a row of
+    state ``invalid`` (a whole record) or a rank row of status ``invalid``.  A record that
+    names a host other than ``expect_host``, or ranks of another job, is invalid too: a
+    forged record cannot speak for another node."""
+    where = expect_host or "?"
+    if len(text) > RECORD_BYTES:
+        return NodeRow(host=where, state="invalid", reason=f"record over {RECORD_BYTES >> 20} MiB")
+    try:
+        d = _dict(json.loads(text), "record")
+        if d.get("schema") != SCHEMA:
+            raise InvalidRecord(f"schema is not {SCHEMA}")
+        host = _text(d.get("host"), "host", 255, empty=False)
+        if not _good_name(host):
+            raise InvalidRecord(f"host {host!r} is not a host name")
+        if expect_host is not None and host != expect_host:
+            raise InvalidRecord(f"record of host {host!r} where {expect_host!r} was asked")
+        facts_d = _dict(d.get("facts") or {}, "facts")
+        facts = {
+            "numa_balancing": _opt_bool(facts_d, "numa_balancing"),
+            "cpuset_mems": None
+            if facts_d.get("cpuset_mems") is None
+            else _sysfs.format_cpulist(
+                _cpus(facts_d["cpuset_mems"], "cpuset_mems", _sysfs.MAX_NODES)
+            ),
+            "mempolicy_permitted": _opt_bool(facts_d, "mempolicy_permitted"),
+            "kernel": _opt_text(facts_d, "kernel", 80),
+        }
+        notes = _texts(d.get("notes"), "notes")
+        raw = d.get("ranks", [])
+        if not isinstance(raw, list):
+            raise InvalidRecord("ranks is not a list")
+        if len(raw) > MAX_RANKS:
+            raise InvalidRecord(f"more than {MAX_RANKS} ranks")
+    except (InvalidRecord, ValueError, RecursionError) as err:
+        why = err if isinstance(err, InvalidRecord) else "not JSON"
+        return NodeRow(host=where, state="invalid", reason=f"invalid record: {why}")
+    ranks = []
+    for i, r in enumerate(raw):
+        try:
+            row = parse_rank(r, host)
+            if job is not None and row.job_id not in (None, job):
+                raise InvalidRecord(f"rank of job {row.job_id}, not {job}")
+        except InvalidRecord as err:
+            row = RankRow(
+                host=host, pid=None, status="invalid", problems=(f"invalid record: {err}",)
+            )
+            row = row.replace(notes=(f"rank record {i} of {host}",))
+        ranks.append(row)
+    return NodeRow(host=host, state="answered", ranks=tuple(ranks), facts=facts, notes=notes)
+
+
+def _opt_bool(d: dict[str, Any], key: str) -> bool | None:
+    value = d.get(key)
+    if value is not None and type(value) is not bool:
+        raise InvalidRecord(f"{key} is not true or false")
+    return value
+
+
+# --- merging -----------------------------------------------------------------------------------
+
+
+def layout(nodes: list[NodeRow]) -> dict[str, int]:
+    """Ranks per host from the step layouts the answering ranks carry (one per step)."""
+    per_host: dict[str, int] = {}
+    steps: dict[tuple[str | None, str | None], RankRow] = {}
+    for node in nodes:
+        for r in node.ranks:
+            if r.step_nodes and r.step_tasks:
+                steps.setdefault((r.job_id, r.step_id), r)
+    for r in steps.values():
+        try:
+            hosts = expand_hostlist(r.step_nodes or "")
+            counts = expand_tasks(r.step_tasks or "")
+        except InvalidRecord:
+            continue
+        if len(hosts) != len(counts):
+            continue
+        for h, c in zip(hosts, counts):
+            per_host[h] = per_host.get(h, 0) + c
+    return per_host
+
+
+def merge(
+    job: str | None, hosts: list[str], answered: dict[str, NodeRow], notes: tuple[str, ...] = ()
+) -> JobReport:
+    """The report of ``hosts``: the rows that answered, an ``unreachable`` row (with the
+    reason given in ``answered``'s placeholder, if any) for each that did not, and the
+    summary."""
+    rows: list[NodeRow] = []
+    for h in hosts:
+        rows.append(answered.get(h) or NodeRow(host=h, state="unreachable", reason="no answer"))
+    for h, row in answered.items():
+        if h not in hosts:
+            rows.append(row)
+    per_host = layout([r for r in rows if r.state == "answered"])
+    rows = [r.replace(expected=per_host.get(r.host)) for r in rows]
+    counts = dict.fromkeys(STATUSES, 0)
+    for node in rows:
+        for rank in node.ranks:
+            counts[rank.status] += 1
+    missing = sum(
+        max((n.expected or 0) - (len(n.ranks) if n.state == "answered" else 0), 0)
+        for n in rows
+        if n.state != "answered"
+    )
+    gone = [n for n in rows if n.state != "answered"]
+    summary = Summary(
+        ranks=sum(counts.values()) + missing,
+        nodes=len(rows),
+        ok=counts["ok"],
+        warnings=counts["warning"],
+        off_plan=counts["off plan"],
+        unreachable=missing + sum(1 for n in gone if n.expected is None),
+        unknown=counts["unknown"] + counts["invalid"],
+        unreachable_nodes=len(gone),
+    )
+    return JobReport(job=job, nodes=tuple(rows), summary=summary, notes=notes)
+
+
+def exit_status(report: JobReport) -> int:
+    """1 if a rank is off plan, else 3 if a node or rank could not be read, else 0."""
+    s = report.summary
+    if s.off_plan:
+        return 1
+    if s.unreachable_nodes or s.unknown:
+        return 3
+    return 0
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+fmt = _sysfs.format_cpulist
+HEADER = (
+    "HOST",
+    "RANK",
+    "LOCAL",
+    "PID",
+    "GPU",
+    "GPU NODE",
+    "CPUS PLAN",
+    "CPUS NOW",
+    "MEMORY",
+    "LOCAL MEM",
+    "STATUS",
+)
+
+
+def _num(v: int | None) -> str:
+    return "-" if v is None else str(v)
+
+
+def _cells(r: RankRow) -> list[str]:
+    gpu = "-" if r.gpu_pci is None else f"{_num(r.gpu_index)} {r.gpu_pci}"
+    now = fmt(r.cpus) or "-"
+    if r.off_plan_threads:
+        now += " !"
+    plan = "-" if r.plan_cpus is None else fmt(r.plan_cpus) or "-"
+    mem = "-"
+    if r.memory_policy is not None:
+        mem = f"{r.memory_policy} {fmt(r.memory_nodes)}".strip()
+        if r.plan_policy not in (None, "none", "not-permitted") and (
+            r.memory_policy != r.plan_policy
+            or (r.plan_policy != "local" and r.memory_nodes != r.plan_mems)
+        ):
+            mem += " !"
+    local = "-" if r.locality is None else f"{r.locality:.1%}"
+    return [
+        r.host,
+        _num(r.rank),
+        _num(r.local_rank),
+        _num(r.pid),
+        gpu,
+        _num(r.gpu_node),
+        plan,
+        now,
+        mem,
+        local,
+        r.status.upper(),
+    ]
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _details(r: RankRow) -> list[str]:
+    out = []
+    for g in r.off_plan_threads:
+        who = ", ".join(
+            f"{t} {n!r}" if n else str(t) for t, n in zip(g.tids[:4], [*g.names, *[""] * 4])
+        )
+        more = f" and {g.count - len(g.tids[:4])} more" if g.count > len(g.tids[:4]) else ""
+        allowed = (r.plan_cpus or frozenset()) | (
+            frozenset() if r.pid in g.tids else r.plan_helpers
+        )
+        out.append(f"    - thread {who}{more} on CPUs {fmt(g.cpus)}, plan {fmt(allowed)}")
+    shown = bool(r.off_plan_threads)  # check's own line says the same, without names
+    out += [f"    - {p}" for p in r.problems if not (shown and p.startswith("threads that"))]
+    out += [f"    note: {n}" for n in r.notes]
+    for b in r.buffers:
+        if b.locality is not None and b.locality < 0.99:
+            share = f"{b.locality:.1%} on node {fmt(b.nodes)}"
+            out.append(f"    - host buffer of {b.nbytes >> 20} MiB: {share}")
+    return out
+
+
+def _signature(node: NodeRow) -> tuple[Any, ...]:
+    """What makes two healthy nodes identical in the report (not their names or pids)."""
+    return (
+        tuple(
+            (
+                r.local_rank,
+                r.gpu_index,
+                r.gpu_node,
+                r.plan_cpus,
+                r.cpus,
+                r.memory_policy,
+                r.memory_nodes,
+            )
+            for r in sorted(node.ranks, key=lambda r: (r.local_rank or 0, r.rank or 0))
+        ),
+        tuple(sorted((k, str(v)) for k, v in node.facts.items())),
+    )
+
+
+def _facts(node: NodeRow) -> str:
+    f = node.facts
+    bits = []
+    if f.get("numa_balancing") is not None:
+        bits.append(f"NUMA balancing {'on' if f['numa_balancing'] else 'off'}")
+    if f.get("cpuset_mems") is not None:
+        bits.append(f"cpuset mems {f['cpuset_mems']}")
+    if f.get("mempolicy_permitted") is False:
+        bits.append("memory-policy calls NOT permitted (seccomp)")
+    elif f.get("mempolicy_permitted"):
+        bits.append("memory-policy calls permitted")
+    if f.get("kernel"):
+        bits.append(f"kernel {f['kernel']}")
+    return ", ".join(bits)
+
+
+def _hosts(names: list[str]) -> str:
+    shown = ", ".join(names[:6])
+    return shown + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
+def report_lines(report: JobReport) -> list[str]:
+    """One screen: the summary, the ranks that are not healthy (and the nodes that did
+    not answer) with what is wrong, then each group of identical healthy nodes once."""
+    head = f"numabind check --job {report.job}: " if report.job else "numabind check: "
+    lines = [head + report.summary.text()]
+    order = {s: i for i, s in enumerate(STATUSES)}
+    bad = sorted(
+        (r for n in report.nodes for r in n.ranks if r.status not in HEALTHY),
+        key=lambda r: (order[r.status], r.host, r.rank if r.rank is not None else -1),
+    )
+    gone = [n for n in report.nodes if n.state != "answered"]
+    if bad or gone:
+        lines += ["", "NOT HEALTHY"]
+        if bad:
+            table = _table([list(HEADER)] + [_cells(r) for r in bad])
+            lines.append(table[0])
+            for r, text in zip(bad, table[1:]):
+                lines.append(text)
+                lines += _details(r)
+        for n in gone:
+            exp = f" ({n.expected} ranks expected)" if n.expected else ""
+            lines.append(f"{n.host}  {n.state.upper()}: {n.reason}{exp}")
+    groups: dict[tuple[Any, ...], list[NodeRow]] = {}
+    for n in report.nodes:
+        if n.state == "answered":
+            groups.setdefault(_signature(n), []).append(n)
+    healthy = [g for g in groups.values() if all(r.status in HEALTHY for r in g[0].ranks)]
+    mixed = [g for g in groups.values() if g not in healthy]
+    if healthy:
+        lines += ["", "HEALTHY"]
+        for g in healthy:
+            first = g[0]
+            names = [n.host for n in g]
+            title = first.host if len(g) == 1 else f"{len(g)} identical nodes: {_hosts(names)}"
+            ranks = sum(len(n.ranks) for n in g)
+            lines.append(f"{title}: {ranks} ranks ok; {_facts(first)}".rstrip("; "))
+            if first.ranks:
+                rows = [list(HEADER)] + [
+                    _cells(r)
+                    for r in sorted(first.ranks, key=lambda r: (r.local_rank or 0, r.pid or 0))
+                ]
+                lines += ["  " + t for t in _table(rows)]
+                if len(g) > 1:
+                    lines.append(f"  (the ranks of {first.host}; the other nodes' are the same)")
+    for g in mixed:
+        for n in g:
+            ok = [r for r in n.ranks if r.status in HEALTHY]
+            lines.append(
+                f"{n.host}: {len(ok)} of {len(n.ranks)} ranks ok; {_facts(n)}".rstrip("; ")
+            )
+    for n in report.nodes:
+        lines += [f"note: {n.host}: {x}" for x in n.notes]
+    lines += [f"note: {x}" for x in report.notes]
+    return lines
