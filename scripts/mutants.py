@@ -481,6 +481,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "close() unregisters before it unmaps",
         ("tests/test_register.py",),
     ),
+    # --- the job report ---------------------------------------------------------------------
+    M(
+        "M54",
+        "src/numabind/_job.py",
+        "        if expect_host is not None and host != expect_host:",
+        "        if False:",
+        "a node record cannot speak for another host",
+        ("tests/test_job.py",),
+    ),
+    M(
+        "M55",
+        "src/numabind/_job.py",
+        "    if s.off_plan:\n        return 1",
+        "    if s.off_plan and not s.unreachable_nodes:\n        return 1",
+        "check --job exits 1 when a rank is off plan, whatever else is unreachable",
+        ("tests/test_job.py",),
+    ),
+    M(
+        "M56",
+        "src/numabind/cli/_job.py",
+        '        return host is None or env.get(v["host"]) == host',
+        "        return True",
+        "the collector counts only its own node's ranks (a shared PID namespace)",
+        ("tests/test_job.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -313,7 +313,7 @@ def test_registry_thread_env_reads_back_what_was_written_and_nothing_else() -> N
     back = Entry.parse(entry.encode())
     assert back is not None and dict(back.thread_env) == want
     # check reads the entry, not the process's initial environment (pid 1 here)
-    assert _thread_settings(1, None, back) == want
+    assert _thread_settings(back, {"OMP_NUM_THREADS": "99"}) == want
     # an entry is input: non-numbers and huge values refuse the whole entry; names it does
     # not know are kept out of what check reports
     base = b"pid=1\nstart=1\nthread_env="
@@ -324,6 +324,6 @@ def test_registry_thread_env_reads_back_what_was_written_and_nothing_else() -> N
     ):
         assert Entry.parse(base + hostile + b"\n") is None, hostile
     odd = Entry.parse(base + b"LD_PRELOAD:1,OMP_NUM_THREADS:2\n")
-    assert odd is not None and _thread_settings(1, None, odd) == {"OMP_NUM_THREADS": "2"}
+    assert odd is not None and _thread_settings(odd, {}) == {"OMP_NUM_THREADS": "2"}
     flood = Entry.parse(base + b"OMP_NUM_THREADS:2," * 100_000 + b"\n")
     assert flood is None, "more than an entry holds: not read"

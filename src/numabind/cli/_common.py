@@ -93,6 +93,13 @@ def write_json(data: Any, stream: IO[str] | None = None) -> None:
     out.write("\n")
 
 
+def write_json_line(data: Any, stream: IO[str] | None = None) -> None:
+    """``data`` as one line of JSON (a collector's record: srun --label passes a line
+    through whole); ASCII, so control characters in it are escapes, never bytes."""
+    out = sys.stdout if stream is None else stream
+    out.write(json.dumps(data, separators=(",", ":"), ensure_ascii=True) + "\n")
+
+
 def notice_lines(kind: str, items: Iterable[str], indent: str = "") -> list[str]:
     """``note: ...`` or ``problem: ...`` lines, one per item."""
     return [f"{indent}{kind}: {item}" for item in items]

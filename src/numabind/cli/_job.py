@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from .. import _job, _sysfs
 from .._model import JOB_VARIABLES
-from ._common import USAGE, write_json, write_lines
+from ._common import USAGE, write_json, write_json_line, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,14 +145,10 @@ def node_record(report: CheckReport, job: str | None) -> dict[str, object]:
 
 
 def _collector(args: argparse.Namespace) -> int:
-    import json
-
     from ._check import run_check
 
     def emit(report: CheckReport) -> None:
-        # one line (srun --label passes it through whole), ASCII: JSON escapes the rest
-        sys.stdout.write(json.dumps(node_record(report, args.job_id), separators=(",", ":")))
-        sys.stdout.write("\n")
+        write_json_line(node_record(report, args.job_id))
 
     return run_check(args, keep=job_filter(args.job_id, os.environ), emit=emit)
 
