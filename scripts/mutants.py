@@ -237,7 +237,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- check ------------------------------------------------------------------------------
     M(
         "M24",
-        "src/numabind/cli/_check.py",
+        "src/numabind/_inspect.py",
         "escaped = {t: c for t, c in threads.items() if not c <= (cpus if t == main else roles)}",
         "escaped: dict[int, frozenset[int]] = {}",
         "check: a thread off the plan's CPUs is off plan",
@@ -245,7 +245,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M25",
-        "src/numabind/cli/_check.py",
+        "src/numabind/_inspect.py",
         '        if got_name != want or (want != "local" and got_nodes != mem_nodes):',
         "        if got_name != want and got_nodes != mem_nodes:",
         "check: a wrong memory policy is off plan",
@@ -253,7 +253,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M26",
-        "src/numabind/cli/_check.py",
+        "src/numabind/_inspect.py",
         "MIN_LOCALITY = 0.9",
         "MIN_LOCALITY = 0.0",
         "check: pages left remote are off plan",
@@ -269,7 +269,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M28",
-        "src/numabind/cli/_check.py",
+        "src/numabind/_inspect.py",
         '        problems.append(f"no plan to check against: {source}")',
         "        pass",
         "check of a process with no plan is not OK",
@@ -433,7 +433,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M48",
-        "src/numabind/cli/_check.py",
+        "src/numabind/_inspect.py",
         "c <= (cpus if t == main else roles)",
         "c <= roles",
         "check: the main thread belongs on the compute CPUs, not the helper cores",

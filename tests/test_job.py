@@ -350,9 +350,9 @@ def test_the_gpu_is_told_by_the_device_file_a_rank_holds_open(
     """A char device's (major, minor) from /proc/PID/fd, mapped through the driver's minor
     numbers (/proc/driver/nvidia/gpus/*/information): /dev/null (1:3), held open by a real
     process, stands in for /dev/nvidia3 through a table row the test adds."""
+    from numabind import _inspect as _check
     from numabind import _topology
     from numabind._model import DEVICE_FILES, DeviceFile
-    from numabind.cli import _check
 
     assert next(r for r in DEVICE_FILES if r.vendor == "nvidia").major == 195
     spec = synth.Spec(

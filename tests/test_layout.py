@@ -160,6 +160,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "torch",
         "ray",
         "_job",
+        "_inspect",
+        "_report",
         "",
         "_site.sitecustomize",
     ),

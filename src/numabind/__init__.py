@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         placement,
     )
     from ._plan import Plan, Request, plan
+    from ._report import report
     from ._topology import Machine
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "placement",
     "plan",
     "plan_for",
+    "report",
     "spawn",
 ]
 
@@ -89,6 +91,7 @@ _LAZY = {
     "bind_range": "_memory",
     "host_buffer": "_memory",
     "placement": "_memory",
+    "report": "_report",
 }
 
 

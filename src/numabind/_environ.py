@@ -204,6 +204,29 @@ KNOBS: tuple[Knob, ...] = (
         help="1: bind Ray workers when Ray assigns them GPUs",
     ),
     Knob(
+        name="NUMABIND_REPORT",
+        field="report",
+        kind="flag",
+        default="0",
+        help="1: after torch.distributed.init_process_group every rank posts its check "
+        "record to the job's store and one rank prints the job report (numabind.report())",
+    ),
+    Knob(
+        name="NUMABIND_REPORT_RANK",
+        field="report_rank",
+        kind="raw",
+        default="0",
+        help="the global rank that prints the job report (NUMABIND_REPORT)",
+    ),
+    Knob(
+        name="NUMABIND_REPORT_WAIT",
+        field="report_wait",
+        kind="raw",
+        default="60",
+        help="seconds the reporting rank waits for every rank's record before it prints, "
+        "naming the ranks that did not post (NUMABIND_REPORT)",
+    ),
+    Knob(
         name="NUMABIND_SYSROOT",
         field="sysroot",
         kind="path",
@@ -400,6 +423,9 @@ class Config(Record):
     torch: bool = False
     torch_set_device: bool = True
     ray: bool = False
+    report: bool = False
+    report_rank: str = "0"
+    report_wait: str = "60"
     sysroot: str = "/"
     registry: str = "/dev/shm"
     state: str = ""

@@ -218,7 +218,8 @@ class Summary(Record):
 
     def text(self) -> str:
         line = (
-            f"{self.ranks} ranks on {self.nodes} nodes: {self.ok} ok, {self.warnings} warnings, "
+            f"{self.ranks} rank{'' if self.ranks == 1 else 's'} on {self.nodes} "
+            f"node{'' if self.nodes == 1 else 's'}: {self.ok} ok, {self.warnings} warnings, "
             f"{self.off_plan} off plan, {self.unreachable} unreachable"
         )
         if self.unknown:
@@ -227,10 +228,15 @@ class Summary(Record):
 
 
 class JobReport(Record):
+    """The whole report: ``missing`` are the global ranks that posted nothing (a report
+    from a framework's store, where hosts are known only from what was posted)."""
+
     job: str | None
     nodes: tuple[NodeRow, ...]
     summary: Summary
     notes: tuple[str, ...] = ()
+    missing: tuple[int, ...] = ()
+    title: str = ""  # the first line's start (default: numabind check --job JOB)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -459,11 +465,15 @@ def layout(nodes: list[NodeRow]) -> dict[str, int]:
 
 
 def merge(
-    job: str | None, hosts: list[str], answered: dict[str, NodeRow], notes: tuple[str, ...] = ()
+    job: str | None,
+    hosts: list[str],
+    answered: dict[str, NodeRow],
+    notes: tuple[str, ...] = (),
+    missing: tuple[int, ...] = (),
 ) -> JobReport:
     """The report of ``hosts``: the rows that answered, an ``unreachable`` row (with the
-    reason given in ``answered``'s placeholder, if any) for each that did not, and the
-    summary."""
+    reason given in ``answered``'s placeholder, if any) for each that did not, the ranks
+    that posted nothing (``missing``), and the summary."""
     rows: list[NodeRow] = []
     for h in hosts:
         rows.append(answered.get(h) or NodeRow(host=h, state="unreachable", reason="no answer"))
@@ -476,23 +486,19 @@ def merge(
     for node in rows:
         for rank in node.ranks:
             counts[rank.status] += 1
-    missing = sum(
-        max((n.expected or 0) - (len(n.ranks) if n.state == "answered" else 0), 0)
-        for n in rows
-        if n.state != "answered"
-    )
     gone = [n for n in rows if n.state != "answered"]
+    lost = len(missing) + sum(n.expected or 0 for n in gone)
     summary = Summary(
-        ranks=sum(counts.values()) + missing,
+        ranks=sum(counts.values()) + lost,
         nodes=len(rows),
         ok=counts["ok"],
         warnings=counts["warning"],
         off_plan=counts["off plan"],
-        unreachable=missing + sum(1 for n in gone if n.expected is None),
+        unreachable=lost + sum(1 for n in gone if n.expected is None),
         unknown=counts["unknown"] + counts["invalid"],
         unreachable_nodes=len(gone),
     )
-    return JobReport(job=job, nodes=tuple(rows), summary=summary, notes=notes)
+    return JobReport(job=job, nodes=tuple(rows), summary=summary, notes=notes, missing=missing)
 
 
 def exit_status(report: JobReport) -> int:
@@ -500,7 +506,7 @@ def exit_status(report: JobReport) -> int:
     s = report.summary
     if s.off_plan:
         return 1
-    if s.unreachable_nodes or s.unknown:
+    if s.unreachable_nodes or s.unknown or s.unreachable:
         return 3
     return 0
 
@@ -627,53 +633,69 @@ def report_lines(report: JobReport) -> list[str]:
     """One screen: the summary, the ranks that are not healthy (and the nodes that did
     not answer) with what is wrong, then each group of identical healthy nodes once."""
     head = f"numabind check --job {report.job}: " if report.job else "numabind check: "
+    if report.title:
+        head = f"{report.title}: "
     lines = [head + report.summary.text()]
+    lines += _unhealthy_lines(report)
+    groups: dict[tuple[Any, ...], list[NodeRow]] = {}
+    for n in report.nodes:
+        if n.state == "answered":
+            groups.setdefault(_signature(n), []).append(n)
+    healthy = [g for g in groups.values() if all(r.status in HEALTHY for r in g[0].ranks)]
+    if healthy:
+        lines += ["", "HEALTHY"]
+        for g in healthy:
+            lines += _group_lines(g)
+    for g in groups.values():
+        if g in healthy:
+            continue
+        for n in g:
+            ok = [r for r in n.ranks if r.status in HEALTHY]
+            text = f"{n.host}: {len(ok)} of {len(n.ranks)} ranks ok; {_facts(n)}"
+            lines.append(text.rstrip("; "))
+    for n in report.nodes:
+        lines += [f"note: {n.host}: {x}" for x in n.notes]
+    lines += [f"note: {x}" for x in report.notes]
+    return lines
+
+
+def _unhealthy_lines(report: JobReport) -> list[str]:
+    """``NOT HEALTHY``: ranks worst first with what is wrong, silent nodes, unposted ranks."""
     order = {s: i for i, s in enumerate(STATUSES)}
     bad = sorted(
         (r for n in report.nodes for r in n.ranks if r.status not in HEALTHY),
         key=lambda r: (order[r.status], r.host, r.rank if r.rank is not None else -1),
     )
     gone = [n for n in report.nodes if n.state != "answered"]
-    if bad or gone:
-        lines += ["", "NOT HEALTHY"]
-        if bad:
-            table = _table([list(HEADER)] + [_cells(r) for r in bad])
-            lines.append(table[0])
-            for r, text in zip(bad, table[1:]):
-                lines.append(text)
-                lines += _details(r)
-        for n in gone:
-            exp = f" ({n.expected} ranks expected)" if n.expected else ""
-            lines.append(f"{n.host}  {n.state.upper()}: {n.reason}{exp}")
-    groups: dict[tuple[Any, ...], list[NodeRow]] = {}
-    for n in report.nodes:
-        if n.state == "answered":
-            groups.setdefault(_signature(n), []).append(n)
-    healthy = [g for g in groups.values() if all(r.status in HEALTHY for r in g[0].ranks)]
-    mixed = [g for g in groups.values() if g not in healthy]
-    if healthy:
-        lines += ["", "HEALTHY"]
-        for g in healthy:
-            first = g[0]
-            names = [n.host for n in g]
-            title = first.host if len(g) == 1 else f"{len(g)} identical nodes: {_hosts(names)}"
-            ranks = sum(len(n.ranks) for n in g)
-            lines.append(f"{title}: {ranks} ranks ok; {_facts(first)}".rstrip("; "))
-            if first.ranks:
-                rows = [list(HEADER)] + [
-                    _cells(r)
-                    for r in sorted(first.ranks, key=lambda r: (r.local_rank or 0, r.pid or 0))
-                ]
-                lines += ["  " + t for t in _table(rows)]
-                if len(g) > 1:
-                    lines.append(f"  (the ranks of {first.host}; the other nodes' are the same)")
-    for g in mixed:
-        for n in g:
-            ok = [r for r in n.ranks if r.status in HEALTHY]
-            lines.append(
-                f"{n.host}: {len(ok)} of {len(n.ranks)} ranks ok; {_facts(n)}".rstrip("; ")
-            )
-    for n in report.nodes:
-        lines += [f"note: {n.host}: {x}" for x in n.notes]
-    lines += [f"note: {x}" for x in report.notes]
+    if not (bad or gone or report.missing):
+        return []
+    lines = ["", "NOT HEALTHY"]
+    if bad:
+        table = _table([list(HEADER)] + [_cells(r) for r in bad])
+        lines.append(table[0])
+        for r, text in zip(bad, table[1:]):
+            lines.append(text)
+            lines += _details(r)
+    for n in gone:
+        exp = f" ({n.expected} ranks expected)" if n.expected else ""
+        lines.append(f"{n.host}  {n.state.upper()}: {n.reason}{exp}")
+    if report.missing:
+        shown = ", ".join(str(r) for r in report.missing[:32])
+        more = f" and {len(report.missing) - 32} more" if len(report.missing) > 32 else ""
+        lines.append(f"NOT POSTED: rank {shown}{more} (no record before the wait ended)")
+    return lines
+
+
+def _group_lines(group: list[NodeRow]) -> list[str]:
+    """Identical healthy nodes: one title line and the first node's ranks."""
+    first = group[0]
+    names = [n.host for n in group]
+    title = first.host if len(group) == 1 else f"{len(group)} identical nodes: {_hosts(names)}"
+    ranks = sum(len(n.ranks) for n in group)
+    lines = [f"{title}: {ranks} ranks ok; {_facts(first)}".rstrip("; ")]
+    if first.ranks:
+        ordered = sorted(first.ranks, key=lambda r: (r.local_rank or 0, r.pid or 0))
+        lines += ["  " + t for t in _table([list(HEADER)] + [_cells(r) for r in ordered])]
+        if len(group) > 1:
+            lines.append(f"  (the ranks of {first.host}; the other nodes' are the same)")
     return lines

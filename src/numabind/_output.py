@@ -51,12 +51,21 @@ def _target() -> int | None:
     return fd
 
 
+def say_lines(lines: list[str]) -> None:
+    """Several lines (a report) in one write, each escaped and marked ``numabind:``."""
+    _write("".join(f"numabind: {escape(line, 8000)}\n" for line in lines))
+
+
 def say(message: str) -> None:
     """One line on stderr, whatever the message holds and whatever stderr is."""
+    _write(f"numabind: {escape(message, 8000)}\n")
+
+
+def _write(text: str) -> None:
     fd = _target()
-    if fd is None:
+    if fd is None or not text:
         return
-    data = f"numabind: {escape(message, 8000)}\n".encode("utf-8", "replace")
+    data = text.encode("utf-8", "replace")
     try:
         sys.stderr.flush()
     except Exception:

@@ -185,6 +185,10 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         from ._guard import arm_places
 
         arm_places()
+    if cfg.report:  # bound or not: the report says where the rank is either way
+        from ._report import arm as arm_report
+
+        arm_report()
     return binding
 
 

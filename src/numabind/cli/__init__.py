@@ -302,6 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
         "$SLURM_JOB_ID); runs the collector on each node with srun --overlap",
     )
     check.add_argument(
+        "--store",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --job: read the records a torch.distributed job posted "
+        "(NUMABIND_REPORT=1) from its store (MASTER_ADDR:MASTER_PORT), read only",
+    )
+    check.add_argument(
         "--job-id",
         default=None,
         metavar="JOBID",

@@ -19,129 +19,82 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from .. import _job, _sysfs
+from .._inspect import COLLECTOR, job_filter, node_record
 from .._model import JOB_VARIABLES
-from ._common import USAGE, write_json, write_json_line, write_lines
+from ._common import UNREACHABLE, USAGE, write_json, write_json_line, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from ._check import CheckReport, ProcessCheck
+    from .._inspect import CheckReport
 
-fmt = _sysfs.format_cpulist
-COLLECTOR = "NUMABIND_COLLECTOR"  # in a collector's environment: never one of the ranks
 STOP_SECONDS = 2.0  # of --deadline, kept for stopping srun and its step
 OUTPUT_CAP = 256 << 20  # bytes read from srun at most (1,000 nodes x 8 ranks is ~10 MiB)
 
 
-# --- the collector -----------------------------------------------------------------------------
+# --- the collector ---------------------------------------------------------------------------
 
 
-def job_filter(job: str, own: Mapping[str, str]) -> Callable[[Mapping[str, str]], bool]:
-    """Whether a process's initial environment makes it a rank of ``job`` on this node and
-    not one of this collector's own step."""
-    v = JOB_VARIABLES
-    host = own.get(v["host"])
-    step = own.get(v["step"]) if own.get(v["job"]) == job else None
+def _from_store(args: argparse.Namespace) -> int:
+    """``check --job --store HOST:PORT``: the records a torch.distributed job posted."""
+    from datetime import timedelta
 
-    def keep(env: Mapping[str, str]) -> bool:
-        if env.get(v["job"]) != job or COLLECTOR in env:
-            return False
-        if step is not None and env.get(v["step"]) == step:
-            return False
-        return host is None or env.get(v["host"]) == host
+    from .. import _report
+    from .._errors import UsageError
 
-    return keep
+    host, _, port = args.store.rpartition(":")
+    if not host or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"numabind check --store: {_sysfs.short(args.store)!r} is not HOST:PORT")
+    said = f"numabind check --job --store {_sysfs.short(args.store)}"
+    wait = min(args.deadline, 60.0)
+    import socket
 
-
-def rank_status(r: ProcessCheck) -> str:
-    if r.status == "unknown":
-        return "unknown"
-    if not r.ok:
-        return "off plan"
-    warned = any(n.startswith("warning") for n in r.notes) or any(not b.ok for b in r.host_buffers)
-    return "warning" if warned else "ok"
-
-
-def rank_record(r: ProcessCheck) -> dict[str, object]:
-    """One rank of the node record: what the job report shows of it, compact (CPU sets in
-    the kernel's list form, threads grouped by mask)."""
-    p = r.plan
-    groups: dict[frozenset[int], list[int]] = {}
-    for tid, cpus in r.threads.items():
-        groups.setdefault(cpus, []).append(tid)
-    threads = []
-    for cpus, tids in sorted(groups.items(), key=lambda kv: min(kv[1]))[: _job.MAX_GROUPS]:
-        tids.sort()
-        threads.append(
-            {
-                "cpus": fmt(cpus),
-                "tids": tids[:64],
-                "names": [r.thread_names.get(t, "") for t in tids[:8]],
-                "count": len(tids),
-            }
+    try:  # a plain connection first: a store that is not there is one line, at once
+        socket.create_connection((host, int(port)), timeout=min(wait, 10.0)).close()
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        write_lines([f"{said}: cannot reach the store ({why})"], stream=sys.stderr)
+        return UNREACHABLE
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # its client logs every retry
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        raise UsageError("numabind check --store: reading a torch store needs torch") from None
+    try:
+        tcp_store = getattr(dist, "TCPStore")  # noqa: B009 (typed only where torch is)
+        store = tcp_store(
+            host, int(port), is_master=False, timeout=timedelta(seconds=wait), use_libuv=False
         )
-    policy = r.memory_policy or {}
-    ident = r.identity
-    plan = None
-    if p is not None:
-        plan = {
-            "cpus": fmt(p.cpus),
-            "helpers": fmt(p.helpers),
-            "numa_node": p.numa_node,
-            "memory_policy": p.memory_policy,
-            "memory_nodes": fmt(p.memory_nodes),
-            "bound": p.bound,
-            "source": r.plan_source,
-        }
-    return {
-        "pid": r.pid,
-        "rank": ident.rank,
-        "local_rank": p.local_rank if p is not None else None,
-        "job": ident.job_id,
-        "step": ident.step_id,
-        "step_nodes": ident.step_nodes,
-        "step_tasks": ident.step_tasks,
-        "status": rank_status(r),
-        "gpu": r.gpu.to_dict(),
-        "plan": plan,
-        "threads": threads,
-        "memory_policy": policy.get("policy"),
-        "memory_nodes": fmt(policy.get("nodes", ())),
-        "locality": r.locality,
-        "mems_allowed": None if r.mems_allowed is None else fmt(r.mems_allowed),
-        "host_buffers": [
-            {"nbytes": b.nbytes, "nodes": fmt(b.nodes), "locality": b.locality}
-            for b in r.host_buffers
-        ],
-        "problems": list(r.problems[: _job.MAX_NOTES]),
-        "notes": list(r.notes[: _job.MAX_NOTES]),
-    }
-
-
-def node_record(report: CheckReport, job: str | None) -> dict[str, object]:
-    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks."""
-    facts = report.node
-    assert facts is not None
-    notes = list(report.notes)
-    if report.skipped:
-        notes.append(f"{len(report.skipped)} rank(s) not reached before the deadline")
-    return {
-        "schema": _job.SCHEMA,
-        "host": facts.host,
-        "job": job,
-        "facts": {
-            "numa_balancing": facts.numa_balancing,
-            "cpuset_mems": None if facts.cpuset_mems is None else fmt(facts.cpuset_mems),
-            "mempolicy_permitted": facts.mempolicy_permitted,
-            "kernel": facts.kernel,
-        },
-        "ranks": [rank_record(r) for r in report.processes],
-        "notes": notes[: _job.MAX_NOTES],
-    }
+        if not store.check([_report.LATEST]):
+            write_lines(
+                [
+                    f"{said}: no numabind records in this store (was the job run with "
+                    "NUMABIND_REPORT=1?)"
+                ],
+                stream=sys.stderr,
+            )
+            return UNREACHABLE
+        latest = bytes(store.get(_report.LATEST))[:200].decode("ascii", "replace")
+    except Exception as err:  # the store's client raises RuntimeError and its subclasses
+        first = str(err).strip().splitlines()[:1]
+        why = _sysfs.clean_line(first[0], 200) if first else type(err).__name__
+        write_lines([f"{said}: cannot read the store ({why})"], stream=sys.stderr)
+        return UNREACHABLE
+    m = re.fullmatch(r"([A-Za-z0-9_.-]{1,64})/(\d{1,6})/(\d{1,7})", latest)
+    if m is None or not 0 < int(m.group(3)) <= _report.MAX_WORLD:
+        write_lines([f"{said}: its numabind/latest key is malformed"], stream=sys.stderr)
+        return UNREACHABLE
+    prefix = f"{_report.PREFIX}/{m.group(1)}/{m.group(2)}"
+    report = _report.read_report(store, prefix, int(m.group(3)), None)
+    if args.json:
+        write_json(report.to_dict())
+    else:
+        write_lines(_job.report_lines(report))
+    return _job.exit_status(report)
 
 
 def _collector(args: argparse.Namespace) -> int:
@@ -318,6 +271,8 @@ def run_job(args: argparse.Namespace) -> int:
         return _collector(args)
     if args.pid or args.all:
         raise UsageError("numabind check: --job checks a whole job; it takes no --pid/--all")
+    if args.store is not None:
+        return _from_store(args)
     job = args.job or os.environ.get(JOB_VARIABLES["job"], "")
     if not job:
         raise UsageError(

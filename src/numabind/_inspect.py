@@ -1,0 +1,978 @@
+"""Is a process where its plan says, and is its memory there too? (``numabind check``,
+the job collector, and the job report from inside a framework.)
+
+For each process: its rank and device, the plan it should have (from its registry entry,
+else planned from its initial environment), every thread's CPU mask and name, its memory
+policy (as /proc/PID/numa_maps reports it), its private anonymous pages per node (pages it
+still shares copy-on-write with a fork parent reported apart: they are the parent's
+placement, not this process's), the thread settings it was given, the GPU it holds open,
+who it is in its job, and each mismatch with its likely cause.  The result is a typed
+:class:`ProcessCheck` per process and one :class:`CheckReport`, whose ``to_dict()`` is the
+documented JSON schema (docs/cli.rst); :func:`node_record` is the job collector's compact
+form of it (numabind._job parses it back).
+
+Everything read about another process is input: read from /proc with per-process caps
+(numabind._kernel), and a process that vanishes mid-check is reported as such, never a
+traceback.  :func:`check` stops at its deadline: processes not reached by then are listed
+as skipped.  Nothing here prints: numabind.cli._check and numabind._report do.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from . import _job, _kernel, _registry, _sysfs
+from ._environ import detect
+from ._kernel import locality, pages_per_node, read_maps, shared_pages
+from ._model import (
+    DEVICE_FILES,
+    GLOBAL_RANK_VARIABLES,
+    HELPER_PROCESS_ROLES,
+    JOB_VARIABLES,
+    POLICIES,
+    RANK_VARIABLE_NAMES,
+    THREAD_ROLES,
+    Record,
+)
+from ._threads import AFFINITY_VARIABLES
+from ._threads import VARIABLES as THREAD_VARIABLES
+
+_SETTINGS = (*THREAD_VARIABLES, *AFFINITY_VARIABLES)  # what check reports of a rank's pools
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from ._kernel import Region
+    from ._plan import Plan
+    from ._registry import Entry, Scan
+    from ._topology import Machine
+
+fmt = _sysfs.format_cpulist
+MIN_LOCALITY = 0.9
+
+
+class Vanished(Exception):
+    """The process exited (or became a zombie) while it was being checked."""
+
+
+class PlanView(Record):
+    """The plan a process is checked against, with the keys of ``Plan.to_dict()`` whether
+    it came from the registry (what numabind applied) or was planned from the process's
+    environment."""
+
+    local_rank: int | None = None
+    rank_source: str | None = None
+    local_world_size: int | None = None
+    size_source: str | None = None
+    device_index: int | None = None
+    device_pci: str | None = None
+    numa_node: int | None = None
+    node_how: str | None = None
+    cpus: frozenset[int] = frozenset()
+    memory_nodes: frozenset[int] = frozenset()
+    memory_policy: str = "none"
+    mode: str = "node"
+    status: str = "bound"
+    skip: str | None = None
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+    problem: str | None = None
+    threads: int | None = None
+    helpers: frozenset[int] = frozenset()  # reserved for helpers: on plan too
+
+    @classmethod
+    def of_plan(cls, p: Plan) -> PlanView:
+        d = p.to_dict()
+        return cls(**{k: d[k] for k in cls._fields if k in d}).replace(
+            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes, helpers=p.helpers
+        )
+
+    @classmethod
+    def of_entry(cls, e: Entry) -> PlanView:
+        return cls(
+            local_rank=e.local_rank,
+            rank_source=e.rank_source or None,
+            local_world_size=e.local_world_size,
+            device_index=e.device_index,
+            device_pci=e.device or None,
+            numa_node=e.numa_node,
+            cpus=e.cpus,
+            memory_nodes=e.memory_nodes,
+            memory_policy=e.memory_policy,
+            mode=e.mode,
+            reason=_sysfs.clean_line(e.reason, 500),
+            threads=e.threads,
+            helpers=e.helpers,
+        )
+
+    @property
+    def bound(self) -> bool:
+        return self.status == "bound"
+
+
+class SharedPages(Record):
+    """Pages a process still shares copy-on-write with another (a fork parent), per node,
+    and how they were found."""
+
+    pages: int = 0
+    nodes: dict[int, int] = {}  # noqa: RUF012 (records are immutable)
+    how: str = "none"
+
+
+BUFFER_LOCALITY = 0.99  # a host buffer under this share on its nodes is a warning
+
+
+class BufferCheck(Record):
+    """One host buffer a rank made (from its registry entry), measured in its numa_maps:
+    ``locality`` is the share of its resident pages on ``nodes`` (None: nothing resident
+    or the mapping is gone), ``ok`` False under 99%."""
+
+    address: int
+    nbytes: int
+    nodes: tuple[int, ...]
+    policy: str
+    pages: dict[int, int]
+    locality: float | None
+    ok: bool
+
+
+def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[BufferCheck, ...]:
+    """Measure each host buffer the process listed; a warning note for one off its nodes."""
+    if entry is None or not entry.buffers:
+        return ()
+    out = []
+    for address, nbytes, nodes, policy in entry.buffers:
+        try:
+            pages = _kernel.range_pages(address, address + nbytes, pid)
+        except OSError:
+            pages = None
+        share = locality(pages, frozenset(nodes)) if pages else None
+        ok = share is None or share >= BUFFER_LOCALITY
+        if pages is None:
+            notes.append(f"host buffer 0x{address:x} ({nbytes >> 20} MiB) is no longer mapped")
+        elif not ok:
+            notes.append(
+                f"warning: host buffer 0x{address:x} ({nbytes >> 20} MiB, {policy} on node "
+                f"{fmt(nodes)}) has {share:.1%} of its pages there"
+            )
+        out.append(
+            BufferCheck(
+                address=address,
+                nbytes=nbytes,
+                nodes=tuple(nodes),
+                policy=policy,
+                pages=pages or {},
+                locality=share,
+                ok=ok,
+            )
+        )
+    return tuple(out)
+
+
+class RoleGroup(Record):
+    """A rank's threads (or child processes) of one role, told by their names
+    (:data:`numabind._model.THREAD_ROLES`): how many, the first ids, the CPUs they may run
+    on together, and whether those lie in the plan's sets (the compute CPUs; a helper, the
+    reserved cores too)."""
+
+    role: str
+    kind: str  # "threads" or "processes"
+    count: int
+    ids: tuple[int, ...]
+    cpus: frozenset[int]
+    on_plan: bool | None  # None: no plan to compare with
+
+    def text(self) -> str:
+        one = {"threads": "thread", "processes": "process"}.get(self.kind, self.kind)
+        what = f"{self.role} ({self.count} {one if self.count == 1 else self.kind})"
+        flag = "" if self.on_plan is not False else " OFF PLAN"
+        return f"{what} {fmt(self.cpus) or '-'}{flag}"
+
+
+ROLE_IDS = 8  # ids listed per role
+
+
+def role_of(name: str) -> str:
+    """The role a thread's or process's own name says (``other`` when none)."""
+    low = name.lower()
+    return next((role for role, word in THREAD_ROLES if word in low), "other")
+
+
+def roles_of(
+    pid: int,
+    threads: dict[int, frozenset[int]],
+    names: Mapping[int, str],
+    expected: PlanView | None,
+) -> tuple[RoleGroup, ...]:
+    """Group a rank's threads and child processes by role, with their CPUs, so that an
+    off-node helper is visible at a glance; ``names`` are the threads' names, read once
+    by the caller; nothing is signalled."""
+    found: dict[tuple[str, str], list[tuple[int, frozenset[int]]]] = {}
+    for tid, cpus in threads.items():
+        role = "main" if tid == pid else role_of(names.get(tid, ""))
+        found.setdefault((role, "threads"), []).append((tid, cpus))
+    for child in _kernel.child_pids(pid, sorted(threads)):
+        mask = _kernel.cpus_allowed(child, child)
+        if mask is None:
+            continue
+        role = role_of(_kernel.thread_name(child, child))
+        role = role if role in HELPER_PROCESS_ROLES else "child"
+        found.setdefault((role, "processes"), []).append((child, mask))
+    out = []
+    for (role, kind), members in found.items():
+        cpus = frozenset().union(*(c for _, c in members))
+        on_plan = None
+        if expected is not None and expected.bound:
+            allowed = expected.cpus if role == "main" else expected.cpus | expected.helpers
+            on_plan = cpus <= allowed
+        ids = tuple(sorted(i for i, _ in members)[:ROLE_IDS])
+        out.append(
+            RoleGroup(role=role, kind=kind, count=len(members), ids=ids, cpus=cpus, on_plan=on_plan)
+        )
+    return tuple(sorted(out, key=lambda g: (g.kind != "threads", g.role != "main", g.role)))
+
+
+class Identity(Record):
+    """Who a rank is in its job, from its initial environment (:data:`numabind._model.
+    JOB_VARIABLES`): what a job report groups and names it by; None where not set."""
+
+    host: str | None = None  # the Slurm node name it was started on
+    rank: int | None = None  # its global rank
+    job_id: str | None = None
+    step_id: str | None = None
+    step_nodes: str | None = None  # the step's nodes (a hostlist expression)
+    step_tasks: str | None = None  # tasks per node of the step (``2(x3),1``)
+
+    @classmethod
+    def of_environ(cls, env: Mapping[str, str]) -> Identity:
+        def text(name: str, limit: int = 200) -> str | None:
+            value = env.get(name)
+            return _sysfs.clean_line(value, limit) if value else None
+
+        rank = None
+        for name in GLOBAL_RANK_VARIABLES:
+            value = env.get(name, "")
+            if value.isascii() and value.isdigit() and len(value) < 8:
+                rank = int(value)
+                break
+        v = JOB_VARIABLES
+        return cls(
+            host=text(v["host"]),
+            rank=rank,
+            job_id=text(v["job"], 40),
+            step_id=text(v["step"], 40),
+            step_nodes=text(v["step_nodes"], 4000),
+            step_tasks=text(v["step_tasks"], 1000),
+        )
+
+
+class GpuSeen(Record):
+    """The accelerator a rank uses, as far as /proc tells: the device files it holds open
+    (``open``: their PCI addresses), narrowed to one by its plan where it holds several
+    (CUDA opens every visible GPU's file); ``index`` is the machine's (PCI order, as
+    ``nvidia-smi`` counts), ``numa_node`` that GPU's node, ``source`` how it was told."""
+
+    index: int | None = None
+    pci: str | None = None
+    numa_node: int | None = None
+    source: str = "none"
+    open: tuple[str, ...] = ()
+
+
+class ProcessCheck(Record):
+    """One process checked: ``status`` is ``bound``, ``skipped`` (its plan does not bind)
+    or ``unknown`` (no plan to check against); ``ok`` is False when it is off its plan or
+    cannot be checked, and ``problems`` say why."""
+
+    pid: int
+    ok: bool
+    status: str
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    plan: PlanView | None
+    plan_source: str
+    threads: dict[int, frozenset[int]]
+    memory_policy: dict[str, Any] | None
+    pages: dict[int, int]
+    shared_pages: SharedPages
+    locality: float | None = None
+    thread_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
+    maps_truncated: bool = False
+    host_buffers: tuple[BufferCheck, ...] = ()
+    roles: tuple[RoleGroup, ...] = ()
+    identity: Identity = Identity()
+    gpu: GpuSeen = GpuSeen()
+    thread_names: dict[int, str] = {}  # noqa: RUF012 (records are immutable)
+    mems_allowed: frozenset[int] | None = None  # its cpuset's memory nodes (/proc status)
+
+
+class NodeFacts(Record):
+    """What holds for every rank of this machine: its name, NUMA balancing, the memory
+    nodes this (the checking) process's cpuset allows, whether memory-policy calls are
+    permitted here (a seccomp filter), the kernel."""
+
+    host: str
+    numa_balancing: bool | None
+    cpuset_mems: frozenset[int] | None
+    mempolicy_permitted: bool
+    kernel: str | None
+
+
+class CheckReport(Record):
+    """What ``numabind check --json`` prints (docs/cli.rst documents every key)."""
+
+    processes: tuple[ProcessCheck, ...]
+    ok: bool
+    problems: tuple[str, ...]
+    shared_pages: SharedPages
+    vanished: tuple[int, ...]
+    skipped: tuple[int, ...]  # --all: not reached before --deadline
+    registry_ignored: dict[str, int]
+    numa_balancing: bool | None
+    notes: tuple[str, ...]
+    node: NodeFacts | None = None
+
+
+# --- the plan a process should have ------------------------------------------------------------
+
+
+def expected_plan(
+    pid: int, machine: Machine, environ: Mapping[str, str] | OSError, source: str
+) -> tuple[PlanView | None, str, Entry | None]:
+    """The plan a process should have: its registry entry, else planned from ``environ``
+    (its initial environment, or the error reading it; ``source`` says which).  Returns
+    (plan, where it came from, entry)."""
+    entry = _registry.read(pid)
+    if entry is not None:
+        return PlanView.of_entry(entry), "registry", entry
+    if isinstance(environ, OSError):
+        return None, f"cannot read /proc/{pid}/environ ({environ.strerror or environ})", None
+    from ._devices import resolve
+    from ._environ import Config
+    from ._plan import plan, request_for
+
+    info = detect(environ)
+    if info.local_rank is None and info.problem is None:
+        return None, "no local rank in its initial environment and not registered by numabind", None
+    try:
+        cfg = Config.from_env(environ)
+    except ValueError as err:
+        return None, str(err), None
+    visible = resolve(machine, environ)
+    request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+    p = plan(machine, request)
+    return PlanView.of_plan(p), source, None
+
+
+def _thread_settings(entry: Entry | None, env: Mapping[str, str] | OSError) -> dict[str, str]:
+    """The thread variables a rank was given: what numabind set (its registry entry; the
+    hook sets them after start, so /proc/PID/environ cannot show them), else its initial
+    environment."""
+    if entry is not None and entry.thread_env:
+        return {k: v for k, v in entry.thread_env if k in _SETTINGS}
+    if isinstance(env, OSError):
+        return {}
+    return {k: env[k] for k in _SETTINGS if k in env}
+
+
+def initial_environ(pid: int) -> Mapping[str, str] | OSError:
+    """A process's initial environment, or the error reading it; raises
+    :class:`Vanished` when the process is gone."""
+    try:
+        return _kernel.read_environ(pid)
+    except FileNotFoundError as err:
+        raise Vanished(pid) from err
+    except OSError as err:
+        return err
+
+
+def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen:
+    """The accelerator a process uses, told from the device files it holds open
+    (:data:`numabind._model.DEVICE_FILES`), else from its plan."""
+    accs = machine.accelerators
+    by_minor: dict[tuple[str, int], str] = {}
+    opened: list[str] = []
+    for major, minor in sorted(_kernel.char_devices(pid)):
+        for row in DEVICE_FILES:
+            if row.major != major or not row.minors[0] <= minor <= row.minors[1]:
+                continue
+            if row.lookup == "minor":
+                if not by_minor:
+                    for a in machine.all_accelerators:
+                        if a.minor is not None:
+                            by_minor[(a.vendor, a.minor)] = a.pci
+                pci = by_minor.get((row.vendor, minor))
+            else:
+                pci = _drm_pci(row.name.format(n=minor))
+            if pci is not None and pci not in opened:
+                opened.append(pci)
+    planned = expected.device_pci if expected is not None else None
+    if len(opened) == 1:
+        pci, source = opened[0], "the device file it holds open"
+    elif opened and planned in opened:
+        pci, source = planned, f"its plan (one of the {len(opened)} device files it holds open)"
+    elif opened:
+        pci, source = None, f"{len(opened)} device files open, none its plan's"
+    elif planned:
+        pci, source = planned, "its plan (no device file open yet)"
+    else:
+        return GpuSeen()
+    acc = machine.accelerator(pci) if pci else None
+    index = None
+    if acc is not None:
+        same = [a.pci for a in accs if a.vendor == acc.vendor]
+        index = same.index(acc.pci) if acc.pci in same else None
+        acc = machine.located(acc)
+    return GpuSeen(
+        index=index,
+        pci=pci,
+        numa_node=acc.numa_node if acc is not None and acc.numa_node != -1 else None,
+        source=source,
+        open=tuple(opened[:16]),
+    )
+
+
+def _drm_pci(name: str) -> str | None:
+    """The PCI address of a DRM render node (live /sys only: its ``device`` link)."""
+    try:
+        target = os.readlink(f"/sys/class/drm/{name}/device")
+    except OSError:
+        return None
+    last = target.rsplit("/", 1)[-1]
+    return last if _sysfs.clean_line(last, 32) == last else None
+
+
+def _permitted() -> bool:
+    """Whether this process may make memory-policy calls (a seccomp filter says EPERM)."""
+    try:
+        _kernel.get_mempolicy()
+    except OSError as err:
+        return err.errno != errno.EPERM
+    return True
+
+
+# --- one process -------------------------------------------------------------------------------
+
+
+def check_pid(
+    pid: int,
+    machine: Machine,
+    min_locality: float = MIN_LOCALITY,
+    environ: Mapping[str, str] | None = None,
+) -> ProcessCheck:
+    """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
+    if not _kernel.alive(pid):
+        raise Vanished(pid)
+    env = environ if environ is not None else initial_environ(pid)
+    expected, source, entry = expected_plan(
+        pid, machine, env, "its environment" if environ is not None else "its initial environment"
+    )
+    threads = _kernel.thread_masks(pid)
+    if not threads and not _kernel.alive(pid):
+        raise Vanished(pid)
+    unreadable: list[str] = []
+    try:
+        policy = _kernel.task_policy(pid)
+    except OSError as err:
+        if not _kernel.alive(pid):
+            raise Vanished(pid) from None
+        policy = None
+        unreadable.append(f"memory policy ({err.strerror})")
+    try:
+        maps = read_maps(pid)
+    except OSError as err:
+        if not _kernel.alive(pid):
+            raise Vanished(pid) from None
+        maps = _kernel.Maps([], False)
+        unreadable.append(f"memory maps ({err.strerror})")
+    regions = maps.regions
+    pages = pages_per_node(regions)
+    shared = _shared(pid, regions)
+    own = {n: c - shared.nodes.get(n, 0) for n, c in pages.items()}
+    own = {n: c for n, c in own.items() if c > 0}
+    problems: list[str] = []
+    notes: list[str] = []
+    if maps.truncated:
+        notes.append(
+            f"/proc/{pid}/maps or numa_maps is larger than numabind reads "
+            f"({_kernel.MAPS_BYTES_CAP >> 20} MiB, {_kernel.MAPS_LINES_CAP} lines): its pages "
+            "are counted from the part read"
+        )
+    if machine.numa_balancing:
+        notes.append(_balancing_note(expected))
+    if unreadable:
+        notes.append(
+            f"/proc/{pid}: {' and '.join(unreadable)} not readable by this user: memory not "
+            "checked (run check as the process's user or as root)"
+        )
+    names = {tid: _sysfs.clean_line(_kernel.thread_name(pid, tid), 32) for tid in threads}
+    status = _kernel.status(pid) or {}
+    try:
+        mems = _sysfs.parse_cpulist(status.get("Mems_allowed_list", "-"), what="node")
+    except ValueError:
+        mems = None
+    base: dict[str, Any] = {
+        "pid": pid,
+        "identity": Identity() if isinstance(env, OSError) else Identity.of_environ(env),
+        "gpu": gpu_in_use(pid, machine, expected),
+        "thread_names": names,
+        "mems_allowed": mems,
+        "plan": expected,
+        "plan_source": source,
+        "threads": threads,
+        "memory_policy": None
+        if policy is None
+        else {"policy": policy[0], "nodes": sorted(policy[1])},
+        "pages": pages,
+        "shared_pages": shared,
+        "maps_truncated": maps.truncated,
+        "roles": roles_of(pid, threads, names, expected),
+    }
+    if expected is None:
+        problems.append(f"no plan to check against: {source}")
+        return ProcessCheck(
+            ok=False, status="unknown", problems=tuple(problems), notes=tuple(notes), **base
+        )
+    settings = _thread_settings(entry, env)
+    base["thread_settings"] = settings
+    base["host_buffers"] = check_buffers(pid, entry, notes)
+    if not expected.bound:
+        if expected.problem:
+            cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
+            problems.append(f"{cause}: {expected.reason}")
+        return ProcessCheck(
+            ok=not problems,
+            status="skipped",
+            problems=tuple(problems),
+            notes=tuple(notes),
+            **base,
+        )
+    # a helper process (a forked DataLoader worker: its environment names the rank too)
+    # may run on the reserved cores with its first thread
+    helper = role_of(names.get(pid, "")) in HELPER_PROCESS_ROLES
+    main = None if helper else pid
+    share = _judge(expected, source, main, threads, policy, own, min_locality, problems, notes)
+    if shared.pages:
+        notes.append(
+            f"{shared.pages * 4 // 1024} MiB of its pages are still shared copy-on-write with "
+            f"another process (a fork parent), on node(s) "
+            f"{', '.join(str(n) for n in shared.nodes)}: not counted against its plan; start "
+            "children with spawn or forkserver where it matters"
+        )
+    _thread_notes(settings, expected, notes)
+    return ProcessCheck(
+        ok=not problems,
+        status="bound",
+        problems=tuple(problems),
+        notes=tuple(notes),
+        locality=share,
+        **base,
+    )
+
+
+def _judge(
+    expected: PlanView,
+    source: str,
+    main: int | None,
+    threads: dict[int, frozenset[int]],
+    policy: tuple[str, frozenset[int]] | None,
+    own: dict[int, int],
+    min_locality: float,
+    problems: list[str],
+    notes: list[str],
+) -> float | None:
+    """Compare a bound process with its plan: CPUs of every thread, memory policy, where
+    its own pages are; the main thread belongs on the compute CPUs, any other thread may
+    also run on the plan's helper cores (NUMABIND_RESERVE).  Returns the share of its
+    pages on the plan's nodes."""
+    cpus = expected.cpus
+    mem_nodes = expected.memory_nodes
+    roles = cpus | expected.helpers
+    escaped = {t: c for t, c in threads.items() if not c <= (cpus if t == main else roles)}
+    if escaped and len(escaped) == len(threads):
+        sample = next(iter(escaped.values()))
+        problems.append(
+            f"bound by someone else: every thread runs on CPUs {fmt(sample)}, plan {fmt(cpus)}"
+        )
+    elif escaped:
+        tids = ", ".join(str(t) for t in sorted(escaped)[:5])
+        problems.append(
+            f"threads that escaped the plan's CPUs {fmt(cpus)}: {tids}"
+            + (" ..." if len(escaped) > 5 else "")
+        )
+    want = expected.memory_policy
+    if want not in ("none", "not-permitted") and source != "registry" and not _permitted():
+        want = "not-permitted"  # this container refuses the calls: so it did for the rank
+    if want == "not-permitted":
+        notes.append(
+            "memory policy: not permitted (a seccomp filter refused the memory-policy calls); "
+            "locality is from /proc/PID/numa_maps"
+        )
+        mem_nodes = frozenset()
+    elif policy is not None and want != "none":
+        got_name, got_nodes = policy
+        if got_name != want or (want != "local" and got_nodes != mem_nodes):
+            problems.append(
+                f"memory policy is {got_name} {fmt(got_nodes) or '(no nodes)'}, plan "
+                f"{want} {fmt(mem_nodes)}".rstrip()
+            )
+    check_nodes = mem_nodes or (
+        frozenset({expected.numa_node}) if expected.numa_node is not None else frozenset()
+    )
+    share = locality(own, check_nodes) if check_nodes else None
+    if share is not None and share < min_locality:
+        remote = {n: c for n, c in own.items() if n not in check_nodes}
+        worst = max(remote, key=lambda n: remote[n])
+        text = (
+            f"pages left remote: {share:.1%} on node(s) {fmt(check_nodes)}, "
+            f"{remote[worst] * 4 // 1024} MiB on node {worst}"
+        )
+        if mem_nodes:
+            problems.append(text)
+        else:  # the plan set no memory policy: where pages are is not its promise
+            notes.append(f"{text} (no memory policy was planned)")
+    return share
+
+
+def _shared(pid: int, regions: list[Region]) -> SharedPages:
+    """Pages shared copy-on-write, per node: pagemap's exclusive bit finds them, move_pages
+    (querying, moving nothing) says where they are; where either is refused, numa_maps'
+    per-region ``mapmax`` gives an upper bound instead.
+
+    With automatic NUMA balancing on (the default of most distributions), the kernel
+    unmaps a running process's pages for hinting faults, and move_pages then answers
+    EFAULT for those pages although they are resident (seen on Linux 6.1 in the VM: 25,089
+    of 26,042 shared pages after 3 s of CPU time).  Such pages are given the nodes of
+    their region's other unexplained pages, in proportion, from numa_maps, which still
+    counts them; for a region shared as a whole (a fork child's inherited buffers) that
+    is exact."""
+    if not any(r.mapmax > 1 for r in regions):
+        return SharedPages()
+    addrs, _ = shared_pages(regions, pid)
+    if addrs:
+        try:
+            where: list[int] = []
+            for i in range(0, len(addrs), 16384):
+                where.extend(_kernel.move_pages(addrs[i : i + 16384], None, pid))
+        except OSError:
+            pass
+        else:
+            return _place_shared(regions, addrs, where)
+    nodes: dict[int, int] = {}
+    for r in regions:
+        if r.mapmax > 1:
+            for n, c in r.pages.items():
+                nodes[n] = nodes.get(n, 0) + c
+    return SharedPages(
+        pages=sum(nodes.values()),
+        nodes=dict(sorted(nodes.items())),
+        how="numa_maps mapmax (upper bound)",
+    )
+
+
+def _place_shared(regions: list[Region], addrs: list[int], where: list[int]) -> SharedPages:
+    """Shared pages per node from move_pages' answers; the pages it could not see are
+    placed from their region's numa_maps counts (see ``_shared``)."""
+    import bisect
+
+    order = sorted(range(len(regions)), key=lambda i: regions[i].start)
+    starts = [regions[i].start for i in order]
+    known: dict[int, dict[int, int]] = {}  # region index -> node -> shared pages
+    unseen: dict[int, int] = {}  # region index -> shared pages move_pages did not see
+    for a, w in zip(addrs, where):
+        k = bisect.bisect_right(starts, a) - 1
+        if k < 0 or a >= regions[order[k]].end:
+            continue
+        idx = order[k]
+        if w >= 0:
+            per = known.setdefault(idx, {})
+            per[w] = per.get(w, 0) + 1
+        else:
+            unseen[idx] = unseen.get(idx, 0) + 1
+    nodes: dict[int, int] = {}
+    for per in known.values():
+        for n, c in per.items():
+            nodes[n] = nodes.get(n, 0) + c
+    for idx, count in unseen.items():
+        rest = {n: max(c - known.get(idx, {}).get(n, 0), 0) for n, c in regions[idx].pages.items()}
+        for n, c in _apportion(count, rest).items():
+            nodes[n] = nodes.get(n, 0) + c
+    hidden = sum(unseen.values())
+    how = "pagemap"
+    if hidden:
+        how += (
+            f"; {hidden} pages placed from numa_maps (move_pages could not see them: "
+            "NUMA balancing had unmapped them)"
+        )
+    return SharedPages(pages=sum(nodes.values()), nodes=dict(sorted(nodes.items())), how=how)
+
+
+def _apportion(count: int, weights: dict[int, int]) -> dict[int, int]:
+    """``count`` split over ``weights``' keys in proportion (largest remainders), never
+    more per key than its weight."""
+    total = sum(weights.values())
+    if total <= 0 or count <= 0:
+        return {}
+    count = min(count, total)
+    share = {n: count * w // total for n, w in weights.items()}
+    left = count - sum(share.values())
+    for n in sorted(weights, key=lambda n: (-(count * weights[n] % total), n))[:left]:
+        share[n] += 1
+    return {n: c for n, c in share.items() if c}
+
+
+def _balancing_note(expected: PlanView | None) -> str:
+    policy = POLICIES.get(expected.memory_policy) if expected is not None else None
+    if policy is not None and policy.task and policy.code is not None:
+        return (
+            "automatic NUMA balancing is on: this rank's private memory is under a task "
+            "memory policy, which the kernel does not scan; its shared and file pages still are"
+        )
+    return (
+        "automatic NUMA balancing is on: the kernel scans this process's memory and may move "
+        "pages and stall it (DeepEP measured 16-31 ms); a memory policy (NUMABIND_MEMORY="
+        "preferred) spares private memory"
+    )
+
+
+def _thread_notes(settings: dict[str, str], expected: PlanView, notes: list[str]) -> None:
+    cpus = len(expected.cpus)
+    budget = expected.threads
+    omp = settings.get("OMP_NUM_THREADS", "")
+    if omp.isascii() and omp.isdigit() and len(omp) < 7:
+        n = int(omp)
+        if n > cpus:
+            notes.append(
+                f"OMP_NUM_THREADS={n} oversubscribes its {cpus} CPUs"
+                + (f" (budget {budget})" if budget else "")
+            )
+        elif budget and n < budget:
+            notes.append(
+                f"OMP_NUM_THREADS={n} uses fewer threads than its budget of {budget} "
+                "(NUMABIND_THREADS=auto sizes it)"
+            )
+    elif any(k in settings for k in THREAD_VARIABLES):
+        notes.append(
+            "thread settings: "
+            + ", ".join(f"{k}={v}" for k, v in settings.items() if k in THREAD_VARIABLES)
+        )
+    places = [f"{k}={_sysfs.short(v, 60)}" for k, v in settings.items() if k in AFFINITY_VARIABLES]
+    if places:
+        notes.append(f"its OpenMP runtime was given {', '.join(places)}")
+
+
+# --- which processes ---------------------------------------------------------------------------
+
+
+def rank_pids(
+    keep: Callable[[Mapping[str, str]], bool] | None = None,
+) -> tuple[list[int], Scan]:
+    """Processes on this machine that are ranks: a rank variable in their initial
+    environment, or an entry in numabind's registry; with ``keep``, only those whose
+    initial environment it accepts (a job's ranks on this node)."""
+    scan = _registry.scan(all_users=True)
+    registered = set(scan.entries)
+    found = set(registered) if keep is None else set()
+    me = os.getpid()
+    for name in _sysfs.listdir("/proc", 1 << 22):
+        if not (name.isascii() and name.isdigit()):
+            continue
+        pid = int(name)
+        if pid == me or pid in found:
+            continue
+        try:
+            env = _kernel.read_environ(pid)
+        except OSError:
+            continue
+        if keep is not None and not keep(env):
+            continue
+        if pid in registered or (
+            any(v in env for v in RANK_VARIABLE_NAMES) and detect(env, _kernel.cmdline(pid)).is_rank
+        ):
+            found.add(pid)
+    return sorted(found), scan
+
+
+def node_facts(machine: Machine) -> NodeFacts:
+    """What holds for every rank here (the job report's per-node line)."""
+    import socket
+
+    host = os.environ.get(JOB_VARIABLES["host"]) or socket.gethostname()
+    return NodeFacts(
+        host=_sysfs.clean_line(host, 255),
+        numa_balancing=machine.numa_balancing,
+        cpuset_mems=machine.allowed.mems,
+        mempolicy_permitted=_permitted(),
+        kernel=machine.kernel_release,
+    )
+
+
+def check(
+    pids: list[int],
+    machine: Machine,
+    *,
+    own_env: Mapping[str, str] | None = None,
+    deadline: float | None = None,
+    named: bool = False,
+    scan: Scan | None = None,
+    verbose: bool = False,
+) -> CheckReport:
+    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value); ``named``: the
+    pids were given by the user (a vanished one is a note and exit status 3)."""
+    results: list[ProcessCheck] = []
+    vanished: list[int] = []
+    skipped: list[int] = []
+    notes: list[str] = list(scan.notes) if scan is not None else []
+    for i, pid in enumerate(pids):
+        if deadline is not None and time.monotonic() > deadline:
+            skipped = pids[i:]
+            break
+        try:
+            results.append(check_pid(pid, machine, environ=own_env))
+        except Vanished:
+            vanished.append(pid)
+    if vanished and named:
+        notes.extend(f"no process {pid} (it exited, or is a zombie)" for pid in vanished)
+    elif vanished:
+        notes.append(f"{len(vanished)} rank(s) exited while being checked: left out")
+    if skipped:
+        notes.append(
+            f"{len(skipped)} process(es) not reached before the deadline: "
+            + ", ".join(str(p) for p in skipped[:20])
+            + (" ..." if len(skipped) > 20 else "")
+        )
+    ignored = scan.ignored if scan is not None else {}
+    if verbose and ignored:
+        notes.append(
+            "registry entries ignored: " + ", ".join(f"{n} {k}" for k, n in sorted(ignored.items()))
+        )
+    shared_nodes: dict[int, int] = {}
+    for r in results:
+        for n, c in r.shared_pages.nodes.items():
+            shared_nodes[n] = shared_nodes.get(n, 0) + c
+    return CheckReport(
+        processes=tuple(results),
+        ok=all(r.ok for r in results) and not (vanished and named),
+        problems=tuple(f"pid {r.pid}: {p}" for r in results for p in r.problems),
+        shared_pages=SharedPages(
+            pages=sum(shared_nodes.values()), nodes=dict(sorted(shared_nodes.items())), how=""
+        ),
+        vanished=tuple(vanished),
+        skipped=tuple(skipped),
+        registry_ignored=dict(ignored),
+        numa_balancing=machine.numa_balancing,
+        notes=tuple(notes),
+        node=node_facts(machine),
+    )
+
+
+# --- the job collector's record ----------------------------------------------------------------
+
+COLLECTOR = "NUMABIND_COLLECTOR"  # in a collector's environment: never one of the ranks
+
+
+def job_filter(job: str, own: Mapping[str, str]) -> Callable[[Mapping[str, str]], bool]:
+    """Whether a process's initial environment makes it a rank of ``job`` on this node and
+    not one of this collector's own step."""
+    v = JOB_VARIABLES
+    host = own.get(v["host"])
+    step = own.get(v["step"]) if own.get(v["job"]) == job else None
+
+    def keep(env: Mapping[str, str]) -> bool:
+        if env.get(v["job"]) != job or COLLECTOR in env:
+            return False
+        if step is not None and env.get(v["step"]) == step:
+            return False
+        return host is None or env.get(v["host"]) == host
+
+    return keep
+
+
+def rank_status(r: ProcessCheck) -> str:
+    if r.status == "unknown":
+        return "unknown"
+    if not r.ok:
+        return "off plan"
+    warned = any(n.startswith("warning") for n in r.notes) or any(not b.ok for b in r.host_buffers)
+    return "warning" if warned else "ok"
+
+
+def rank_record(r: ProcessCheck) -> dict[str, object]:
+    """One rank of the node record: what the job report shows of it, compact (CPU sets in
+    the kernel's list form, threads grouped by mask)."""
+    p = r.plan
+    groups: dict[frozenset[int], list[int]] = {}
+    for tid, cpus in r.threads.items():
+        groups.setdefault(cpus, []).append(tid)
+    threads = []
+    for cpus, tids in sorted(groups.items(), key=lambda kv: min(kv[1]))[: _job.MAX_GROUPS]:
+        tids.sort()
+        threads.append(
+            {
+                "cpus": fmt(cpus),
+                "tids": tids[:64],
+                "names": [r.thread_names.get(t, "") for t in tids[:8]],
+                "count": len(tids),
+            }
+        )
+    policy = r.memory_policy or {}
+    ident = r.identity
+    plan = None
+    if p is not None:
+        plan = {
+            "cpus": fmt(p.cpus),
+            "helpers": fmt(p.helpers),
+            "numa_node": p.numa_node,
+            "memory_policy": p.memory_policy,
+            "memory_nodes": fmt(p.memory_nodes),
+            "bound": p.bound,
+            "source": r.plan_source,
+        }
+    return {
+        "pid": r.pid,
+        "rank": ident.rank,
+        "local_rank": p.local_rank if p is not None else None,
+        "job": ident.job_id,
+        "step": ident.step_id,
+        "step_nodes": ident.step_nodes,
+        "step_tasks": ident.step_tasks,
+        "status": rank_status(r),
+        "gpu": r.gpu.to_dict(),
+        "plan": plan,
+        "threads": threads,
+        "memory_policy": policy.get("policy"),
+        "memory_nodes": fmt(policy.get("nodes", ())),
+        "locality": r.locality,
+        "mems_allowed": None if r.mems_allowed is None else fmt(r.mems_allowed),
+        "host_buffers": [
+            {"nbytes": b.nbytes, "nodes": fmt(b.nodes), "locality": b.locality}
+            for b in r.host_buffers
+        ],
+        "problems": list(r.problems[: _job.MAX_NOTES]),
+        "notes": list(r.notes[: _job.MAX_NOTES]),
+    }
+
+
+def node_record(report: CheckReport, job: str | None) -> dict[str, object]:
+    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks."""
+    facts = report.node
+    assert facts is not None
+    notes = list(report.notes)
+    if report.skipped:
+        notes.append(f"{len(report.skipped)} rank(s) not reached before the deadline")
+    return {
+        "schema": _job.SCHEMA,
+        "host": facts.host,
+        "job": job,
+        "facts": {
+            "numa_balancing": facts.numa_balancing,
+            "cpuset_mems": None if facts.cpuset_mems is None else fmt(facts.cpuset_mems),
+            "mempolicy_permitted": facts.mempolicy_permitted,
+            "kernel": facts.kernel,
+        },
+        "ranks": [rank_record(r) for r in report.processes],
+        "notes": notes[: _job.MAX_NOTES],
+    }

@@ -1,0 +1,205 @@
+"""The job report from inside torch.distributed (``NUMABIND_REPORT=1``, ``numabind.report()``).
+
+After ``init_process_group`` each rank checks itself (numabind._inspect: every thread's
+CPUs, memory policy and placement, its GPU, who it is) and writes that record, one node
+record with one rank, into the job's own key-value store: the store of the default process
+group, under ``numabind/<run id>/<restart count>/<rank>``, so that an elastic restart
+never mixes generations.  Nothing else is exchanged: no collective the user did not ask
+for, no daemon.  One rank (``NUMABIND_REPORT_RANK``, default 0) waits in a background
+thread until every rank has posted, or ``NUMABIND_REPORT_WAIT`` seconds (default 60), and
+prints the job table (numabind._job) on stderr, naming the ranks that did not post;
+training is never blocked by it.  The records are input there: validated like a
+collector's (schema, bounds, cleaned text), a record under another rank's key or naming
+another rank is an invalid row, never a crash.
+
+The keys go into the store under any prefix the process group adds (torchrun's
+``default_pg``), so ``numabind check --job --store HOST:PORT`` reads them from outside the
+job with a client of the same store (``MASTER_ADDR:MASTER_PORT``), read only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any
+
+from . import _job
+from ._output import say, say_lines
+
+PREFIX = "numabind"
+LATEST = f"{PREFIX}/latest"  # "<run id>/<restart>/<world size>" of the newest generation
+MAX_WAIT = 3600.0
+MAX_WORLD = 1 << 20
+POLL = 0.2  # seconds between looks at the posted count
+
+
+def _generation() -> str:
+    """``<run id>/<restart count>`` of this torchrun generation (``none/0`` outside it)."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "") or "none"
+    run = re.sub(r"[^A-Za-z0-9_.-]", "_", run)[:64]
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if not (restart.isascii() and restart.isdigit() and len(restart) < 7):
+        restart = "0"
+    return f"{run}/{int(restart)}"
+
+
+def _number(raw: str, name: str, default: float, top: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= top:
+        say(f"{name}={raw[:40]!r} is not a number from 0 to {top:g}; using {default:g}")
+        return default
+    return value
+
+
+def base_store(store: Any) -> Any:
+    """The store under the process group's prefixes (``default_pg``, torchrun's attempt):
+    the one ``MASTER_ADDR:MASTER_PORT`` serves, where an outside reader finds the keys."""
+    for _ in range(16):
+        under = getattr(store, "underlying_store", None)
+        if under is None:
+            break
+        store = under
+    return store
+
+
+def own_record() -> bytes:
+    """This process checked, as a node record holding one rank."""
+    import json
+
+    from . import _inspect
+    from ._environ import Config
+    from ._topology import Machine
+
+    machine = Machine.from_root(Config.from_env().sysroot)
+    try:
+        report = _inspect.check([os.getpid()], machine, own_env=os.environ)
+    finally:
+        machine.close()
+    record = _inspect.node_record(report, None)
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def report(*, wait: float | None = None, rank: int | None = None) -> threading.Thread | None:
+    """Post this rank's record to the default process group's store and, on the reporting
+    rank (``rank``, else ``NUMABIND_REPORT_RANK``, else 0), start the thread that prints
+    the job table once every rank has posted or after ``wait`` seconds (else
+    ``NUMABIND_REPORT_WAIT``, else 60).  Returns that thread (None on other ranks).  Call it
+    after ``init_process_group``, on every rank; it enters no collective."""
+    import torch.distributed as dist
+
+    from ._environ import Config
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("numabind.report(): call it after torch.distributed.init_process_group")
+    store = base_store(dist.distributed_c10d._get_default_store())
+    me, world = dist.get_rank(), dist.get_world_size()
+    cfg = Config.from_env()
+    if wait is None:
+        wait = _number(cfg.report_wait, "NUMABIND_REPORT_WAIT", 60.0, MAX_WAIT)
+    if rank is None:
+        rank = int(_number(cfg.report_rank, "NUMABIND_REPORT_RANK", 0, MAX_WORLD))
+        if rank >= world:
+            say(f"NUMABIND_REPORT_RANK={rank} is not a rank of this job ({world} ranks); using 0")
+            rank = 0
+    gen = _generation()
+    prefix = f"{PREFIX}/{gen}"
+    store.set(f"{prefix}/{me}", own_record())
+    store.add(f"{prefix}/posted", 1)
+    if me != rank:
+        return None
+    store.set(LATEST, f"{gen}/{world}")
+    thread = threading.Thread(
+        target=_print_when_posted,
+        args=(store, prefix, world, float(wait)),
+        name="numabind-report",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+def _print_when_posted(store: Any, prefix: str, world: int, wait: float) -> None:
+    try:
+        deadline = time.monotonic() + wait
+        while int(store.add(f"{prefix}/posted", 0)) < world and time.monotonic() < deadline:
+            time.sleep(POLL)
+        report = read_report(store, prefix, world, wait)
+        say_lines(_job.report_lines(report))
+    except Exception as err:  # the user's training must never see this thread fail
+        say(f"job report: not printed ({type(err).__name__}: {err})")
+
+
+def read_report(store: Any, prefix: str, world: int, wait: float | None) -> _job.JobReport:
+    """The records under ``prefix`` (ranks 0..world-1), merged: one node row per host the
+    records name, an invalid row per record that does not pass, the ranks with none
+    listed as not posted."""
+    hosts: dict[str, _job.NodeRow] = {}
+    invalid: list[_job.RankRow] = []
+    missing: list[int] = []
+    for r in range(min(world, MAX_WORLD)):
+        key = f"{prefix}/{r}"
+        if not store.check([key]):
+            missing.append(r)
+            continue
+        row = _job.parse_node(bytes(store.get(key))[: _job.RECORD_BYTES + 1])
+        problem = row.reason if row.state != "answered" else ""
+        if not problem and (len(row.ranks) != 1 or row.ranks[0].status == "invalid"):
+            problem = row.ranks[0].problems[0] if row.ranks else "a record without a rank"
+        if not problem and row.ranks[0].rank != r:
+            problem = f"a record under rank {r}'s key names rank {row.ranks[0].rank}"
+        if problem:
+            invalid.append(
+                _job.RankRow(host="?", pid=None, rank=r, status="invalid", problems=(problem,))
+            )
+            continue
+        have = hosts.get(row.host)
+        hosts[row.host] = row if have is None else have.replace(ranks=have.ranks + row.ranks)
+    if invalid:
+        hosts["?"] = _job.NodeRow(host="?", state="answered", ranks=tuple(invalid))
+    notes: tuple[str, ...] = ()
+    if missing and wait is not None:
+        notes = (f"{len(missing)} rank(s) posted no record within {wait:g} s",)
+    run, _, restart = prefix.removeprefix(f"{PREFIX}/").rpartition("/")
+    report = _job.merge(run, list(hosts), hosts, notes, tuple(missing))
+    return report.replace(title=f"numabind job report (torchrun run {run}, restart {restart})")
+
+
+# --- NUMABIND_REPORT=1: after init_process_group ------------------------------------------------
+
+
+def arm() -> None:
+    """Post (and print) the report after the first ``init_process_group``: watch the
+    import of torch's c10d (nothing is imported before)."""
+    from ._guard import after_import
+
+    after_import("torch.distributed.distributed_c10d", wrap)
+
+
+def wrap(c10d: Any) -> None:
+    """Wrap ``init_process_group`` (and the name ``torch.distributed`` re-exports)."""
+    import functools
+
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, "_numabind_report", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            report()
+        except Exception as err:  # the report is never worth a failed start
+            say(f"job report: not posted ({type(err).__name__}: {err})")
+        return result
+
+    init_process_group._numabind_report = True  # type: ignore[attr-defined]
+    c10d.init_process_group = init_process_group
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "init_process_group", None) is original:
+        dist.init_process_group = init_process_group  # type: ignore[attr-defined]
