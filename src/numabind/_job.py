@@ -651,7 +651,7 @@ def report_lines(report: JobReport) -> list[str]:
             continue
         for n in g:
             ok = [r for r in n.ranks if r.status in HEALTHY]
-            text = f"{n.host}: {len(ok)} of {len(n.ranks)} ranks ok; {_facts(n)}"
+            text = f"{n.host}: {len(ok)} of {len(n.ranks)} rank(s) ok; {_facts(n)}"
             lines.append(text.rstrip("; "))
     for n in report.nodes:
         lines += [f"note: {n.host}: {x}" for x in n.notes]
@@ -692,7 +692,7 @@ def _group_lines(group: list[NodeRow]) -> list[str]:
     names = [n.host for n in group]
     title = first.host if len(group) == 1 else f"{len(group)} identical nodes: {_hosts(names)}"
     ranks = sum(len(n.ranks) for n in group)
-    lines = [f"{title}: {ranks} ranks ok; {_facts(first)}".rstrip("; ")]
+    lines = [f"{title}: {ranks} rank{'' if ranks == 1 else 's'} ok; {_facts(first)}".rstrip("; ")]
     if first.ranks:
         ordered = sorted(first.ranks, key=lambda r: (r.local_rank or 0, r.pid or 0))
         lines += ["  " + t for t in _table([list(HEADER)] + [_cells(r) for r in ordered])]

@@ -302,6 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
         "$SLURM_JOB_ID); runs the collector on each node with srun --overlap",
     )
     check.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="every Ray actor and task holding a GPU, on every node, in one report "
+        "(default: the cluster this machine is part of); needs ray[default]",
+    )
+    check.add_argument(
         "--store",
         default=None,
         metavar="HOST:PORT",
@@ -439,6 +448,10 @@ def _silence_stdout() -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        from ._ray import run_ray
+
+        return run_ray(args)
     if args.job is not None or args.job_id is not None:
         from ._job import run_job
 
