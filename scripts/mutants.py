@@ -475,8 +475,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "M53",
         "src/numabind/_memory.py",
-        "    if reg is not None:\n        reg.unregister()\n    try:\n        mapping.close()",
-        "    try:\n        mapping.close()\n"
+        "    if reg is not None:\n        reg.unregister()\n    try:\n        held.mapping.close()",
+        "    try:\n        held.mapping.close()\n"
         "        if reg is not None:\n            reg.unregister()",
         "close() unregisters before it unmaps",
         ("tests/test_register.py",),
@@ -500,7 +500,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M56",
-        "src/numabind/cli/_job.py",
+        "src/numabind/_inspect.py",
         '        return host is None or env.get(v["host"]) == host',
         "        return True",
         "the collector counts only its own node's ranks (a shared PID namespace)",

@@ -559,3 +559,24 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_rank_that_exits_mid_report_is_a_note_not_a_crash(
+    fake_ranks: list[subprocess.Popen[bytes]],
+) -> None:
+    """The collector lists the ranks, one exits before it is checked: the record still
+    comes, with the others, and says one left."""
+    from numabind import _inspect
+    from numabind._topology import Machine
+
+    gone = fake_ranks[1]
+    gone.kill()
+    gone.wait()
+    machine = Machine.from_root("/")
+    try:
+        report = _inspect.check([fake_ranks[0].pid, gone.pid], machine)
+    finally:
+        machine.close()
+    row = parse_node(json.dumps(_inspect.node_record(report, "77")), None, "77")
+    assert row.state == "answered" and [r.pid for r in row.ranks] == [fake_ranks[0].pid]
+    assert "1 rank(s) exited while being checked: left out" in row.notes

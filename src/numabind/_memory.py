@@ -385,7 +385,6 @@ class HostBuffer:
         fd: int | None,
         huge: str | None,
     ) -> None:
-        self._mmap: mmap.mmap | None = mapping
         self.address = address
         self.nbytes = nbytes
         self.mapped_bytes = len(mapping)
@@ -400,34 +399,34 @@ class HostBuffer:
         self.registered_with: str | None = None
         self.register_reason: str | None = None
         self.dontfork = False
-        self._state: dict[str, object] = {"mmap": mapping, "registration": None}
-        self._finalizer = weakref.finalize(self, _release, self._state, True)
+        # what the finalizer releases: the mapping and its registration, held in one place
+        self._held = _Held(mapping)
+        self._finalizer = weakref.finalize(self, _release, self._held, True)
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` unmapped the buffer."""
-        return self._mmap is None
+        return self._held.mapping.closed
 
     def view(self) -> memoryview:
         """A writable view of exactly ``nbytes`` (it keeps the mapping alive)."""
-        if self._mmap is None:
+        if self.closed:
             raise ValueError("the host buffer is closed")
-        return memoryview(self._mmap)[: self.nbytes]
+        return memoryview(self._held.mapping)[: self.nbytes]
 
     def placement(self) -> dict[int | None, int]:
         """Pages of the buffer per node (``None``: not present), measured now."""
-        if self._mmap is None:
+        if self.closed:
             raise ValueError("the host buffer is closed")
         return placement(self.address, self.mapped_bytes)
 
     def close(self) -> None:
         """Unmap the buffer (and close its memfd).  Raises ``BufferError``, changing
         nothing, while a view or a tensor still uses the memory.  Closing twice is fine."""
-        if self._mmap is None:
+        if self.closed:
             return
-        _release(self._state, False)  # BufferError while exported: still open, registered
+        _release(self._held, False)  # BufferError while exported: still open, registered
         self._finalizer.detach()
-        self._mmap = None
         self.registered = False
         if self.fd is not None:
             os.close(self.fd)
@@ -441,35 +440,45 @@ class HostBuffer:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._mmap is None else f"0x{self.address:x}"
+        state = "closed" if self.closed else f"0x{self.address:x}"
         return (
             f"HostBuffer({state}, {self.nbytes} bytes, nodes {format_cpulist(self.nodes)}, "
             f"{self.policy})"
         )
 
 
-def _release(state: dict[str, object], collected: bool) -> None:
+class _Held:
+    """A host buffer's mapping and its registration with the driver: what its finalizer
+    releases (it must not hold the buffer itself, or the buffer would never be collected)."""
+
+    __slots__ = ("mapping", "registration")
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self.mapping = mapping
+        self.registration: Registration | None = None
+
+
+def _release(held: _Held, collected: bool) -> None:
     """Unregister (if registered), then unmap.  When the memory is still in use (a view, a
     tensor: ``BufferError``), register it again as it was and raise (``collected``: in a
     finalizer, where there is no one to raise to: keep it registered and mapped)."""
-    reg: Registration | None = state["registration"]  # type: ignore[assignment]
-    mapping: mmap.mmap = state["mmap"]  # type: ignore[assignment]
-    if mapping.closed:
+    reg = held.registration
+    if held.mapping.closed:
         return
     if reg is not None:
         reg.unregister()
     try:
-        mapping.close()
+        held.mapping.close()
     except BufferError:
         if reg is not None:
             try:
-                state["registration"] = reg.driver.register(reg.address, reg.nbytes, reg.device)
+                held.registration = reg.driver.register(reg.address, reg.nbytes, reg.device)
             except RegistrationError:
-                state["registration"] = None
+                held.registration = None
         if not collected:
             raise
         return
-    state["registration"] = None
+    held.registration = None
 
 
 _live: dict[int, tuple[int, int, tuple[int, ...], str]] = {}  # id -> what the registry lists
@@ -698,7 +707,7 @@ def _register_with_driver(
     if driver is not None:
         try:
             handle = driver.device(where.device, where.index)
-            buf._state["registration"] = driver.register(buf.address, buf.mapped_bytes, handle)
+            buf._held.registration = driver.register(buf.address, buf.mapped_bytes, handle)
         except RegistrationError as err:
             why = str(err)
         else:
