@@ -103,6 +103,9 @@ def test_garbage_forged_and_missing_records_are_rows(tmp_path: Path) -> None:
     assert p.stdout.splitlines()[0] == text.splitlines()[0]
     d = json.loads(check_store(f"127.0.0.1:{port}", "--json").stdout)
     assert d["missing"] == [3] and d["summary"]["unknown"] == 3
+    late = _report.read_report(store, prefix, 6, None, time.monotonic() - 1)
+    assert late.missing == (0, 1, 2, 3, 4, 5)
+    assert late.notes == ("6 rank(s) not read before the deadline",)
     del store
 
 

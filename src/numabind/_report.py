@@ -135,14 +135,22 @@ def _print_when_posted(store: Any, prefix: str, world: int, wait: float) -> None
         say(f"job report: not printed ({type(err).__name__}: {err})")
 
 
-def read_report(store: Any, prefix: str, world: int, wait: float | None) -> _job.JobReport:
+def read_report(
+    store: Any, prefix: str, world: int, wait: float | None, deadline: float | None = None
+) -> _job.JobReport:
     """The records under ``prefix`` (ranks 0..world-1), merged: one node row per host the
     records name, an invalid row per record that does not pass, the ranks with none
-    listed as not posted."""
+    listed as not posted; past ``deadline`` (a ``time.monotonic()`` value) the ranks not
+    read yet are listed as not read."""
     hosts: dict[str, _job.NodeRow] = {}
     invalid: list[_job.RankRow] = []
     missing: list[int] = []
+    unread = 0
     for r in range(min(world, MAX_WORLD)):
+        if deadline is not None and time.monotonic() > deadline:
+            unread = min(world, MAX_WORLD) - r
+            missing.extend(range(r, min(world, MAX_WORLD)))
+            break
         key = f"{prefix}/{r}"
         if not store.check([key]):
             missing.append(r)
@@ -163,8 +171,10 @@ def read_report(store: Any, prefix: str, world: int, wait: float | None) -> _job
     if invalid:
         hosts["?"] = _job.NodeRow(host="?", state="answered", ranks=tuple(invalid))
     notes: tuple[str, ...] = ()
-    if missing and wait is not None:
-        notes = (f"{len(missing)} rank(s) posted no record within {wait:g} s",)
+    if len(missing) > unread and wait is not None:
+        notes = (f"{len(missing) - unread} rank(s) posted no record within {wait:g} s",)
+    if unread:
+        notes += (f"{unread} rank(s) not read before the deadline",)
     run, _, restart = prefix.removeprefix(f"{PREFIX}/").rpartition("/")
     report = _job.merge(run, list(hosts), hosts, notes, tuple(missing))
     return report.replace(title=f"numabind job report (torchrun run {run}, restart {restart})")

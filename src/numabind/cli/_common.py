@@ -100,6 +100,19 @@ def write_json_line(data: Any, stream: IO[str] | None = None) -> None:
     out.write(json.dumps(data, separators=(",", ":"), ensure_ascii=True) + "\n")
 
 
+def unreachable(host: str, port: int, timeout: float) -> str | None:
+    """Why a TCP service (a job's store, a Ray cluster) cannot be reached, or None: one
+    plain connection, so that a client that retries for minutes is never started for
+    nothing."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    return None
+
+
 def notice_lines(kind: str, items: Iterable[str], indent: str = "") -> list[str]:
     """``note: ...`` or ``problem: ...`` lines, one per item."""
     return [f"{indent}{kind}: {item}" for item in items]

@@ -24,7 +24,14 @@ from collections.abc import Mapping
 from .. import _job, _sysfs
 from .._inspect import COLLECTOR, job_filter, node_record
 from .._model import JOB_VARIABLES
-from ._common import UNREACHABLE, USAGE, write_json, write_json_line, write_lines
+from ._common import (
+    UNREACHABLE,
+    USAGE,
+    unreachable,
+    write_json,
+    write_json_line,
+    write_lines,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,14 +56,11 @@ def _from_store(args: argparse.Namespace) -> int:
     host, _, port = args.store.rpartition(":")
     if not host or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise UsageError(f"numabind check --store: {_sysfs.short(args.store)!r} is not HOST:PORT")
+    started = time.monotonic()
     said = f"numabind check --job --store {_sysfs.short(args.store)}"
     wait = min(args.deadline, 60.0)
-    import socket
-
-    try:  # a plain connection first: a store that is not there is one line, at once
-        socket.create_connection((host, int(port)), timeout=min(wait, 10.0)).close()
-    except OSError as err:
-        why = err.strerror or type(err).__name__
+    why = unreachable(host, int(port), min(wait, 10.0))
+    if why is not None:
         write_lines([f"{said}: cannot reach the store ({why})"], stream=sys.stderr)
         return UNREACHABLE
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # its client logs every retry
@@ -89,7 +93,8 @@ def _from_store(args: argparse.Namespace) -> int:
         write_lines([f"{said}: its numabind/latest key is malformed"], stream=sys.stderr)
         return UNREACHABLE
     prefix = f"{_report.PREFIX}/{m.group(1)}/{m.group(2)}"
-    report = _report.read_report(store, prefix, int(m.group(3)), None)
+    left = max(args.deadline - (time.monotonic() - started), 1.0)
+    report = _report.read_report(store, prefix, int(m.group(3)), None, time.monotonic() + left)
     if args.json:
         write_json(report.to_dict())
     else:

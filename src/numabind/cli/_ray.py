@@ -19,13 +19,18 @@ import time
 from typing import Any
 
 from .. import _job, _sysfs
-from ._common import UNREACHABLE, USAGE, write_json, write_lines
+from ._common import UNREACHABLE, USAGE, unreachable, write_json, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
 LIMIT = 10_000  # actors, tasks and workers listed at most
+
+
+def _fields(item: Any) -> dict[str, Any]:
+    """A state API row as a dict (it returns dicts or dataclasses, by version)."""
+    return item if isinstance(item, dict) else dict(vars(item))
 
 
 def _gpus(resources: Any) -> float:
@@ -57,7 +62,7 @@ def gpu_holders(state: Any) -> tuple[dict[str, list[int]], dict[str, str]]:
     for actor in state.list_actors(
         filters=[("state", "=", "ALIVE")], detail=True, limit=LIMIT, raise_on_missing_output=False
     ):
-        a = actor if isinstance(actor, dict) else actor.__dict__
+        a = _fields(actor)
         pid, node = a.get("pid"), a.get("node_id")
         if _gpus(a.get("required_resources")) > 0 and isinstance(pid, int) and node:
             holders.setdefault(str(node), []).append(pid)
@@ -65,10 +70,10 @@ def gpu_holders(state: Any) -> tuple[dict[str, list[int]], dict[str, str]]:
     tasks = state.list_tasks(
         filters=[("state", "=", "RUNNING")], detail=True, limit=LIMIT, raise_on_missing_output=False
     )
-    running = [t if isinstance(t, dict) else t.__dict__ for t in tasks]
+    running = [_fields(t) for t in tasks]
     if any(_gpus(t.get("required_resources")) > 0 for t in running):
         for w in state.list_workers(detail=True, limit=LIMIT, raise_on_missing_output=False):
-            wd = w if isinstance(w, dict) else w.__dict__
+            wd = _fields(w)
             workers[wd.get("worker_id")] = wd.get("pid")
     for t in running:
         pid = workers.get(t.get("worker_id"))
@@ -79,7 +84,7 @@ def gpu_holders(state: Any) -> tuple[dict[str, list[int]], dict[str, str]]:
     holders = {n: p for n, p in holders.items() if p}
     names = {}
     for node in state.list_nodes(limit=LIMIT, raise_on_missing_output=False):
-        nd = node if isinstance(node, dict) else node.__dict__
+        nd = _fields(node)
         names[str(nd.get("node_id"))] = _sysfs.clean_line(str(nd.get("node_ip") or ""), 64)
     return holders, names
 
@@ -126,12 +131,8 @@ def run_ray(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     host, _, port = (args.ray if args.ray != "auto" else "").rpartition(":")
     if host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
-        import socket
-
-        try:  # a plain connection first: Ray's own client retries for minutes
-            socket.create_connection((host, int(port)), timeout=min(args.deadline, 10.0)).close()
-        except OSError as err:
-            why = err.strerror or type(err).__name__
+        why = unreachable(host, int(port), min(args.deadline, 10.0))  # Ray retries for minutes
+        if why is not None:
             write_lines([f"{said}: cannot connect to {_sysfs.short(args.ray)} ({why})"], sys.stderr)
             return UNREACHABLE
     failed = _connect(ray, args.ray, min(args.deadline, 60.0))
