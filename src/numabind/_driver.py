@@ -20,6 +20,10 @@ DataLoader worker).  Here, per vendor (:data:`numabind._model.VENDORS`'
 * **Where only the CUDA runtime is loaded** (no ``libcuda.so.1`` this process can open,
   but torch's CUDA is initialised): ``torch.cuda.cudart().cudaHostRegister``.
 
+:class:`DeviceCopies` times copies between a registered range and device memory with the
+same library's calls (``numabind bench``: a host buffer on the GPU's node against one on a
+remote node).
+
 A registration that fails half-way unregisters the chunks it made.  The caller populates
 the range first (registration faults missing pages in on the registering thread, that is
 wherever that thread runs) and marks it ``MADV_DONTFORK`` (:mod:`numabind._memory`).
@@ -28,8 +32,9 @@ wherever that thread runs) and marks it ``MADV_DONTFORK`` (:mod:`numabind._memor
 from __future__ import annotations
 
 import ctypes
+import time
 
-from ._errors import RegistrationError
+from ._errors import DriverError, RegistrationError
 from ._model import VENDORS, HostRegisterApi
 
 TYPE_CHECKING = False
@@ -100,7 +105,7 @@ class Driver:
     def call(self, name: str, *args: Any) -> None:
         code = self.fn(name)(*args)
         if code != 0:
-            raise RegistrationError(f"{self.name}: {name} failed: {self.error(code)}")
+            raise DriverError(f"{self.name}: {name} failed: {self.error(code)}")
 
     # --- device and context
     def device(self, acc: Accelerator | None, index: int | None) -> int:
@@ -117,40 +122,52 @@ class Driver:
         self.call(self.api.device_by_index, ctypes.byref(out), ordinal)
         return out.value
 
-    def _enter(self, device: int) -> Any:
+    def retain(self, device: int) -> Any:
+        """What keeps the device usable while numabind holds something on it: the CUDA
+        primary context, retained (:meth:`release` gives it back); HIP needs nothing."""
+        if self.api.context != "primary-context":
+            return None
+        ctx = ctypes.c_void_p()
+        self.call(dict(self.api.functions)["retain"], ctypes.byref(ctx), device)
+        return ctx
+
+    def release(self, device: int) -> None:
+        if self.api.context == "primary-context":
+            self.fn(dict(self.api.functions)["release"])(device)
+
+    def push(self, device: int, token: Any) -> Any:
+        """Make the device current on the calling thread (the retained context pushed, or
+        HIP's current device set); returns what :meth:`pop` restores.  The caller's own
+        current context or device is what it was once popped."""
         roles = dict(self.api.functions)
         if self.api.context == "primary-context":
-            ctx = ctypes.c_void_p()
-            self.call(roles["retain"], ctypes.byref(ctx), device)
-            try:
-                self.call(roles["push"], ctx)
-            except RegistrationError:
-                self.fn(roles["release"])(device)
-                raise
-            return ctx
+            self.call(roles["push"], token)
+            return None
         old = ctypes.c_int()
         self.call(roles["get"], ctypes.byref(old))
         self.call(roles["set"], device)
-        return old
+        return old.value
 
-    def _leave(self, device: int, token: Any, release: bool) -> None:
+    def pop(self, restore: Any) -> None:
         roles = dict(self.api.functions)
         if self.api.context == "primary-context":
-            popped = ctypes.c_void_p()
-            self.fn(roles["pop"])(ctypes.byref(popped))
-            if release:
-                self.fn(roles["release"])(device)
+            self.fn(roles["pop"])(ctypes.byref(ctypes.c_void_p()))
         else:
-            self.fn(roles["set"])(token.value)
+            self.fn(roles["set"])(restore)
 
     # --- registration
     def register(self, address: int, nbytes: int, device: int) -> Registration:
         """Register ``[address, address + nbytes)`` in chunks; on a failure, unregister
         what was registered and raise :class:`RegistrationError` naming the driver's
         error.  The primary context stays retained while the range is registered."""
-        token = self._enter(device)
+        token = self.retain(device)
+        try:
+            restore = self.push(device, token)
+        except DriverError as err:
+            self.release(device)
+            raise RegistrationError(str(err)) from None
         chunks: list[int] = []
-        failed: RegistrationError | None = None
+        failed: DriverError | None = None
         try:
             start, end = address, address + nbytes
             while start < end:
@@ -160,7 +177,7 @@ class Driver:
                         self.api.register, ctypes.c_void_p(start), ctypes.c_size_t(size),
                         self.api.portable,
                     )  # fmt: skip
-                except RegistrationError as err:
+                except DriverError as err:
                     failed = err
                     break
                 chunks.append(start)
@@ -169,7 +186,9 @@ class Driver:
                 for chunk in chunks:
                     self.fn(self.api.unregister)(ctypes.c_void_p(chunk))
         finally:
-            self._leave(device, token, release=failed is not None)
+            self.pop(restore)
+            if failed is not None:
+                self.release(device)
         if failed is not None:
             done = f"{len(chunks)} of {-(-nbytes // CHUNK)} chunks had registered"
             raise RegistrationError(f"{failed} ({done}, and were unregistered)")
@@ -179,26 +198,101 @@ class Driver:
         """Unregister the chunks with the same device current as when they were made; for
         the CUDA driver API, the context register() kept retained is pushed, then released."""
         errors: list[str] = []
-        roles = dict(self.api.functions)
+        pushed = True
         try:
-            if self.api.context == "primary-context":
-                self.call(roles["push"], token)
-            else:
-                token = self._enter(device)
-        except RegistrationError as err:
+            restore = self.push(device, token)
+        except DriverError as err:
             errors.append(str(err))
-            token = None
+            pushed, restore = False, None
         for chunk in chunks:
             code = self.fn(self.api.unregister)(ctypes.c_void_p(chunk))
             if code != 0:
                 errors.append(f"{self.name}: {self.api.unregister} failed: {self.error(code)}")
-        if self.api.context == "primary-context":
-            if token is not None:
-                self.fn(roles["pop"])(ctypes.byref(ctypes.c_void_p()))
-            self.fn(roles["release"])(device)  # the retain register() kept
-        elif token is not None:
-            self._leave(device, token, release=False)
+        if pushed:
+            self.pop(restore)
+        self.release(device)  # the retain register() kept
         return errors
+
+    @property
+    def can_copy(self) -> bool:
+        """Whether numabind knows this driver's copy calls (:class:`DeviceCopies`)."""
+        return bool(self.api.copies)
+
+
+class DeviceCopies:
+    """``nbytes`` of device memory and a stream on one device, to time copies between it
+    and registered host memory (``numabind bench``).  By the driver's own calls, so the
+    bench needs no torch and times exactly one asynchronous copy and one stream wait.  Any
+    thread may call :meth:`copy`: the device is made current around each call, as for
+    registration, and the calling thread's own current context is left as it was."""
+
+    def __init__(self, driver: Driver, device: int, nbytes: int) -> None:
+        self.driver = driver
+        self.device = device
+        self.nbytes = nbytes
+        self.roles = dict(driver.api.copies)
+        if not self.roles:
+            raise DriverError(f"{driver.name}: numabind knows no copy calls for it")
+        self.token = driver.retain(device)
+        self.dptr = ctypes.c_uint64()
+        self.stream = ctypes.c_void_p()
+        try:
+            restore = driver.push(device, self.token)
+        except DriverError:
+            driver.release(device)
+            raise
+        try:
+            driver.call(self.roles["alloc"], ctypes.byref(self.dptr), ctypes.c_size_t(nbytes))
+            try:
+                driver.call(self.roles["stream"], ctypes.byref(self.stream), ctypes.c_uint(1))
+            except DriverError:
+                driver.fn(self.roles["free"])(self.dptr)
+                raise
+        except DriverError:
+            driver.pop(restore)
+            driver.release(device)
+            raise
+        driver.pop(restore)
+        self.open = True
+
+    def copy(self, kind: str, host: int, nbytes: int) -> float:
+        """Copy ``nbytes`` (at most the device buffer) host->device (``h2d``) or
+        device->host (``d2h``) and wait for it; the seconds from the copy's start to the
+        end of the wait."""
+        if not self.open:
+            raise DriverError(f"{self.driver.name}: the device buffer is freed")
+        n = ctypes.c_size_t(min(nbytes, self.nbytes))
+        host_ptr = ctypes.c_void_p(host)
+        args = (self.dptr, host_ptr) if kind == "h2d" else (host_ptr, self.dptr)
+        copy, sync = self.driver.fn(self.roles[kind]), self.driver.fn(self.roles["sync"])
+        elapsed = 0.0
+        restore = self.driver.push(self.device, self.token)
+        try:
+            t0 = time.perf_counter()
+            code = copy(*args, n, self.stream)
+            if code == 0:
+                code = sync(self.stream)
+                elapsed = time.perf_counter() - t0
+        finally:
+            self.driver.pop(restore)
+        if code != 0:
+            raise DriverError(f"{self.driver.name}: {kind} copy failed: {self.driver.error(code)}")
+        return elapsed
+
+    def close(self) -> None:
+        """Destroy the stream, free the device memory, release the device (idempotent)."""
+        if not self.open:
+            return
+        self.open = False
+        try:
+            restore = self.driver.push(self.device, self.token)
+        except DriverError:
+            self.driver.release(self.device)
+            return
+        self.driver.fn(self.roles["stream_destroy"])(self.stream)
+        self.driver.fn(self.roles["free"])(self.dptr)
+        self.driver.pop(restore)
+        self.driver.release(self.device)
 
 
 def _load(api: HostRegisterApi) -> Driver | str:
@@ -239,6 +333,8 @@ class TorchRuntime(Driver):
     def __init__(self, cudart: Any) -> None:
         self.cudart = cudart
         self.name = "CUDA runtime (torch)"
+
+    can_copy = False  # bench times the driver's own calls only
 
     def device(self, acc: Accelerator | None, index: int | None) -> int:
         return 0

@@ -62,7 +62,12 @@ def require(module: str, product: str, pip: str, caller: str) -> None:
         )
 
 
-class RegistrationError(NumabindError, RuntimeError):
+class DriverError(NumabindError, RuntimeError):
+    """A GPU driver call failed; the message names the call and the driver's own name for
+    the error (``CUDA_ERROR_OUT_OF_MEMORY (2)``)."""
+
+
+class RegistrationError(DriverError):
     """Host memory could not be registered with the GPU driver where registration was
     required (``host_buffer(..., register=True)``); the message names the driver's error."""
 

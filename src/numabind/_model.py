@@ -341,7 +341,10 @@ class HostRegisterApi(Record):
     C functions by role, the flag that makes a registration visible to every context,
     and how a device is made current around the call: ``primary-context`` (the CUDA
     driver API: the device's primary context pushed, then popped) or ``current-device``
-    (HIP: the caller's device set back after)."""
+    (HIP: the caller's device set back after).  ``copies`` are the calls ``numabind
+    bench`` times pinned copies with (device memory, a stream, the two asynchronous
+    copies, a stream wait): the two vendors' calls have the same shapes, so one code path
+    drives both."""
 
     name: str  # what messages and HostBuffer.registered_with say
     sonames: tuple[str, ...]
@@ -354,6 +357,9 @@ class HostRegisterApi(Record):
     portable: int
     context: str  # "primary-context" or "current-device"
     functions: tuple[tuple[str, str], ...] = ()  # the context calls, by role
+    # the copy calls, by role: alloc(&dptr, n), free(dptr), stream(&s, flags),
+    # stream_destroy(s), h2d(dptr, host, n, s), d2h(host, dptr, n, s), sync(s)
+    copies: tuple[tuple[str, str], ...] = ()
 
 
 CUDA_DRIVER = HostRegisterApi(
@@ -373,6 +379,15 @@ CUDA_DRIVER = HostRegisterApi(
         ("push", "cuCtxPushCurrent_v2"),
         ("pop", "cuCtxPopCurrent_v2"),
     ),
+    copies=(
+        ("alloc", "cuMemAlloc_v2"),
+        ("free", "cuMemFree_v2"),
+        ("stream", "cuStreamCreate"),
+        ("stream_destroy", "cuStreamDestroy_v2"),
+        ("h2d", "cuMemcpyHtoDAsync_v2"),
+        ("d2h", "cuMemcpyDtoHAsync_v2"),
+        ("sync", "cuStreamSynchronize"),
+    ),
 )
 HIP_RUNTIME = HostRegisterApi(
     name="HIP runtime",
@@ -386,6 +401,15 @@ HIP_RUNTIME = HostRegisterApi(
     portable=0x01,  # hipHostRegisterPortable
     context="current-device",
     functions=(("get", "hipGetDevice"), ("set", "hipSetDevice")),
+    copies=(
+        ("alloc", "hipMalloc"),
+        ("free", "hipFree"),
+        ("stream", "hipStreamCreateWithFlags"),
+        ("stream_destroy", "hipStreamDestroy"),
+        ("h2d", "hipMemcpyHtoDAsync"),
+        ("d2h", "hipMemcpyDtoHAsync"),
+        ("sync", "hipStreamSynchronize"),
+    ),
 )
 
 
