@@ -40,7 +40,7 @@ import threading
 import weakref
 
 from . import _kernel, _sysfs
-from ._errors import ConfigError, NumabindError, RegistrationError
+from ._errors import ConfigError, DriverError, NumabindError, RegistrationError
 from ._model import POLICIES, Record
 from ._sysfs import format_cpulist
 
@@ -145,7 +145,8 @@ def target_nodes(
     machine: Machine, device: int | str | None, node: int | Sequence[int] | None, caller: str
 ) -> tuple[int, ...]:
     """The nodes a buffer goes to: ``node`` as given, else the node the planner binds
-    ``device``'s ranks to, else the node of this process's binding."""
+    ``device``'s ranks to, else the node of this process's binding.  With both, the
+    memory goes to ``node`` and ``device`` is the one it is registered for."""
     return target(machine, device, node, caller).nodes
 
 
@@ -170,6 +171,15 @@ def target(
         device=bound.device if bound is not None else None,
         index=bound.device_index if bound is not None else None,
     )
+    if device is not None:
+        from ._devices import find_device, resolve
+
+        visible = resolve(machine, os.environ)
+        found, why = find_device(device, visible, machine)
+        if found is None:
+            raise ConfigError(f"{caller}: device {device!r}: {why}")
+        index = visible.devices.index(found) if found in visible.devices else None
+        own = Target(nodes=(), device=found, index=index)
     if node is not None:
         nodes = (node,) if isinstance(node, int) else tuple(node)
         if not nodes or any(not isinstance(n, int) or isinstance(n, bool) for n in nodes):
@@ -182,22 +192,16 @@ def target(
                     f"{caller}: node {n} does not exist (nodes: {format_cpulist(machine.node_ids)})"
                 )
         return own.replace(nodes=tuple(sorted(set(nodes))))
-    if device is not None:
-        from ._devices import find_device, resolve
+    if device is not None and own.device is not None:
         from ._plan import device_node
 
-        visible = resolve(machine, os.environ)
-        found, why = find_device(device, visible, machine)
-        if found is None:
-            raise ConfigError(f"{caller}: device {device!r}: {why}")
-        where = device_node(machine, found)
+        where = device_node(machine, own.device)
         if where.node is None:
             raise ConfigError(
-                f"{caller}: the NUMA node of device {device!r} ({found.pci}) is unknown; "
+                f"{caller}: the NUMA node of device {device!r} ({own.device.pci}) is unknown; "
                 "give node= instead"
             )
-        index = visible.devices.index(found) if found in visible.devices else None
-        return Target(nodes=(where.node,), device=found, index=index)
+        return own.replace(nodes=(where.node,))
     if bound is not None and bound.numa_node is not None:
         return own.replace(nodes=(bound.numa_node,))
     raise ConfigError(
@@ -473,7 +477,7 @@ def _release(held: _Held, collected: bool) -> None:
         if reg is not None:
             try:
                 held.registration = reg.driver.register(reg.address, reg.nbytes, reg.device)
-            except RegistrationError:
+            except DriverError:
                 held.registration = None
         if not collected:
             raise
@@ -708,7 +712,7 @@ def _register_with_driver(
         try:
             handle = driver.device(where.device, where.index)
             buf._held.registration = driver.register(buf.address, buf.mapped_bytes, handle)
-        except RegistrationError as err:
+        except DriverError as err:
             why = str(err)
         else:
             buf.registered, buf.registered_with = True, driver.name
