@@ -12,7 +12,9 @@ One short run for a machine with a real NVIDIA GPU (likely one NUMA node, no net
    that tests/nvml_fake.py replays, together with a ``numabind gather`` capture of the
    machine, so the NVIDIA path is tested against a real machine's answers afterwards.
 3. The startup hook on the real GPU (``LOCAL_RANK=0 NUMABIND_VERBOSE=1``), ``numabind
-   check`` on that live rank, and ``numabind bench`` including pinned copies.
+   check`` on that live rank, and ``numabind bench`` including pinned copies (through
+   libcuda's own calls, from a registered buffer on the GPU's node and, where there is
+   one, on a remote node; each GPU alone and all at once).
 4. Host buffers registered with the real driver (``host_buffer(register=True)`` through
    libcuda, and ``numabind.torch.pinned_empty`` when torch has CUDA): registered,
    ``is_pinned()``, resident memory grown by the request and not by a power of two, every
@@ -373,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"numabind bench: exit {rc}")
     gpu_part = report["bench"].get("gpu") if isinstance(report["bench"], dict) else None
     report["pinned_copies"] = gpu_part
+    if rc == 0 and (not isinstance(gpu_part, dict) or not gpu_part.get("copies")):
+        problems.append(f"numabind bench timed no pinned copies through the driver: {gpu_part}")
 
     report["registration"] = registration(env)
     problems.extend(report["registration"].get("problems", []))

@@ -142,14 +142,18 @@ def test_the_exit_table_on_the_cli_page_is_the_code_s() -> None:
 
 @pytest.mark.parametrize(
     "record",
-    ["ShowReport", "CheckReport", "ProcessCheck", "JobReport", "NodeRow", "RankRow", "Summary"],
-)
+    [
+        "ShowReport", "CheckReport", "ProcessCheck", "JobReport", "NodeRow", "RankRow",
+        "Summary", "BenchReport", "Measurement", "Verdict", "NodeFree", "GpuReport", "GpuCopy",
+    ],
+)  # fmt: skip
 def test_every_json_key_is_on_the_cli_page(record: str) -> None:
     from numabind import _inspect as _check
     from numabind import _job
-    from numabind.cli import _show
+    from numabind.cli import _bench, _show
 
-    cls = getattr(_show, record, None) or getattr(_check, record, None) or getattr(_job, record)
+    modules = (_show, _check, _job, _bench)
+    cls = next(getattr(m, record) for m in modules if hasattr(m, record))
     missing = [f for f in cls._fields if f"``{f}``" not in CLI and f"``{f}[]``" not in CLI]
     assert not missing, f"{record}: {missing} not on docs/cli.rst"
 

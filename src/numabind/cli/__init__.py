@@ -334,8 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure what remote memory costs here: does binding pay on this machine?",
         description="From the CPUs each rank would be bound to, measure copy bandwidth and "
         "access latency to every NUMA node's memory (placement verified page by page), and "
-        "pinned host<->device copies when torch sees a GPU; remote against local, with a "
-        "verdict.  Restores this process's binding afterwards.",
+        "pinned host<->device copies through the GPU driver from a registered buffer on each "
+        "GPU's node against one on the farthest node, each GPU alone and all at once; remote "
+        "against local, with a verdict.  Restores this process's binding afterwards.",
         epilog="\n\n".join((_modes_help(), exit_help(), _FOOTER)),
         formatter_class=fmt,
     )
@@ -364,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fewer rounds and a 16 MiB buffer (tests, slow VMs); latency then shows the "
         "caches more than memory and is marked so",
+    )
+    bench.add_argument(
+        "--only",
+        choices=("memory", "gpu"),
+        default=None,
+        help="only the memory copies and latency from the ranks' CPUs, or only the pinned "
+        "host<->device copies",
     )
     bench.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode of the plans")
     bench.add_argument("--json", action="store_true", help="machine-readable output on stdout")

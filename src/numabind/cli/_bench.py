@@ -289,73 +289,379 @@ def measure(
     return out
 
 
-def gpu_copies(
-    machine: Machine, device_index: int, gpu_node: int | None, size: int = 256 << 20
-) -> list[Measurement] | str:
-    """Pinned host->device and device->host bandwidth, the pinned buffer on the GPU's node
-    against the farthest CPU node; a reason string when there is no GPU to measure."""
-    try:
-        import torch
-    except ImportError:
-        return "no GPU (torch is not installed)"
-    if not torch.cuda.is_available():
-        return "no GPU (torch sees no CUDA device)"
-    cpu_nodes = [n for n in machine.cpu_nodes]
-    if gpu_node is None or not cpu_nodes:
-        return "no GPU node known"
-    local = machine.node(gpu_node, full=True)
-    far = max(
-        cpu_nodes,
-        key=lambda n: (local.distance_to(n.id) or 0) if local is not None else 0,
-    )
-    out: list[Measurement] = []
+# --- pinned host<->device copies -----------------------------------------------------------------
+
+GPU_ROUNDS, QUICK_GPU_ROUNDS = 5, 3
+AT_ONCE_COPIES = 3  # copies per GPU per round when every GPU copies at once
+
+
+class GpuCopy(Record):
+    """Pinned copies between registered host buffers and device memory, timed through
+    the driver's own calls: one GPU alone (``devices`` has one index) or every GPU at
+    once (``value`` is then all GPUs' bytes over the wall time from the first copy's start
+    to the last one's end)."""
+
+    devices: tuple[int, ...]  # the GPUs copying (visible indices)
+    gpu_nodes: tuple[int, ...]  # each GPU's node
+    host: str  # "local": each buffer on its GPU's node; "remote": on the farthest node
+    memory_nodes: tuple[int, ...]  # where each GPU's buffer is
+    kind: str  # "h2d" or "d2h"
+    value: float  # GB/s, the best round
+    samples: tuple[float, ...]  # one per round; rounds alternate local and remote
+    pages_verified_on_node: float  # the lowest share of a buffer's pages on its node
+    bytes: int  # per copy
+
+    @property
+    def trusted(self) -> bool:
+        return self.pages_verified_on_node >= TRUSTED
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["trusted"] = self.trusted
+        d["value"] = round(self.value, 3)
+        d["pages_verified_on_node"] = round(self.pages_verified_on_node, 4)
+        d["samples"] = [round(v, 3) for v in self.samples]
+        return d
+
+
+class GpuReport(Record):
+    """What the pinned-copy part of ``numabind bench`` measured and what it says."""
+
+    driver: str
+    bytes: int
+    copies: tuple[GpuCopy, ...]
+    verdict: str
+    ratio: float | None
+    notes: tuple[str, ...] = ()  # GPUs or remote buffers left out, and why
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["ratio"] = None if self.ratio is None else round(self.ratio, 3)
+        return d
+
+
+class _Lane:
+    """One GPU's part: its buffers (local, and remote where there is another node), its
+    device memory and stream, and the CPUs its copies are issued from (its ranks')."""
+
+    def __init__(self, index: int, acc: Any, node: int, cpus: frozenset[int]) -> None:
+        self.index = index
+        self.acc = acc
+        self.node = node
+        self.cpus = cpus
+        self.remote: int | None = None
+        self.buffers: dict[str, Any] = {}  # "local"/"remote" -> HostBuffer
+        self.copies: Any = None  # numabind._driver.DeviceCopies
+
+    def pin(self) -> None:
+        """Issue this GPU's copies from its ranks' CPUs (the calling thread only)."""
+        try:
+            os.sched_setaffinity(0, self.cpus)
+        except OSError:
+            pass  # CPUs this process may not use (a cgroup): copies are issued from anywhere
+
+    def close(self) -> None:
+        if self.copies is not None:
+            self.copies.close()
+        for buf in self.buffers.values():
+            buf.close()
+
+
+def _lanes(machine: Machine, plans: list[Any], rank: int | None, node: int | None) -> list[_Lane]:
+    """One lane per GPU of the plans (the first plan's CPUs for a GPU several ranks share;
+    a GPU's node and its CPUs where the plan does not bind, as on a one-node machine), its
+    remote node the farthest other node with CPUs and memory this process may
+    place memory on."""
+    from .._plan import device_node
+
+    lanes: dict[str, _Lane] = {}
+    for p in plans:
+        if p.device is None or (rank is not None and p.local_rank != rank):
+            continue
+        gpu_node, cpus = p.numa_node, frozenset(p.cpus)
+        if not p.bound:  # one node (nothing to bind), or a rank left as it is: the GPU's own
+            gpu_node = device_node(machine, p.device).node
+            if gpu_node is None and len(machine.cpu_nodes) == 1:
+                gpu_node = machine.cpu_nodes[0].id
+            found = machine.node(gpu_node) if gpu_node is not None else None
+            cpus = (found.cpus & machine.allowed.cpus) if found is not None else frozenset()
+        if gpu_node is None or (node is not None and gpu_node != node):
+            continue
+        key = p.device.pci or str(p.device_index)
+        if key not in lanes:
+            lanes[key] = _Lane(p.device_index or 0, p.device, gpu_node, cpus)
+    mems = machine.allowed.mems
+    for lane in lanes.values():
+        here = machine.node(lane.node, full=True)
+        others = []
+        for n in machine.cpu_nodes:
+            full = machine.node(n.id, full=True)
+            has_memory = full is None or full.memory_bytes != 0
+            if n.id != lane.node and (mems is None or n.id in mems) and has_memory:
+                others.append(n.id)
+        if others:
+            lane.remote = max(
+                others, key=lambda n: ((here.distance_to(n) or 0) if here is not None else 0, -n)
+            )
+    return list(lanes.values())
+
+
+def _buffer_bytes(machine: Machine, lanes: list[_Lane], size: int, share: float) -> int:
+    """One size for every buffer (so that local and remote compare like for like): at most
+    ``size``, and the buffers on a node together at most ``share`` of its free memory."""
+    count: dict[int, int] = {}
+    for lane in lanes:
+        for n in (lane.node, lane.remote):
+            if n is not None:
+                count[n] = count.get(n, 0) + 1
+    nbytes = size
+    for n, k in count.items():
+        free = free_bytes(machine, n)
+        if free is not None:
+            nbytes = min(nbytes, int(free * share) // k // PAGE * PAGE)
+    return nbytes
+
+
+def _alone(lane: _Lane, nbytes: int, rounds: int) -> dict[tuple[str, str], list[float]]:
+    """One GPU copying alone, from its ranks' CPUs: each round copies both ways from each
+    of its buffers, local and remote in turn (the order reversed each round)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    hosts = list(lane.buffers)
     saved = os.sched_getaffinity(0)
     try:
-        for node in {gpu_node: None, far.id: None}:
-            n = machine.node(node)
-            if n is None or not n.cpus:
-                continue
-            os.sched_setaffinity(0, n.cpus)
-            try:
-                _kernel.set_mempolicy("bind", {node})
-            except OSError:
-                pass
-            host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            host.fill_(1)
-            try:
-                _kernel.set_mempolicy("default")
-            except OSError:
-                pass
-            # about 4096 pages sampled: enough to tell the node, cheap for a big pinned buffer
-            verified = _verify_range(host.data_ptr(), size, node, max(size // PAGE // 4096, 1))
-            dev = torch.empty(size, dtype=torch.uint8, device=f"cuda:{device_index}")
+        lane.pin()
+        for host in hosts:  # the first copy of each kind sets up the driver's paths
             for kind in ("h2d", "d2h"):
-                best = float("inf")
-                for attempt in range(6):  # the first one warms up
-                    t0 = time.perf_counter()
-                    if kind == "h2d":
-                        dev.copy_(host, non_blocking=True)
-                    else:
-                        host.copy_(dev, non_blocking=True)
-                    torch.cuda.synchronize(device_index)
-                    if attempt:
-                        best = min(best, time.perf_counter() - t0)
-                out.append(
-                    Measurement(
-                        from_cpus=n.cpus,
-                        from_node=node,
-                        memory_node=node,
-                        kind=kind,
-                        value=size / best / 1e9,
-                        unit="GB/s",
-                        pages_verified_on_node=verified,
-                        placement="mbind",
-                    )
-                )
-            del host, dev
+                lane.copies.copy(kind, lane.buffers[host].address, nbytes)
+        for r in range(rounds):
+            for host in hosts if r % 2 == 0 else hosts[::-1]:
+                for kind in ("h2d", "d2h"):
+                    seconds = lane.copies.copy(kind, lane.buffers[host].address, nbytes)
+                    out.setdefault((host, kind), []).append(nbytes / seconds / 1e9)
     finally:
         os.sched_setaffinity(0, saved)
     return out
+
+
+def _at_once(lanes: list[_Lane], host: str, kind: str, nbytes: int) -> float:
+    """Every GPU copies :data:`AT_ONCE_COPIES` times from its ``host`` buffer, started
+    together (one thread per GPU, on its ranks' CPUs; the driver's calls release the GIL):
+    all the bytes over the wall time from the first start to the last end, GB/s."""
+    import threading
+
+    start = threading.Barrier(len(lanes))
+    spans: list[tuple[float, float]] = []
+    failures: list[BaseException] = []
+
+    def work(lane: _Lane) -> None:
+        lane.pin()
+        try:
+            start.wait(timeout=60)
+            t0 = time.perf_counter()
+            for _ in range(AT_ONCE_COPIES):
+                lane.copies.copy(kind, lane.buffers[host].address, nbytes)
+            spans.append((t0, time.perf_counter()))
+        except BaseException as err:  # reported by the caller
+            failures.append(err)
+            start.abort()
+
+    threads = [threading.Thread(target=work, args=(lane,), daemon=True) for lane in lanes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    real = [f for f in failures if not isinstance(f, threading.BrokenBarrierError)]
+    if real or failures:
+        raise (real or failures)[0]
+    wall = max(end for _, end in spans) - min(begin for begin, _ in spans)
+    return len(lanes) * AT_ONCE_COPIES * nbytes / wall / 1e9
+
+
+def gpu_copies(
+    machine: Machine,
+    plans: list[Any],
+    *,
+    rank: int | None = None,
+    node: int | None = None,
+    size: int = DEFAULT_SIZE,
+    share: float = 0.25,
+    quick: bool = False,
+) -> GpuReport | str:
+    """Pinned host->device and device->host bandwidth from a registered host buffer on
+    each GPU's node against one on the farthest node: each GPU alone, then every GPU at
+    once (one copy on a PCIe link is often bound by the link; the host memory's node
+    shows under concurrency, when the sockets' interconnect carries every GPU's traffic).
+    A reason string when there is nothing to measure."""
+    from .. import _driver
+    from .._errors import NumabindError
+
+    lanes = _lanes(machine, plans, rank, node)
+    if not lanes:
+        return "no GPU (no plan binds a GPU here)"
+    driver, why = _driver.driver_for(lanes[0].acc)
+    if driver is None:
+        return f"no GPU driver ({why})"
+    if not driver.can_copy:
+        return f"not measured: numabind times copies only through the driver ({driver.name})"
+    nbytes = _buffer_bytes(machine, lanes, size, share)
+    if nbytes < 4 << 20:
+        return "not measured: too little free memory for a buffer of 4 MiB per GPU and node"
+    rounds = QUICK_GPU_ROUNDS if quick else GPU_ROUNDS
+    try:
+        verified, notes = _open(lanes, driver, nbytes)
+        if not lanes:
+            return "not measured: " + "; ".join(notes)
+        alone = [_alone(lane, nbytes, rounds) for lane in lanes]
+        together: dict[tuple[str, str], list[float]] = {}
+        if len(lanes) > 1:
+            hosts = ["local"]
+            if all(lane.remote is not None for lane in lanes):
+                hosts.append("remote")
+            for r in range(rounds):
+                for host in hosts if r % 2 == 0 else hosts[::-1]:
+                    for kind in ("h2d", "d2h"):
+                        together.setdefault((host, kind), []).append(
+                            _at_once(lanes, host, kind, nbytes)
+                        )
+    except (NumabindError, OSError) as err:
+        return f"not measured: {err}"
+    finally:
+        for lane in lanes:
+            lane.close()
+    out = _gpu_rows(lanes, alone, together, verified, nbytes)
+    text_, ratio = gpu_verdict(out)
+    return GpuReport(
+        driver=driver.name,
+        bytes=nbytes,
+        copies=tuple(out),
+        verdict=text_,
+        ratio=ratio,
+        notes=tuple(notes),
+    )
+
+
+def _open(
+    lanes: list[_Lane], driver: Any, nbytes: int
+) -> tuple[dict[tuple[int, str], float], list[str]]:
+    """Each GPU's registered buffers (local, remote) and device memory, and the share of
+    each buffer's pages on its node.  A GPU whose own buffer or device memory cannot be
+    had is left out, and one whose remote buffer cannot is measured locally only (a
+    container's cpuset.mems, a node short of memory): each said in a note.  Removes the
+    lanes left out from ``lanes``."""
+    from .. import _driver
+    from .._errors import NumabindError
+    from .._memory import host_buffer, share_on
+
+    verified: dict[tuple[int, str], float] = {}
+    notes: list[str] = []
+    for lane in list(lanes):
+        try:
+            for host, where in (("local", lane.node), ("remote", lane.remote)):
+                if where is None:
+                    continue
+                try:
+                    buf = host_buffer(nbytes, node=where, device=lane.acc.pci or lane.index,
+                                      register=True)  # fmt: skip
+                except (NumabindError, OSError) as err:
+                    if host == "local":
+                        raise
+                    notes.append(f"GPU {lane.index}: no remote buffer on node {where}: {err}")
+                    lane.remote = None
+                    continue
+                lane.buffers[host] = buf
+                verified[(lane.index, host)] = share_on(buf.placement(), [where])
+            handle = driver.device(lane.acc, lane.index)
+            lane.copies = _driver.DeviceCopies(driver, handle, nbytes)
+        except (NumabindError, OSError) as err:
+            notes.append(f"GPU {lane.index}: not measured: {err}")
+            lane.close()
+            lanes.remove(lane)
+    return verified, notes
+
+
+def _gpu_rows(
+    lanes: list[_Lane],
+    alone: list[dict[tuple[str, str], list[float]]],
+    together: dict[tuple[str, str], list[float]],
+    verified: dict[tuple[int, str], float],
+    nbytes: int,
+) -> list[GpuCopy]:
+    out: list[GpuCopy] = []
+    for lane, got in zip(lanes, alone):
+        for (host, kind), samples in got.items():
+            where = lane.node if host == "local" else lane.remote
+            out.append(
+                GpuCopy(
+                    devices=(lane.index,),
+                    gpu_nodes=(lane.node,),
+                    host=host,
+                    memory_nodes=(where if where is not None else -1,),
+                    kind=kind,
+                    value=max(samples),
+                    samples=tuple(samples),
+                    pages_verified_on_node=verified[(lane.index, host)],
+                    bytes=nbytes,
+                )
+            )
+    for (host, kind), samples in together.items():
+        nodes = [lane.node if host == "local" else lane.remote for lane in lanes]
+        out.append(
+            GpuCopy(
+                devices=tuple(lane.index for lane in lanes),
+                gpu_nodes=tuple(lane.node for lane in lanes),
+                host=host,
+                memory_nodes=tuple(n if n is not None else -1 for n in nodes),
+                kind=kind,
+                value=max(samples),
+                samples=tuple(samples),
+                pages_verified_on_node=min(verified[(lane.index, host)] for lane in lanes),
+                bytes=nbytes,
+            )
+        )
+    return out
+
+
+def gpu_verdict(copies: list[GpuCopy] | tuple[GpuCopy, ...]) -> tuple[str, float | None]:
+    """One line on whether a pinned buffer's node matters here, and the local/remote
+    bandwidth ratio it rests on: from every GPU at once where there are several (the case
+    that loads the sockets' interconnect), else from the one GPU; the ratio is the smaller
+    of the best values' and the round-by-round median's, as for memory copies."""
+    trusted = [c for c in copies if c.trusted]
+    if copies and not trusted:
+        return "no trusted measurement: the buffers' pages could not be placed where asked", None
+    width = max((len(c.devices) for c in trusted), default=0)
+    rows = [c for c in trusted if len(c.devices) == width]
+    best: tuple[float, str, str] | None = None
+    for kind in ("h2d", "d2h"):
+        groups: dict[tuple[int, ...], dict[str, GpuCopy]] = {}
+        for c in rows:
+            if c.kind == kind:
+                groups.setdefault(c.devices, {})[c.host] = c
+        for devices, pair in groups.items():
+            local, remote = pair.get("local"), pair.get("remote")
+            if local is None or remote is None or remote.value <= 0:
+                continue
+            ratio = local.value / remote.value
+            paired = _paired(local.samples, remote.samples)
+            if paired is not None:
+                ratio = min(ratio, paired)
+            who = f"{len(devices)} GPUs at once" if len(devices) > 1 else f"GPU {devices[0]}"
+            if best is None or ratio > best[0]:
+                best = (ratio, kind, who)
+    if best is None:
+        return "one NUMA node near the GPUs: no remote host memory to compare", None
+    ratio, kind, who = best
+    if ratio < NO_DIFFERENCE:
+        return (
+            f"no measurable difference (local/remote {ratio:.2f}x, {kind}, {who}): "
+            "a pinned buffer's node does not limit copies here",
+            ratio,
+        )
+    return (
+        f"copies from a remote host buffer are {ratio:.1f}x slower ({kind}, {who}): "
+        "place pinned buffers on the GPU's node (numabind.host_buffer)",
+        ratio,
+    )
 
 
 def _verify_range(addr: int, size: int, node: int, every: int) -> float:
@@ -481,7 +787,7 @@ class BenchReport(Record):
     size_bytes: int
     measurements: tuple[Measurement, ...]
     verdicts: tuple[Verdict, ...]
-    gpu: tuple[Measurement, ...] | str
+    gpu: GpuReport | str
 
 
 def run(
@@ -493,12 +799,16 @@ def run(
     size: int = 64 << 20,
     share: float = 0.25,
     quick: bool = False,
+    only: str | None = None,
 ) -> BenchReport:
     """Measure from every place the plans bind to (or one rank's, or one node's) and
-    return the report ``numabind bench --json`` prints."""
+    return the report ``numabind bench --json`` prints; ``only`` is ``memory`` (no GPU
+    copies) or ``gpu`` (only those)."""
     places: dict[tuple[int | None, frozenset[int]], list[int]] = {}
     allowed = machine.allowed.cpus
-    if node is not None:
+    if only == "gpu":
+        pass
+    elif node is not None:
         n = machine.node(node)
         cpus = (n.cpus & allowed) if n is not None else frozenset()
         if cpus:
@@ -534,15 +844,9 @@ def run(
                 ratio=ratio,
             )
         )
-    gpu: tuple[Measurement, ...] | str = "no GPU (no plan binds a GPU here)"
-    first = next((p for p in plans if p.bound and p.device is not None), None)
-    if first is not None and first.device.vendor == "nvidia":
-        got_gpu = gpu_copies(machine, first.device_index or 0, first.numa_node)
-        if isinstance(got_gpu, str):
-            gpu = got_gpu
-        else:
-            gpu = tuple(got_gpu)
-            measurements += got_gpu
+    gpu: GpuReport | str = "not measured (--only memory)"
+    if only != "memory":
+        gpu = gpu_copies(machine, plans, rank=rank, node=node, size=size, share=share, quick=quick)
     return BenchReport(
         machine=machine.description,
         nodes=tuple(
@@ -593,15 +897,43 @@ def text(data: dict[str, Any]) -> list[str]:
         for r in rows:
             out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         out.append(f"  verdict: {v['verdict']}")
-    gpu = report["gpu"]
+    out += ["", *gpu_text(report["gpu"])]
+    return out
+
+
+def gpu_text(gpu: dict[str, Any] | str) -> list[str]:
+    """The pinned-copy table: a row per GPU alone, a row for every GPU at once, GB/s."""
     if isinstance(gpu, str):
-        out += ["", f"Pinned host<->device copies: {gpu}"]
-    else:
-        out += ["", "Pinned host<->device copies (GB/s)"]
-        for m in gpu:
-            out.append(
-                f"  {m['kind']} with the buffer on node {m['memory_node']}: {m['value']:.1f}"
-            )
+        return [f"Pinned host<->device copies: {gpu}"]
+    mib = gpu["bytes"] >> 20
+    out = [f"Pinned host<->device copies through the {gpu['driver']} ({mib} MiB registered host "
+           "buffers; GB/s, the best round)"]  # fmt: skip
+    rows = [["GPU", "node", "h2d local", "h2d remote", "d2h local", "d2h remote"]]
+    table: dict[tuple[int, ...], dict[tuple[str, str], dict[str, Any]]] = {}
+    for c in gpu["copies"]:
+        table.setdefault(tuple(c["devices"]), {})[(c["kind"], c["host"])] = c
+    for devices, cells in sorted(table.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        first = next(iter(cells.values()))
+        label = str(devices[0]) if len(devices) == 1 else f"all {len(devices)} at once"
+        node = str(first["gpu_nodes"][0]) if len(devices) == 1 else "-"
+        row = [label, node]
+        for kind in ("h2d", "d2h"):
+            for host in ("local", "remote"):
+                c = cells.get((kind, host))
+                if c is None:
+                    row.append("-")
+                    continue
+                where = ""
+                if host == "remote" and len(devices) == 1:
+                    where = f" (node {c['memory_nodes'][0]})"
+                mark = "" if c["trusted"] else " (untrusted)"
+                row.append(f"{c['value']:.2f}{where}{mark}")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    out += [f"  note: {note}" for note in gpu.get("notes", ())]
+    out.append(f"  verdict: {gpu['verdict']}")
     return out
 
 
@@ -641,6 +973,7 @@ def run_bench(args: argparse.Namespace) -> int:
             size=size,
             share=args.share,
             quick=args.quick,
+            only=args.only,
         )
     finally:
         machine.close()
