@@ -628,6 +628,37 @@ def test_dataloader_workers_and_openmp_keep_their_roles(vm_roles: dict[str, Any]
 
 
 @pytest.mark.torch
+def test_bench_times_pinned_copies_from_local_and_remote_buffers(
+    vm_roles: dict[str, Any],
+) -> None:
+    """numabind bench --only gpu on 2 nodes x 2 GPUs, through the stand-in libcuda: each
+    GPU's buffer on its own node and on the other one, the kernel confirming every page
+    where it was asked; each GPU alone and all four at once; the stand-in saw every copy
+    between registered host memory and the right device's memory, copies overlapping,
+    and nothing left held when the command ended."""
+    run = vm_roles["bench_gpu"]
+    assert run["rc"] == 0 and run["json"] is not None, run["stderr"]
+    gpu = run["json"]["gpu"]
+    assert isinstance(gpu, dict) and gpu["driver"] == "CUDA driver", gpu
+    node_of = {0: 0, 1: 0, 2: 1, 3: 1}
+    rows = {(tuple(c["devices"]), c["host"], c["kind"]): c for c in gpu["copies"]}
+    for d, node in node_of.items():
+        for kind in ("h2d", "d2h"):
+            local, remote = rows[((d,), "local", kind)], rows[((d,), "remote", kind)]
+            assert local["gpu_nodes"] == local["memory_nodes"] == [node], local
+            assert remote["memory_nodes"] == [1 - node], remote
+    for host in ("local", "remote"):
+        for kind in ("h2d", "d2h"):
+            together = rows[((0, 1, 2, 3), host, kind)]
+            assert together["value"] > 0 and len(together["samples"]) == 3, together
+    assert all(c["trusted"] for c in gpu["copies"]), gpu["copies"]  # >= 99% on its node
+    assert gpu["verdict"].startswith(("no measurable difference", "copies from a remote"))
+    held = {k: run["standin"][k] for k in ("registered", "allocations", "streams", "retained")}
+    assert set(held.values()) == {"0"} and run["standin"]["errors"] == "0", run["standin"]
+    assert int(run["standin"]["max_in_flight"]) >= 2, run["standin"]
+
+
+@pytest.mark.torch
 def test_a_registered_buffer_is_not_mapped_by_a_fork_child(vm_roles: dict[str, Any]) -> None:
     run = vm_roles["register"]
     assert run["rc"] == 0 and run["data"] is not None, run["stderr"]

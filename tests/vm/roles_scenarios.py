@@ -9,7 +9,9 @@ GPUs 0-1 on node 0, 2-3 on node 1), with real torch 2.13:
 * NUMABIND_OMP_PLACES sets OMP_PLACES/OMP_PROC_BIND, and keeps a user's OMP_PLACES;
 * a host buffer on node 1 registered with the stand-in libcuda.so.1 (built on the host
   into STANDIN_DIR), then ``fork()``: the child does not map it (MADV_DONTFORK), the
-  parent's pages stay on node 1; with ``dontfork=False`` the child maps it.
+  parent's pages stay on node 1; with ``dontfork=False`` the child maps it;
+* ``numabind bench --only gpu`` through the same stand-in: a registered buffer on each
+  GPU's node against one on the other node, each GPU alone and all four at once.
 
 Usage (in the guest): python tests/vm/roles_scenarios.py OUT.json
 """
@@ -143,11 +145,42 @@ def register(results: dict) -> None:  # type: ignore[type-arg]
     }
 
 
+def bench_gpu(results: dict) -> None:  # type: ignore[type-arg]
+    """numabind bench's pinned copies through the stand-in libcuda: each GPU's registered
+    buffer on its node and on the other node, each GPU alone and all four at once (each
+    copy held 20 ms by the stand-in so that copies issued together overlap)."""
+    exit_file = "/tmp/standin-bench.txt"
+    t = time.time()
+    argv = ["bench", "--only", "gpu", "--json", "--quick", "--size", "8"]
+    p = subprocess.run(
+        [sys.executable, "-m", "numabind", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(
+            LD_LIBRARY_PATH=os.environ.get("STANDIN_DIR", "/nonexistent"),
+            STANDIN_EXIT=exit_file,
+            STANDIN_COPY_US="20000",
+        ),
+    )
+    exit_line = ""
+    if os.path.exists(exit_file):
+        with open(exit_file) as f:
+            exit_line = f.readline().strip()
+    results["bench_gpu"] = {
+        "rc": p.returncode,
+        "stderr": p.stderr[-3000:],
+        "json": json.loads(p.stdout) if p.returncode == 0 else None,
+        "standin": dict(item.split("=") for item in exit_line.split()),
+        "seconds": round(time.time() - t, 1),
+    }
+
+
 def main() -> int:
     out_path = sys.argv[1]
     results: dict = {"errors": {}}  # type: ignore[type-arg]
-    steps = (("places", places), ("register", register), ("torchrun", torchrun_reserve),
-             ("loader", loader))  # fmt: skip
+    steps = (("places", places), ("register", register), ("bench_gpu", bench_gpu),
+             ("torchrun", torchrun_reserve), ("loader", loader))  # fmt: skip
     for name, fn in steps:
         try:
             fn(results)
