@@ -150,39 +150,60 @@ def arm_places() -> None:
         after_import(name, run)
 
 
-def wrap_init_process_group(dist: Any) -> None:
-    """Guard ``torch.distributed.init_process_group`` (idempotent)."""
-    original = getattr(dist, "init_process_group", None)
-    if original is None or getattr(original, "_numabind_guard", False):
-        return
+def around_init_process_group(
+    c10d: Any, name: str, around: Callable[[Callable[[], Any]], Any]
+) -> None:
+    """Run ``around(call)`` in place of each call of c10d's ``init_process_group`` (``call``
+    makes the real one), under ``name`` once however often it is asked.  One wrapper holds
+    every numabind hook (the guard, the job report), so there is one patch to undo, one
+    marker, and the name ``torch.distributed`` re-exports is patched with it."""
     import functools
 
+    current = getattr(c10d, "init_process_group", None)
+    if current is None:
+        return
+    hooks: dict[str, Callable[[Callable[[], Any]], Any]] | None = getattr(
+        current, "_numabind_hooks", None
+    )
+    if hooks is None:
+        original, hooks = current, {}
+        chain = hooks
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            def call() -> Any:
+                return original(*args, **kwargs)
+
+            for hook in chain.values():  # the first added runs innermost
+                call = functools.partial(hook, call)
+            return call()
+
+        init_process_group._numabind_hooks = hooks  # type: ignore[attr-defined]
+        c10d.init_process_group = init_process_group
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and getattr(dist, "init_process_group", None) is original:
+            setattr(dist, "init_process_group", init_process_group)  # noqa: B010
+    hooks.setdefault(name, around)
+
+
+def _guarded(call: Callable[[], Any]) -> Any:
+    """The guard around init_process_group: did it narrow the calling thread's CPUs?"""
     from ._kernel import affinity_of
 
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        before = affinity_of(0)
+    before = affinity_of(0)
+    try:
+        return call()
+    finally:
         try:
-            return original(*args, **kwargs)
-        finally:
-            try:
-                check_calling_thread("torch.distributed.init_process_group", before)
-            except Exception:
-                pass
-
-    init_process_group._numabind_guard = True  # type: ignore[attr-defined]
-    dist.init_process_group = init_process_group
+            check_calling_thread("torch.distributed.init_process_group", before)
+        except Exception:
+            pass
 
 
 def guard_c10d(c10d: Any) -> None:
     """After ``torch.distributed.distributed_c10d`` is imported: guard its
-    ``init_process_group`` and the name ``torch.distributed`` re-exports."""
-    wrap_init_process_group(c10d)
-    dist = sys.modules.get("torch.distributed")
-    current = getattr(dist, "init_process_group", None)
-    # torch.distributed re-exports the function: patch the name users call
-    if current is not None and not getattr(current, "_numabind_guard", False):
-        setattr(dist, "init_process_group", c10d.init_process_group)  # noqa: B010
+    ``init_process_group`` (and the name ``torch.distributed`` re-exports)."""
+    around_init_process_group(c10d, "guard", _guarded)
 
 
 def arm() -> None:

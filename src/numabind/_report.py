@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import threading
 import time
 from typing import Any
@@ -192,24 +191,17 @@ def arm() -> None:
 
 
 def wrap(c10d: Any) -> None:
-    """Wrap ``init_process_group`` (and the name ``torch.distributed`` re-exports)."""
-    import functools
+    """Post the report after ``init_process_group`` returns (and the name
+    ``torch.distributed`` re-exports), through the guard's one wrapper."""
+    from ._guard import around_init_process_group
 
-    original = getattr(c10d, "init_process_group", None)
-    if original is None or getattr(original, "_numabind_report", False):
-        return
+    around_init_process_group(c10d, "report", _after_init)
 
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        try:
-            report()
-        except Exception as err:  # the report is never worth a failed start
-            say(f"job report: not posted ({type(err).__name__}: {err})")
-        return result
 
-    init_process_group._numabind_report = True  # type: ignore[attr-defined]
-    c10d.init_process_group = init_process_group
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and getattr(dist, "init_process_group", None) is original:
-        dist.init_process_group = init_process_group  # type: ignore[attr-defined]
+def _after_init(call: Any) -> Any:
+    result = call()
+    try:
+        report()
+    except Exception as err:  # the report is never worth a failed start
+        say(f"job report: not posted ({type(err).__name__}: {err})")
+    return result
