@@ -39,6 +39,23 @@ _DROPPED = (
 two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 
 
+BIN = os.path.dirname(sys.executable)  # where this interpreter's torchrun, ray, ... are
+
+
+def need(tool: str) -> str:
+    """The path of launcher ``tool`` (this venv's bin first); a skip where it is not
+    installed, and a failure instead under NUMABIND_REQUIRE_LAUNCHERS=1 (CI's launcher
+    stage, which installs every one)."""
+    import shutil
+
+    path = shutil.which(tool, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    if path is None:
+        if os.environ.get("NUMABIND_REQUIRE_LAUNCHERS") == "1":
+            pytest.fail(f"{tool} is required but not installed")
+        pytest.skip(f"{tool} is not installed (scripts/test-launchers installs it)")
+    return path
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """``os.environ`` without rank, device, thread and numabind variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}

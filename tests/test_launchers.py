@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,22 +20,13 @@ from typing import Any
 
 import pytest
 
-from support import clean_env
+from support import clean_env, need
 
 pytestmark = pytest.mark.launchers
 HERE = Path(__file__).resolve().parent
 PROBE = str(HERE / "launchers" / "probe.py")
 BIN = Path(sys.executable).parent
 ONE_NODE = "not bound: this machine has one NUMA node with CPUs: nothing to bind"
-
-
-def need(tool: str) -> str:
-    path = shutil.which(tool, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    if path is None:
-        if os.environ.get("NUMABIND_REQUIRE_LAUNCHERS") == "1":
-            pytest.fail(f"{tool} is required but not installed")
-        pytest.skip(f"{tool} is not installed (scripts/test-launchers installs it)")
-    return path
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from support import clean_env
+from support import clean_env, need
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "launchers" / "report_worker.py")
@@ -110,15 +110,6 @@ def test_garbage_forged_and_missing_records_are_rows(tmp_path: Path) -> None:
 
 
 # --- real torchrun -------------------------------------------------------------------------
-
-
-def need(tool: str) -> str:
-    path = shutil.which(tool, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    if path is None:
-        if os.environ.get("NUMABIND_REQUIRE_LAUNCHERS") == "1":
-            pytest.fail(f"{tool} is required but not installed")
-        pytest.skip(f"{tool} is not installed")
-    return path
 
 
 def agent(
