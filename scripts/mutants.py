@@ -506,6 +506,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "the collector counts only its own node's ranks (a shared PID namespace)",
         ("tests/test_job.py",),
     ),
+    # --- bench: pinned copies through the driver --------------------------------------------
+    M(
+        "M57",
+        "src/numabind/cli/_bench.py",
+        "    return len(lanes) * AT_ONCE_COPIES * nbytes / wall / 1e9",
+        "    return AT_ONCE_COPIES * nbytes / wall / 1e9",
+        "'all GPUs at once' is every GPU's bytes over the wall time",
+        ("tests/test_bench_gpu.py",),
+    ),
+    M(
+        "M58",
+        "src/numabind/cli/_bench.py",
+        "    width = max((len(c.devices) for c in trusted), default=0)",
+        "    width = min((len(c.devices) for c in trusted), default=0)",
+        "the pinned-copy verdict rests on every GPU at once where there are several",
+        ("tests/test_bench_gpu.py",),
+    ),
+    M(
+        "M59",
+        "src/numabind/_driver.py",
+        "        restore = self.driver.push(self.device, self.token)\n        try:\n            t0",
+        "        restore = None\n        try:\n            t0",
+        "each timed copy runs with its own GPU's context current",
+        ("tests/test_bench_gpu.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the
