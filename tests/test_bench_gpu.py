@@ -268,3 +268,26 @@ def test_gpu_verdict() -> None:
     assert gpu_verdict(noisy)[0].startswith("no measurable difference")
     assert "no trusted" in gpu_verdict([_row((0,), "local", "h2d", (1.0,), verified=0.5)])[0]
     assert "no remote host memory" in gpu_verdict(rows[:1])[0]
+
+
+def test_bench_against_the_real_driver_where_there_is_a_gpu(tmp_path: Path) -> None:
+    """The bench's pinned copies on the machine's own libcuda.so.1 when it has an NVIDIA
+    GPU (every GPU alone and at once, buffers placed and registered for real); where it
+    has none, that is what is checked, so a GPU machine cannot pass without running it."""
+    import os
+
+    if not (os.path.exists("/dev/nvidiactl") and os.path.exists("/dev/nvidia0")):
+        assert not os.path.exists("/proc/driver/nvidia/gpus")
+        return
+    r = subprocess.run(
+        [sys.executable, "-m", "numabind", "bench", "--only", "gpu", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=clean_env(),
+    )
+    assert r.returncode == 0, r.stderr
+    gpu = json.loads(r.stdout)["gpu"]
+    assert isinstance(gpu, dict) and gpu["driver"] == "CUDA driver", gpu
+    assert gpu["copies"] and all(c["value"] > 0 for c in gpu["copies"]), gpu
+    assert all(c["trusted"] for c in gpu["copies"]), gpu
