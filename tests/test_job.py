@@ -342,6 +342,17 @@ def test_the_collector_needs_all_and_check_job_needs_a_job() -> None:
         env=clean_env(),
     )
     assert p.returncode == 2 and "is not a Slurm job id" in p.stderr
+    for argv, said in (
+        (["--job", "77", "--python", "python3"], "--python 'python3' is not an absolute path"),
+        (["--all", "--python", "/usr/bin/python3"], "--python names the interpreter --job runs"),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "numabind", "check", *argv],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+        )
+        assert p.returncode == 2 and said in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 
 def test_the_gpu_is_told_by_the_device_file_a_rank_holds_open(
@@ -497,6 +508,12 @@ def test_check_job_on_a_two_node_slurm_job(cluster: dict[str, str], tmp_path: Pa
     d = json.loads(p.stdout)
     assert d["summary"]["ranks"] == 4 and d["summary"]["off_plan"] == 1
     assert sorted(r["rank"] for n in d["nodes"] for r in n["ranks"]) == [0, 1, 2, 3]
+
+    # --python names the nodes' interpreter: one that is not there is each node's row
+    p = check_job(env, job, "--python", "/nonexistent/python3", "--deadline", "30")
+    print(p.stdout)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "nodea  UNREACHABLE: " in p.stdout and "nodeb  UNREACHABLE: " in p.stdout, p.stdout
 
     # a collector that hangs: its node is a row, the report comes at the deadline
     hang = Path(state, "hang-nodea")

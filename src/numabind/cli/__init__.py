@@ -318,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(NUMABIND_REPORT=1) from its store (MASTER_ADDR:MASTER_PORT), read only",
     )
     check.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="with --job: the interpreter that runs the collector on each node (an absolute "
+        "path with numabind installed there; default: this one)",
+    )
+    check.add_argument(
         "--job-id",
         default=None,
         metavar="JOBID",
@@ -456,6 +463,13 @@ def _silence_stdout() -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    if args.python is not None and (args.job is None or args.store is not None):
+        from .._errors import UsageError
+
+        raise UsageError(
+            "numabind check: --python names the interpreter --job runs on each node "
+            "(not with --store, --ray or --all)"
+        )
     if args.ray is not None:
         from ._ray import run_ray
 

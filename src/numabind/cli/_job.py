@@ -285,11 +285,17 @@ def run_job(args: argparse.Namespace) -> int:
         )
     if not (job.isascii() and re.fullmatch(r"\d{1,10}(_\d{1,10})?", job)):
         raise UsageError(f"numabind check --job: {_sysfs.short(job)!r} is not a Slurm job id")
+    python = args.python or sys.executable
+    if not os.path.isabs(python) or len(python) > 4096 or "\0" in python:
+        raise UsageError(
+            f"numabind check --job: --python {_sysfs.short(python)} is not an absolute path "
+            "(the nodes' interpreter: they do not share this shell's PATH)"
+        )
     started = time.monotonic()
     try:
         nodes = job_nodes(job, os.environ, timeout=min(args.deadline, 20))
         left = max(args.deadline - (time.monotonic() - started), 1.0)
-        answered, notes = collect_slurm(job, nodes, left)
+        answered, notes = collect_slurm(job, nodes, left, python)
     except (SlurmError, _job.InvalidRecord) as err:
         write_lines([f"numabind check --job: {err}"], stream=sys.stderr)
         return USAGE

@@ -92,8 +92,12 @@ def gpu_holders(state: Any) -> tuple[dict[str, list[int]], dict[str, str]]:
 def _connect(ray: Any, address: str, deadline: float) -> str:
     """``ray.init`` bounded by ``deadline`` (it has no timeout of its own); why it failed,
     or "" once connected."""
+    import logging
     import threading
 
+    # ray.init from a thread that is not the main one warns that it set no SIGTERM handler
+    # (this process sets none of its own): Ray's notices are not check's to print
+    logging.getLogger("ray").setLevel(logging.ERROR)
     outcome: list[str] = []
 
     def connect() -> None:
