@@ -531,6 +531,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "each timed copy runs with its own GPU's context current",
         ("tests/test_bench_gpu.py",),
     ),
+    M(
+        "M60",
+        "src/numabind/_store.py",
+        "        if length > self.limit:",
+        "        if False:",
+        "check --job --store refuses a value longer than a record before reading it",
+        ("tests/test_report.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -161,6 +161,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "ray",
         "_job",
         "_inspect",
+        "_store",
         "_report",
         "",
         "_site.sitecustomize",

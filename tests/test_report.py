@@ -30,14 +30,113 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def check_store(address: str, *more: str) -> subprocess.CompletedProcess[str]:
+def check_store(address: str, *more: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "numabind", "check", "--job", "--store", address, *more],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env=clean_env(**env),
         timeout=120,
     )
+
+
+class FakeStore:
+    """A server that speaks the store's protocol as a hostile or broken store would:
+    ``announce`` is the length it claims for every value (then sends 64 KiB of it at
+    most), ``silent`` accepts and never answers.  Records how many bytes it sent."""
+
+    def __init__(self, announce: int = 0, silent: bool = False) -> None:
+        import threading
+
+        self.announce, self.silent, self.sent = announce, silent, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        import struct
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.talk, args=(conn, struct), daemon=True).start()
+
+    def talk(self, conn: socket.socket, struct: Any) -> None:
+        def take(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = conn.recv(n - len(data))
+                if not chunk:
+                    raise OSError("closed")
+                data += chunk
+            return data
+
+        with conn:
+            try:
+                take(5)  # VALIDATE, magic
+                while True:
+                    if self.silent:
+                        time.sleep(60)
+                    query = take(1)[0]
+                    keys = struct.unpack("=Q", take(8))[0] if query == 5 else 1
+                    for _ in range(keys):
+                        take(struct.unpack("=Q", take(8))[0])
+                    if query == 5:  # CHECK: every key is there
+                        conn.sendall(b"\x00")
+                    else:  # GET: the announced length, then as much as it cares to send
+                        conn.sendall(struct.pack("=Q", self.announce))
+                        body = b"x" * min(self.announce, 1 << 16)
+                        conn.sendall(body)
+                        self.sent += len(body)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_store_announcing_a_huge_value_is_refused_unread() -> None:
+    """torch's own client would allocate whatever length the store announces (1 TiB
+    here); numabind's refuses it from the length, having read none of it."""
+    store = FakeStore(announce=1 << 40)
+    try:
+        began = time.monotonic()
+        p = check_store(f"127.0.0.1:{store.port}", "--deadline", "10")
+    finally:
+        store.close()
+    assert p.returncode == 3 and time.monotonic() - began < 10, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert "cannot read the store (a value of 1099511627776 bytes (at most" in p.stderr
+
+
+def test_a_record_longer_than_a_record_can_be_is_an_invalid_row() -> None:
+    from numabind import _job, _report
+    from numabind._store import StoreClient
+
+    store = FakeStore(announce=_job.RECORD_BYTES + 1)
+    try:
+        with StoreClient("127.0.0.1", store.port, time.monotonic() + 10, _job.RECORD_BYTES) as c:
+            report = _report.read_report(c, "numabind/run/0", 2, None, time.monotonic() + 10)
+    finally:
+        store.close()
+    text = "\n".join(_job.report_lines(report))
+    assert text.count(f"not read: a value of {_job.RECORD_BYTES + 1} bytes") == 2, text
+    assert _job.exit_status(report) == 3
+
+
+def test_a_store_that_never_answers_ends_at_the_deadline() -> None:
+    store = FakeStore(silent=True)
+    try:
+        began = time.monotonic()
+        p = check_store(f"127.0.0.1:{store.port}", "--deadline", "3")
+        took = time.monotonic() - began
+    finally:
+        store.close()
+    assert p.returncode == 3 and took < 8, (took, p.stderr)
+    assert p.stderr.count("\n") == 1 and "cannot read the store (no answer" in p.stderr
 
 
 def test_a_store_that_is_not_there_is_one_line_at_once() -> None:
@@ -98,7 +197,12 @@ def test_garbage_forged_and_missing_records_are_rows(tmp_path: Path) -> None:
     assert "invalid record: not JSON" in text and "is not a host name" in text
     assert "NOT POSTED: rank 3" in text and "\x1b" not in text
     assert _job.exit_status(report) == 3
-    p = check_store(f"127.0.0.1:{port}")
+    # from outside, through numabind's own client: the same report, and no torch needed
+    # (an importable 'torch' that refuses to load stands in for a machine without it)
+    blocked = tmp_path / "no-torch" / "torch"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('torch is not here')\n")
+    p = check_store(f"127.0.0.1:{port}", PYTHONPATH=str(blocked.parent))
     assert p.returncode == 3, p.stderr
     assert p.stdout.splitlines()[0] == text.splitlines()[0]
     d = json.loads(check_store(f"127.0.0.1:{port}", "--json").stdout)

@@ -141,6 +141,8 @@ def read_report(
     records name, an invalid row per record that does not pass, the ranks with none
     listed as not posted; past ``deadline`` (a ``time.monotonic()`` value) the ranks not
     read yet are listed as not read."""
+    from ._store import StoreError
+
     hosts: dict[str, _job.NodeRow] = {}
     invalid: list[_job.RankRow] = []
     missing: list[int] = []
@@ -151,10 +153,13 @@ def read_report(
             missing.extend(range(r, min(world, MAX_WORLD)))
             break
         key = f"{prefix}/{r}"
-        if not store.check([key]):
-            missing.append(r)
-            continue
-        row = _job.parse_node(bytes(store.get(key))[: _job.RECORD_BYTES + 1])
+        try:
+            if not store.check([key]):
+                missing.append(r)
+                continue
+            row = _job.parse_node(bytes(store.get(key))[: _job.RECORD_BYTES + 1])
+        except StoreError as err:  # numabind's own client: a value too long, or cut off
+            row = _job.NodeRow(host="?", state="invalid", reason=f"not read: {err}")
         problem = row.reason if row.state != "answered" else ""
         if not problem and (len(row.ranks) != 1 or row.ranks[0].status == "invalid"):
             problem = row.ranks[0].problems[0] if row.ranks else "a record without a rank"

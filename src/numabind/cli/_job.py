@@ -47,9 +47,8 @@ OUTPUT_CAP = 256 << 20  # bytes read from srun at most (1,000 nodes x 8 ranks is
 
 
 def _from_store(args: argparse.Namespace) -> int:
-    """``check --job --store HOST:PORT``: the records a torch.distributed job posted."""
-    from datetime import timedelta
-
+    """``check --job --store HOST:PORT``: the records a torch.distributed job posted, read
+    through numabind's own bounded client of the store (no torch needed)."""
     from .. import _report
     from .._errors import UsageError
 
@@ -63,16 +62,10 @@ def _from_store(args: argparse.Namespace) -> int:
     if why is not None:
         write_lines([f"{said}: cannot reach the store ({why})"], stream=sys.stderr)
         return UNREACHABLE
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # its client logs every retry
+    from .._store import StoreClient, StoreError
+
     try:
-        import torch.distributed as dist
-    except ImportError:
-        raise UsageError("numabind check --store: reading a torch store needs torch") from None
-    try:
-        tcp_store = getattr(dist, "TCPStore")  # noqa: B009 (typed only where torch is)
-        store = tcp_store(
-            host, int(port), is_master=False, timeout=timedelta(seconds=wait), use_libuv=False
-        )
+        store = StoreClient(host, int(port), started + wait, _job.RECORD_BYTES)
         if not store.check([_report.LATEST]):
             write_lines(
                 [
@@ -82,11 +75,10 @@ def _from_store(args: argparse.Namespace) -> int:
                 stream=sys.stderr,
             )
             return UNREACHABLE
-        latest = bytes(store.get(_report.LATEST))[:200].decode("ascii", "replace")
-    except Exception as err:  # the store's client raises RuntimeError and its subclasses
-        first = str(err).strip().splitlines()[:1]
-        why = _sysfs.clean_line(first[0], 200) if first else type(err).__name__
-        write_lines([f"{said}: cannot read the store ({why})"], stream=sys.stderr)
+        latest = store.get(_report.LATEST)[:200].decode("ascii", "replace")
+    except StoreError as err:
+        write_lines([f"{said}: cannot read the store ({_sysfs.clean_line(str(err), 200)})"],
+                    stream=sys.stderr)  # fmt: skip
         return UNREACHABLE
     m = re.fullmatch(r"([A-Za-z0-9_.-]{1,64})/(\d{1,6})/(\d{1,7})", latest)
     if m is None or not 0 < int(m.group(3)) <= _report.MAX_WORLD:
@@ -94,7 +86,11 @@ def _from_store(args: argparse.Namespace) -> int:
         return UNREACHABLE
     prefix = f"{_report.PREFIX}/{m.group(1)}/{m.group(2)}"
     left = max(args.deadline - (time.monotonic() - started), 1.0)
-    report = _report.read_report(store, prefix, int(m.group(3)), None, time.monotonic() + left)
+    store.deadline = time.monotonic() + left
+    try:
+        report = _report.read_report(store, prefix, int(m.group(3)), None, store.deadline)
+    finally:
+        store.close()
     if args.json:
         write_json(report.to_dict())
     else:
