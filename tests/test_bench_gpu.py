@@ -149,6 +149,19 @@ def test_text_report(nvidia_root: str, standin: dict[str, Path], tmp_path: Path)
     assert lines[-1].startswith("  verdict: one NUMA node near the GPUs")
 
 
+def test_svg_has_a_bar_per_pinned_copy_row(
+    nvidia_root: str, standin: dict[str, Path], tmp_path: Path
+) -> None:
+    svg = tmp_path / "bench.svg"
+    r, _, _ = bench(nvidia_root, standin["libcuda.so.1"], tmp_path, "--svg", str(svg))
+    assert r.returncode == 0, r.stderr
+    text = svg.read_text()
+    assert "pinned host&lt;-&gt;device copies (GB/s)" in text, text[:2000]
+    for label in ("GPU 0 h2d local", "GPU 1 d2h local", "all 2 h2d local"):
+        assert label in text
+    assert text.count("<rect") >= 6 and "pinned copies: one NUMA node near the GPUs" in text
+
+
 def test_hip_through_the_same_path(amd_root: str, standin: dict[str, Path], tmp_path: Path) -> None:
     r, counters, log = bench(amd_root, standin["libamdhip64.so"], tmp_path, "--json")
     assert r.returncode == 0, r.stderr

@@ -277,7 +277,9 @@ def render(
 
 def render_bench(report: dict[str, Any]) -> str:
     """``numabind bench --svg``: a bar per place measured from and memory node, for copy
-    bandwidth and for latency, each labelled with its value; untrusted ones grey."""
+    bandwidth and for latency, and one per pinned-copy row (a GPU alone or all at once,
+    each direction, local or remote buffer), each labelled with its value; untrusted ones
+    grey."""
     rows: list[tuple[str, Any, int, float, bool, str]] = []
     for m in report.get("measurements", []):
         if isinstance(m, dict) and m.get("kind") in ("copy", "latency"):
@@ -317,6 +319,31 @@ def render_bench(report: dict[str, Any]) -> str:
             continue
         c.y += LINE + 4
         for line in wrap(f"from node {v.get('from_node')}: {v.get('verdict')}", width - 2 * PAD):
+            c.text(PAD, c.y, line, FONT)
+            c.y += LINE
+    gpu = report.get("gpu")
+    copies = gpu.get("copies", []) if isinstance(gpu, dict) else []
+    if copies:
+        top = max(float(g["value"]) for g in copies) or 1.0
+        c.y += LINE + 8
+        c.text(PAD, c.y, "pinned host<->device copies (GB/s)", 13, bold=True)
+        for g in sorted(
+            copies, key=lambda g: (len(g["devices"]), g["devices"], g["kind"], g["host"])
+        ):
+            devices = g["devices"]
+            who = f"GPU {devices[0]}" if len(devices) == 1 else f"all {len(devices)}"
+            value, trusted = float(g["value"]), bool(g.get("trusted"))
+            c.y += bar_h + gap
+            c.text(PAD, c.y - 4, fit(f"{who} {g['kind']} {g['host']}", label_w, FONT), FONT)
+            w = max(plot_w * value / top, 1.0)
+            fill = colour(int(g["memory_nodes"][0])) if trusted else DISALLOWED
+            tip = f"buffers on node(s) {', '.join(map(str, g['memory_nodes']))}"
+            c.rect(PAD + label_w, c.y - bar_h, w, bar_h, fill, stroke="#333", title=tip)
+            shown = f"{value:.1f}" + ("" if trusted else " (untrusted)")
+            c.text(PAD + label_w + w + 6, c.y - 4, fit(shown, 88, FONT), FONT)
+    if isinstance(gpu, dict):
+        c.y += LINE + 4
+        for line in wrap(f"pinned copies: {gpu.get('verdict')}", width - 2 * PAD):
             c.text(PAD, c.y, line, FONT)
             c.y += LINE
     return c.document(title)
