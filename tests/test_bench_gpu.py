@@ -123,6 +123,14 @@ def test_the_gpus_copy_at_the_same_time(
     assert both > 1.5 * one, (one, both)
 
 
+def test_rank_selects_its_gpu(nvidia_root: str, standin: dict[str, Path], tmp_path: Path) -> None:
+    r, counters, _ = bench(nvidia_root, standin["libcuda.so.1"], tmp_path, "--rank", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    copies = json.loads(r.stdout)["gpu"]["copies"]
+    assert {tuple(c["devices"]) for c in copies} == {(1,)} and len(copies) == 2
+    assert counters["allocations"] == 0 and counters["errors"] == 0
+
+
 def test_text_report(nvidia_root: str, standin: dict[str, Path], tmp_path: Path) -> None:
     r, _, _ = bench(nvidia_root, standin["libcuda.so.1"], tmp_path)
     assert r.returncode == 0, r.stderr
