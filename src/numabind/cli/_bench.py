@@ -57,6 +57,16 @@ MIN_LATENCY_SPAN = 64 << 20
 DEFAULT_SIZE, QUICK_SIZE = 64 << 20, 16 << 20
 
 
+def _rounded(d: dict[str, Any], m: Measurement | GpuCopy) -> dict[str, Any]:
+    """A measured row's JSON: values rounded as far as they mean anything, and whether
+    the row is to be trusted."""
+    d["trusted"] = m.trusted
+    d["value"] = round(m.value, 3)
+    d["pages_verified_on_node"] = round(m.pages_verified_on_node, 4)
+    d["samples"] = [round(v, 3) for v in m.samples]
+    return d
+
+
 class Measurement(Record):
     """One number: ``kind`` copy (GB/s), latency (ns), h2d/d2h (GB/s, pinned copies)."""
 
@@ -82,12 +92,7 @@ class Measurement(Record):
         return self.pages_verified_on_node >= TRUSTED
 
     def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["trusted"] = self.trusted
-        d["value"] = round(self.value, 3)
-        d["pages_verified_on_node"] = round(self.pages_verified_on_node, 4)
-        d["samples"] = [round(v, 3) for v in self.samples]
-        return d
+        return _rounded(super().to_dict(), self)
 
 
 class _Buffer:
@@ -316,12 +321,7 @@ class GpuCopy(Record):
         return self.pages_verified_on_node >= TRUSTED
 
     def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["trusted"] = self.trusted
-        d["value"] = round(self.value, 3)
-        d["pages_verified_on_node"] = round(self.pages_verified_on_node, 4)
-        d["samples"] = [round(v, 3) for v in self.samples]
-        return d
+        return _rounded(super().to_dict(), self)
 
 
 class GpuReport(Record):
