@@ -160,7 +160,10 @@ class Driver:
         """Register ``[address, address + nbytes)`` in chunks; on a failure, unregister
         what was registered and raise :class:`RegistrationError` naming the driver's
         error.  The primary context stays retained while the range is registered."""
-        token = self.retain(device)
+        try:
+            token = self.retain(device)
+        except DriverError as err:
+            raise RegistrationError(str(err)) from None
         try:
             restore = self.push(device, token)
         except DriverError as err:
