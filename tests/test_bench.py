@@ -159,12 +159,18 @@ def test_verdicts_from_measurements() -> None:
 def test_placement_check_sees_through_numa_balancing_efault() -> None:
     """move_pages answers EFAULT for resident pages NUMA balancing has unmapped: those are
     left out of the share, and when most are unseen numa_maps decides instead (None)."""
-    from numabind.cli._bench import _share_on
+    from numabind._range import share_on, tally
 
-    assert _share_on([1, 1, 1, -14], 1) == 1.0
-    assert _share_on([1, 0, -14, -14], 1) == 0.5
-    assert _share_on([1, -14, -14, -14], 1) is None
-    assert _share_on([], 1) is None
+    def share(statuses: list[int]) -> float | None:
+        found = tally(statuses, 1, len(statuses))
+        return None if found is None else share_on(found, [1])
+
+    assert share([1, 1, 1, -14]) == 1.0
+    assert share([1, 0, -14, -14]) == 0.5
+    assert share([1, -14, -14, -14]) is None
+    assert share([]) == 0.0
+    assert tally([1, -2, -2, -14], 1, 4) == {1: 2, None: 2}, "absent pages are not apportioned"
+    assert tally([0, 0, 1], 4, 11) == {0: 7, 1: 4}, "a sample's counts sum to the range"
 
 
 def test_verdict_needs_the_round_by_round_comparison_to_agree() -> None:

@@ -152,7 +152,17 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "who am I": ("_environ", "_devices", "_nvml"),
     "plan": ("_plan",),
-    "bind": ("_kernel", "_apply", "_registry", "_threads", "_guard", "_driver", "_memory"),
+    "bind": (
+        "_kernel",
+        "_pin",
+        "_range",
+        "_apply",
+        "_registry",
+        "_threads",
+        "_guard",
+        "_driver",
+        "_memory",
+    ),
     "entry points": (
         "_startup",
         "_api",

@@ -56,7 +56,7 @@ whole story of late binding:
   gets it (and every thread and child it starts later).  Threads that already exist keep
   their own policy; their future allocations are the one gap late binding cannot close.
 * Pages already placed stay where they are unless moved: with ``migrate`` the private
-  anonymous pages off the plan's nodes are moved (:func:`numabind._kernel.migrate_private`)
+  anonymous pages off the plan's nodes are moved (:func:`numabind._range.migrate_private`)
   and what could not move is counted by reason.
 """
 
@@ -708,33 +708,6 @@ def _refused(b: Binding, refusal: OSError | str, what: str = "") -> bool:
     return True
 
 
-def set_thread_policy(plan: Plan) -> tuple[str, frozenset[int], str | None]:
-    """Set the calling thread's memory policy as ``plan`` says: the one place that knows
-    a kernel without a policy (MPOL_PREFERRED_MANY before 5.15) refuses it with EINVAL,
-    and falls back as the policy table says (preferring the GPU's node).  Returns (policy
-    set, its nodes, a note or None); raises ``OSError`` when the kernel refuses."""
-    from . import _kernel
-
-    policy, nodes = plan.memory_policy, plan.memory_nodes
-    if policy == "local":
-        nodes = frozenset()
-    try:
-        _kernel.set_mempolicy(policy, nodes)
-    except OSError as err:
-        fallback = POLICIES[policy].fallback
-        if fallback is None or err.errno != errno.EINVAL:
-            raise
-        first = plan.numa_node if plan.numa_node in nodes else min(nodes)
-        _kernel.set_mempolicy(fallback, frozenset({first}))
-        return (
-            fallback,
-            frozenset({first}),
-            f"kernel refused MPOL_{policy.upper().replace('-', '_')}: "
-            + (f"preferring node {first}" if fallback == "preferred" else f"{fallback} {first}"),
-        )
-    return policy, nodes, None
-
-
 def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
     from . import _kernel
 
@@ -749,7 +722,9 @@ def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
         b.notes.append(f"kept the memory policy already set ({name} {fmt(nodes)})")
         return
     try:
-        policy, nodes, note = set_thread_policy(plan)
+        policy, nodes, note = _kernel.set_policy(
+            plan.memory_policy, plan.memory_nodes, plan.numa_node
+        )
     except OSError as err:
         if not _refused(b, err, "set_mempolicy"):
             b.errors.append(str(err))
@@ -761,10 +736,19 @@ def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
 
 def _migrate(b: Binding, plan: Plan) -> None:
     """Move the private anonymous pages off the plan's nodes onto them, under the policy
-    the table says moves pages for the policy applied."""
-    from ._kernel import migrate_private
+    the table says moves pages for the policy applied (the range applier, loaded only
+    when numa_maps shows a page elsewhere: a rank starting where it belongs skips it)."""
+    from ._kernel import anon_pages_outside
 
     target = plan.memory_nodes
+    try:
+        if anon_pages_outside(target) == 0:
+            return
+    except OSError as err:
+        b.notes.append(f"page migration skipped: {err}")
+        return
+    from ._range import migrate_private
+
     move_as = POLICIES[b.policy_applied or "preferred"].migrate_as or "bind"
     dest = min(target, key=lambda n: (n != plan.numa_node, n))
     done = migrate_private(target, move_as, dest)

@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import threading
 
-from . import _kernel
 from ._output import say
 from ._plan import Plan
 
@@ -154,34 +153,23 @@ def child_binding(
     if not p.bound or method == "forkserver":
         yield p
         return
-    from ._apply import set_thread_policy
+    from ._pin import ThreadPin
 
-    previous_cpus = frozenset(os.sched_getaffinity(0))
-    previous_policy: tuple[str, frozenset[int]] | None = None
-    try:
-        os.sched_setaffinity(0, p.cpus)
-        if p.memory_policy != "none":
-            try:
-                previous_policy = _kernel.get_mempolicy()
-                set_thread_policy(p)
-            except OSError as err:
-                # EPERM, a seccomp filter: the child still starts on its CPUs and binds its
-                # memory itself on entry (where the refusal is said once).  Anything else
-                # (EINVAL: a node outside the cgroup's cpuset.mems) is said here, once per
-                # kind, and the child starts with its CPUs bound, as the hook would do
-                if err.errno != errno.EPERM:
-                    _say_once(
-                        f"policy-{err.errno}",
-                        f"local rank {local_rank}: {err}; CPUs bound, memory policy left as it is",
-                    )
-                if previous_policy is not None:
-                    _kernel.set_mempolicy(*previous_policy)
-                previous_policy = None
+    with ThreadPin(p.placement) as pin:
+        if pin.cpu_error is not None:
+            raise pin.cpu_error
+        for err in pin.errors:
+            # EPERM (a seccomp filter): the child still starts on its CPUs and binds its
+            # memory itself on entry, where the refusal is said once.  Anything else
+            # (EINVAL: a node outside the cgroup's cpuset.mems) is said here, once per
+            # kind, and the child starts with its CPUs bound, as the hook would do
+            if err.errno == errno.EPERM:
+                continue
+            _say_once(
+                f"policy-{err.errno}",
+                f"local rank {local_rank}: {err}; CPUs bound, memory policy left as it is",
+            )
         yield p
-    finally:
-        os.sched_setaffinity(0, previous_cpus)
-        if previous_policy is not None:
-            _kernel.set_mempolicy(*previous_policy)
 
 
 # --- spawn without torch -----------------------------------------------------------------------

@@ -143,12 +143,14 @@ def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[Buff
     """Measure each host buffer the process listed; a warning note for one off its nodes."""
     if entry is None or not entry.buffers:
         return ()
+    from ._range import numa_maps_pages
+
+    try:  # one pass over maps and numa_maps, however many buffers the entry lists
+        measured = numa_maps_pages([(a, n) for a, n, _, _ in entry.buffers], pid)
+    except OSError:
+        measured = [None] * len(entry.buffers)
     out = []
-    for address, nbytes, nodes, policy in entry.buffers:
-        try:
-            pages = _kernel.range_pages(address, address + nbytes, pid)
-        except OSError:
-            pages = None
+    for (address, nbytes, nodes, policy), pages in zip(entry.buffers, measured):
         share = locality(pages, frozenset(nodes)) if pages else None
         ok = share is None or share >= BUFFER_LOCALITY
         if pages is None:

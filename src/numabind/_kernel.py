@@ -141,6 +141,18 @@ SYSCALLS: tuple[Syscall, ...] = (
 BY_NAME = {s.name: s for s in SYSCALLS}
 POLICY_CALLS: tuple[str, ...] = tuple(s.name for s in SYSCALLS if s.policy)
 
+# What a page's status from move_pages means (the errno, positive), said so a user can act:
+# the one table of why a page is not where it was asked to be
+PAGE_STATUS: dict[int, str] = {
+    errno.ENOENT: "not present",
+    errno.EFAULT: "not mapped, or a zero or special page",
+    errno.EACCES: "shared with another process",
+    errno.EBUSY: "busy (pinned for DMA, locked or under I/O)",
+    errno.ENOMEM: "no memory on the target node",
+    errno.EIO: "could not be written back (not migratable)",
+    errno.EINVAL: "cannot move (a special page)",
+}
+
 MPOL_F_STATIC_NODES = 1 << 15
 MPOL_F_RELATIVE_NODES = 1 << 14
 MPOL_MF_STRICT, MPOL_MF_MOVE, MPOL_MF_MOVE_ALL = 1, 2, 4
@@ -316,6 +328,33 @@ def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
     )
 
 
+def set_policy(
+    policy: str, nodes: frozenset[int], home: int | None = None
+) -> tuple[str, frozenset[int], str | None]:
+    """Set the calling thread's memory policy, falling back as the policy table says where
+    the kernel lacks it (MPOL_PREFERRED_MANY before 5.15 refuses with EINVAL: then the
+    ``home`` node is preferred).  Returns (the policy set, its nodes, a note when the
+    fallback was set); raises ``OSError`` when the kernel refuses both.  The one place
+    that knows this: the process and thread appliers both set policies through it."""
+    if policy == "local":
+        nodes = frozenset()
+    try:
+        set_mempolicy(policy, nodes)
+    except OSError as err:
+        fallback = POLICIES[policy].fallback
+        if fallback is None or err.errno != errno.EINVAL or not nodes:
+            raise
+        first = home if home in nodes else min(nodes)
+        set_mempolicy(fallback, frozenset({first}))
+        return (
+            fallback,
+            frozenset({first}),
+            f"kernel refused MPOL_{policy.upper().replace('-', '_')}: "
+            + (f"preferring node {first}" if fallback == "preferred" else f"{fallback} {first}"),
+        )
+    return policy, nodes, None
+
+
 def get_mempolicy() -> tuple[str, frozenset[int]]:
     """The calling thread's memory policy and its nodes."""
     lib = _Libc.get()
@@ -392,34 +431,6 @@ def madvise(addr: int, length: int, advice: int) -> None:
         ct.c_ulong(length),
         ct.c_int(advice),
     )
-
-
-def range_pages(start: int, end: int, pid: int | str = "self") -> dict[int, int] | None:
-    """Resident pages per node of the mappings that make up ``[start, end)`` (one buffer,
-    which mbind may have split), in 4 KiB units, from ``/proc/PID/numa_maps`` (a mapping
-    that began before ``start`` counts whole: numa_maps says no finer); None when nothing
-    is mapped there.  Shared and huge-page mappings count too."""
-    found: dict[int, int] | None = None
-    first = start  # the mapping holding ``start`` may begin before it
-    for line in Lines(f"/proc/{pid}/maps"):
-        a, _, rest = line.partition("-")
-        lo, hi = _hex(a), _hex(rest.split(None, 1)[0] if rest else "")
-        if lo is not None and hi is not None and lo <= start < hi:
-            first = lo
-            break
-    for line in Lines(f"/proc/{pid}/numa_maps"):
-        fields = line.split()
-        addr = _hex(fields[0]) if fields else None
-        if addr is None or not first <= addr < end:
-            continue
-        page_kb = 4
-        for f in fields[2:]:
-            if f.startswith("kernelpagesize_kB="):
-                page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
-        found = found if found is not None else {}
-        for node, n in _node_counts(fields[2:]):
-            found[node] = found.get(node, 0) + n * (page_kb // 4)
-    return found
 
 
 def move_pages(pages: list[int], nodes: list[int] | None = None, pid: int = 0) -> list[int]:
@@ -709,7 +720,7 @@ class Region(Record):
         return hash((self.start, self.end))
 
 
-def _hex(text: str) -> int | None:
+def hex_int(text: str) -> int | None:
     if not text or len(text) > 16:
         return None
     try:
@@ -718,7 +729,7 @@ def _hex(text: str) -> int | None:
         return None
 
 
-def _node_counts(fields: list[str]) -> Iterator[tuple[int, int]]:
+def node_counts(fields: list[str]) -> Iterator[tuple[int, int]]:
     for f in fields:
         if f[:1] == "N" and "=" in f:
             node, _, count = f[1:].partition("=")
@@ -753,7 +764,7 @@ def read_maps(pid: int | str = "self") -> Maps:
         if name in _SPECIAL:
             continue
         a, _, b = fields[0].partition("-")
-        start, end = _hex(a), _hex(b)
+        start, end = hex_int(a), hex_int(b)
         if start is None or end is None or end <= start:
             continue
         ranges[start] = (end, name or "[anon]")
@@ -763,7 +774,7 @@ def read_maps(pid: int | str = "self") -> Maps:
         fields = line.split()
         if len(fields) < 2:
             continue
-        start = _hex(fields[0])
+        start = hex_int(fields[0])
         if start is None or start not in ranges or any(f.startswith("file=") for f in fields):
             continue
         page_kb = 4
@@ -780,7 +791,7 @@ def read_maps(pid: int | str = "self") -> Maps:
                 end=end,
                 name=name,
                 page_size=page_kb * 1024,
-                pages=dict(_node_counts(fields[2:])),
+                pages=dict(node_counts(fields[2:])),
                 mapmax=mapmax,
                 policy=parse_numa_maps_policy(fields)[0],
             )
@@ -800,7 +811,7 @@ def anon_pages_outside(nodes: frozenset[int], pid: int | str = "self") -> int:
     for line in Lines(f"/proc/{pid}/numa_maps"):
         if "file=" in line:
             continue
-        for node, n in _node_counts(line.split()[2:]):
+        for node, n in node_counts(line.split()[2:]):
             if node not in nodes:
                 count += n
     return count
@@ -888,147 +899,3 @@ def locality(per_node: dict[int, int], nodes: frozenset[int]) -> float | None:
     if total == 0:
         return None
     return sum(c for n, c in per_node.items() if n in nodes) / total
-
-
-# --- moving a process's own pages --------------------------------------------------------------
-
-_BATCH = 1 << 30  # bytes of address space per mbind(MPOL_MF_MOVE) call
-_MOVE_BATCH = 16384  # pages per move_pages call (64 MiB of 4 KiB pages)
-_QUERY_LIMIT = 1 << 22  # pages of address space queried in all (16 GiB of 4 KiB pages)
-_WHY = {
-    errno.EACCES: "shared with another process",
-    errno.EBUSY: "busy (locked or under I/O)",
-    errno.EFAULT: "zero page or special mapping",
-    errno.ENOMEM: "target node full",
-    errno.EIO: "not migratable",
-    errno.EINVAL: "not migratable",
-}
-
-
-class Migration(Record):
-    """What moving pages did: pages moved, pages still elsewhere and why (move_pages'
-    answers), the calls refused with EPERM (a seccomp filter: said once by the caller),
-    and notes."""
-
-    moved: int = 0
-    failed: int = 0
-    not_moved: dict[str, int] = {}  # noqa: RUF012 (records are immutable)
-    refused: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-class _Mover:
-    """Moves pages of this process onto ``target`` nodes: ``mbind(MPOL_MF_MOVE)`` over a
-    range in bounded batches (1 GiB of address space each: long migrations have stalled
-    processes for minutes elsewhere), then what it left (busy at that instant, or mbind
-    refused) page by page with ``move_pages``, bounded in all by :data:`_QUERY_LIMIT`."""
-
-    def __init__(self, target: frozenset[int], policy: str, dest: int) -> None:
-        self.target = target
-        self.policy = policy
-        self.dest = dest
-        self.refused: list[str] = []
-        self.notes: list[str] = []
-        self.not_moved: dict[str, int] = {}
-        self.budget = _QUERY_LIMIT
-
-    def _refuse(self, err: OSError, call: str) -> bool:
-        if err.errno != errno.EPERM:
-            return False
-        if call not in self.refused:
-            self.refused.append(call)
-        return True
-
-    def mbind(self, start: int, end: int, name: str, clear: bool) -> None:
-        """mbind with the move flag in batches; with ``clear`` the range policy is set
-        back to default right after (the pages stay: future allocations follow the
-        thread's policy, and a later restore() is not contradicted by range policies)."""
-        if "mbind" in self.refused:
-            return
-        while start < end:
-            length = min(_BATCH, end - start)
-            try:
-                mbind(start, length, self.policy, self.target, MPOL_MF_MOVE)
-            except OSError as err:
-                if self._refuse(err, "mbind"):
-                    return
-                if err.errno not in (errno.EFAULT, errno.EIO):  # unmapped meanwhile; busy
-                    self.notes.append(f"migration of {name} stopped: {err}")
-                    return
-            finally:
-                if clear and "mbind" not in self.refused:
-                    try:
-                        mbind(start, length, "default", (), 0)
-                    except OSError:
-                        pass
-            start += length
-
-    def leftovers(self, start: int, end: int, page: int) -> None:
-        """Ask where each page lives (move_pages with no nodes) and move the remote ones."""
-        addr = start
-        while addr < end and self.budget > 0 and "move_pages" not in self.refused:
-            n = min(_MOVE_BATCH, (end - addr) // page, self.budget)
-            if n <= 0:
-                break
-            batch = [addr + i * page for i in range(n)]
-            self.budget -= n
-            addr += n * page
-            try:
-                where = move_pages(batch)
-                remote = [a for a, w in zip(batch, where) if w >= 0 and w not in self.target]
-                status = move_pages(remote, [self.dest] * len(remote)) if remote else []
-            except OSError as err:
-                if not self._refuse(err, "move_pages"):
-                    self.notes.append(f"move_pages: {err}")
-                return
-            for s in status:
-                if s < 0:
-                    why = _WHY.get(-s, os.strerror(-s))
-                    self.not_moved[why] = self.not_moved.get(why, 0) + 1
-
-    def result(self, moved: int, failed: int) -> Migration:
-        not_moved = dict(self.not_moved)
-        if failed and not not_moved:
-            not_moved["unknown"] = failed
-        return Migration(
-            moved=moved,
-            failed=failed,
-            not_moved=not_moved,
-            refused=tuple(self.refused),
-            notes=tuple(self.notes),
-        )
-
-
-def _off(regions: list[Region], target: frozenset[int]) -> int:
-    return sum(c for n, c in pages_per_node(regions).items() if n not in target)
-
-
-def migrate_private(target: frozenset[int], policy: str, dest: int) -> Migration | None:
-    """Move this process's private anonymous pages that lie off ``target`` onto it
-    (``policy``: how mbind moves them; ``dest``: where move_pages puts the leftovers).
-    None when nothing lies elsewhere.  File-backed and shared pages are never moved: ranks
-    on other nodes use them too."""
-    try:
-        if anon_pages_outside(target) == 0:
-            return None
-        before = private_anon_regions()
-    except OSError as err:
-        return Migration(notes=(f"page migration skipped: {err}",))
-    off_before = _off(before, target)
-    if off_before == 0:
-        return None
-    mover = _Mover(target, policy, dest)
-    for region in before:
-        if any(n not in target for n in region.pages):
-            mover.mbind(region.start, region.end, region.name, clear=True)
-    try:
-        after = private_anon_regions()
-        if any(n not in target for r in after for n in r.pages):
-            for region in after:
-                if any(n not in target for n in region.pages):
-                    mover.leftovers(region.start, region.end, region.page_size)
-            after = private_anon_regions()
-    except OSError:
-        return mover.result(0, 0)
-    off_after = _off(after, target)
-    return mover.result(max(off_before - off_after, 0), off_after)

@@ -42,11 +42,13 @@ import weakref
 from . import _kernel, _sysfs
 from ._errors import ConfigError, DriverError, NumabindError, RegistrationError
 from ._model import POLICIES, Record
+from ._pin import pin_cpus
+from ._range import Mover, where
 from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
 
     from ._driver import Registration
     from ._model import Accelerator
@@ -58,17 +60,7 @@ MAP_HUGETLB = 0x40000
 MFD_CLOEXEC, MFD_HUGETLB = 1, 4
 MAX_THREADS = 64  # populating threads, whatever the node's size
 CHUNK = 16 << 20  # populate work items: large enough to amortise, small enough to balance
-QUERY_BATCH = 1 << 16  # pages per move_pages call
 BUFFER_POLICIES = ("bind", "preferred", "interleave")
-_REASONS = {
-    -errno.EBUSY: "busy (pinned for DMA, or locked)",
-    -errno.EACCES: "shared with another process",
-    -errno.ENOENT: "not present",
-    -errno.EFAULT: "not mapped",
-    -errno.ENOMEM: "no memory on the node",
-    -errno.EIO: "could not be written back",
-    -errno.EINVAL: "cannot move (a special page)",
-}
 
 
 class PlacementError(NumabindError, MemoryError):
@@ -100,35 +92,10 @@ def placement(address: int, nbytes: int) -> dict[int | None, int]:
 
     ``address`` and ``nbytes`` give the range (rounded out to whole pages).  Returns
     pages per node, and under ``None`` those not present (never touched, or swapped
-    out); from ``move_pages`` in query mode, in batches, or from ``numa_maps`` where a
-    seccomp profile refuses that call."""
-    start = address // PAGE * PAGE
-    count = (address + nbytes - start + PAGE - 1) // PAGE
-    out: dict[int | None, int] = {}
-    try:
-        for first in range(0, count, QUERY_BATCH):
-            n = min(QUERY_BATCH, count - first)
-            pages = [start + (first + i) * PAGE for i in range(n)]
-            for status in _kernel.move_pages(pages):
-                key = status if status >= 0 else None
-                out[key] = out.get(key, 0) + 1
-        return out
-    except OSError as err:
-        if err.errno != errno.EPERM:
-            raise
-    # move_pages refused: numa_maps counts what is resident per node, in 4 KiB units
-    found = _kernel.range_pages(start, start + count * PAGE) or {}
-    scale = max(PAGE // 4096, 1)
-    out = {node: n // scale for node, n in found.items()}
-    out[None] = max(count - sum(out.values()), 0)
-    return out
-
-
-def share_on(where: dict[int | None, int], nodes: Iterable[int]) -> float:
-    """The share of all pages of a placement that are on ``nodes``."""
-    total = sum(where.values())
-    on = sum(n for k, n in where.items() if k is not None and k in set(nodes))
-    return on / total if total else 0.0
+    out); from ``move_pages`` in query mode (on a sample of the pages beyond 4 GiB), or
+    from ``numa_maps`` where a seccomp profile refuses that call (the range applier,
+    :func:`numabind._range.where`, measures every range numabind measures)."""
+    return where(address, nbytes)
 
 
 # --- which node ---------------------------------------------------------------------------------
@@ -335,10 +302,7 @@ def populate(address: int, nbytes: int, cpus: frozenset[int], threads: int) -> t
         ctypes.memset(start, 0, length)  # a foreign call: the GIL is released
 
     def worker() -> None:
-        try:
-            os.sched_setaffinity(0, cpus)  # this thread only
-        except OSError:
-            pass
+        pin_cpus(cpus)  # this thread only, which ends here (refused: faults from anywhere)
         while True:
             with lock:
                 if not chunks or failures:
@@ -746,7 +710,9 @@ def _place(
             buf.notes.append(f"transparent huge pages not available ({err}): normal pages")
             buf.huge = None
     try:
-        _kernel.mbind(buf.address, buf.mapped_bytes, kpolicy, buf.nodes)
+        Mover(buf.nodes, kpolicy).bind(
+            buf.address, buf.address + buf.mapped_bytes, "host buffer", move=False
+        )
     except OSError as err:
         if err.errno != errno.EPERM:
             raise
@@ -819,13 +785,15 @@ def bind_range(
     left_out = nbytes - (end - start)
     if left_out:
         notes.append(f"{left_out} bytes at the edges are not whole pages: left as they are")
-    before = placement(start, end - start)
+    before = where(start, end - start)
     off_before = sum(n for k, n in before.items() if k is not None and k not in nodes)
-    _kernel.mbind(start, end - start, kpolicy, nodes, _kernel.MPOL_MF_MOVE if move else 0)
+    mover = Mover(nodes, kpolicy, spread=True)
+    mover.bind(start, end, "the range", move=move)
     not_moved: dict[str, int] = {}
     if move:
-        not_moved = _move_leftovers(start, end, nodes)
-    after = placement(start, end - start)
+        mover.leftovers(start, end)
+        not_moved = dict(mover.not_moved)
+    after = where(start, end - start)
     off_after = sum(n for k, n in after.items() if k is not None and k not in nodes)
     if move and off_after and not not_moved:
         not_moved["unknown"] = off_after
@@ -840,24 +808,3 @@ def bind_range(
         placement=after,
         notes=tuple(notes),
     )
-
-
-def _move_leftovers(start: int, end: int, nodes: tuple[int, ...]) -> dict[str, int]:
-    """Pages mbind left off the target nodes: move_pages each (spread over ``nodes`` in
-    page order, as interleave does), and count those that still did not move, by reason."""
-    reasons: dict[str, int] = {}
-    count = (end - start) // PAGE
-    for first in range(0, count, QUERY_BATCH):
-        n = min(QUERY_BATCH, count - first)
-        pages = [start + (first + i) * PAGE for i in range(n)]
-        where = _kernel.move_pages(pages)
-        off = [(p, i) for i, (p, w) in enumerate(zip(pages, where)) if w >= 0 and w not in nodes]
-        if not off:
-            continue
-        targets = [nodes[(first + i) % len(nodes)] for _, i in off]
-        result = _kernel.move_pages([p for p, _ in off], targets)
-        for status, target in zip(result, targets):
-            if status != target:
-                why = _REASONS.get(status, f"status {status}") if status < 0 else "stayed"
-                reasons[why] = reasons.get(why, 0) + 1
-    return reasons

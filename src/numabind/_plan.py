@@ -186,6 +186,46 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+class Placement(Record):
+    """*What* to place, kept apart from *where* it is applied: the part of a plan that the
+    appliers read.  One placement is applied to the whole process
+    (:func:`numabind._apply.enter`), to the calling thread for a while
+    (:class:`numabind._pin.ThreadPin`), or to a range of memory
+    (:mod:`numabind._range`), and each applier reads only these fields, so that a new
+    decision (which NIC, which cores, which memory tier) is one field here and one reader
+    in the applier that owns its subject.
+
+    ``cpus`` is the compute set; ``helpers`` the cores kept for helper threads and
+    processes (``NUMABIND_RESERVE``); ``memory_policy`` over ``memory_nodes`` with
+    ``home`` the node it prefers first (where a kernel without MPOL_PREFERRED_MANY
+    prefers, and where leftover pages are moved); ``threads`` the thread budget.  An
+    empty ``cpus`` leaves the CPUs alone; ``memory_policy="none"`` the memory policy."""
+
+    cpus: frozenset[int] = frozenset()
+    helpers: frozenset[int] = frozenset()
+    memory_policy: str = "none"
+    memory_nodes: frozenset[int] = frozenset()
+    home: int | None = None
+    threads: int | None = None
+
+    @property
+    def sets_memory(self) -> bool:
+        """Whether applying it sets a memory policy."""
+        return self.memory_policy != "none"
+
+    def describe(self) -> str:
+        """``CPUs 0-3, memory preferred on node 0``."""
+        mem = memory_text(self.memory_policy, self.memory_nodes)
+        return f"CPUs {fmt(self.cpus) or 'unchanged'}, memory {mem}"
+
+
+def memory_text(policy: str, nodes: frozenset[int]) -> str:
+    """``preferred on node 1``: a memory policy and its nodes, as every summary says it."""
+    if nodes and policy not in ("none", "local"):
+        return f"{policy} on node{'s' if len(nodes) > 1 else ''} " + fmt(nodes)
+    return policy
+
+
 class Plan(Record):
     """One rank's binding.  ``status`` is ``bound`` (apply it) or ``skipped`` (leave the
     process as it is); ``skip`` says which kind of skip, ``reason`` says why in one line,
@@ -220,11 +260,37 @@ class Plan(Record):
     helpers: frozenset[int] = frozenset()
     reserve: str = ""
     smt: str = "all"
+    # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
+    # plan per device, each what the rank driving that device alone would get; the fields
+    # above are their union
+    per_device: tuple[Plan, ...] = ()
 
     @property
     def bound(self) -> bool:
         """The plan binds (``status == "bound"``)."""
         return self.status == "bound"
+
+    @property
+    def placement(self) -> Placement:
+        """What this plan places (empty for a plan that skips)."""
+        if not self.bound:
+            return Placement()
+        return Placement(
+            cpus=self.cpus,
+            helpers=self.helpers,
+            memory_policy=self.memory_policy,
+            memory_nodes=self.memory_nodes,
+            home=self.numa_node,
+            threads=self.threads,
+        )
+
+    def for_device(self, device: Accelerator) -> Plan | None:
+        """The plan of ``device`` in a process bound to several devices (None: not one of
+        them)."""
+        for p in self.per_device:
+            if p.device == device:
+                return p
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         d = self.device
@@ -250,6 +316,7 @@ class Plan(Record):
             "helpers": sorted(self.helpers),
             "reserve": self.reserve,
             "smt": self.smt,
+            "per_device": [p.to_dict() for p in self.per_device],
         }
 
     def who(self) -> str:
@@ -273,10 +340,7 @@ class Plan(Record):
 
     def memory_text(self) -> str:
         """``preferred on node 1``: the memory part of the one-line summary."""
-        mem = self.memory_policy
-        if self.memory_nodes and mem not in ("none", "local"):
-            mem += f" on node{'s' if len(self.memory_nodes) > 1 else ''} " + fmt(self.memory_nodes)
-        return mem
+        return memory_text(self.memory_policy, self.memory_nodes)
 
     def summary(self) -> str:
         """One line: what this rank gets, or why it gets nothing."""

@@ -36,6 +36,8 @@ import time
 from .. import _kernel, _sysfs
 from .._errors import CaptureError, UsageError
 from .._model import Record
+from .._pin import ThreadPin
+from .._plan import Placement
 from ._common import OK, OutputFile, one_stdout, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -117,13 +119,8 @@ class _Buffer:
         if self.placement == "first touch":
             found = machine.node(node)
             node_cpus = found.cpus if found is not None else frozenset()
-            saved = os.sched_getaffinity(0)
-            try:
-                if node_cpus:
-                    os.sched_setaffinity(0, node_cpus)
+            with ThreadPin(Placement(cpus=node_cpus)):  # no CPUs: touched from anywhere
                 self._touch(view)
-            finally:
-                os.sched_setaffinity(0, saved)
         else:
             self._touch(view)
         self.view = view
@@ -137,7 +134,7 @@ class _Buffer:
             view[off : off + n] = chunk[:n]
 
     def _verify(self, node: int) -> float:
-        return _verify_range(self.addr, self.size, node, every=1)  # page by page
+        return _verify_range(self.addr, self.size, node)
 
     def close(self) -> None:
         self.view.release()
@@ -252,18 +249,12 @@ def measure(
 ) -> list[Measurement]:
     """Copy bandwidth and latency from ``cpus`` to every node with memory."""
     out: list[Measurement] = []
-    saved_cpus = os.sched_getaffinity(0)
-    try:
-        saved_policy: tuple[str, frozenset[int]] | None = _kernel.get_mempolicy()
-    except OSError:
-        saved_policy = None
     rounds = 3 if quick else 7
     steps = 20_000 if quick else 400_000
     # the chase's working set; --quick walks 8 MiB (a check of the structure, and its
     # latencies are marked untrusted: caches answer much of such a chase)
     span = (8 << 20) if quick else size
-    try:
-        os.sched_setaffinity(0, cpus)
+    with ThreadPin(Placement(cpus=cpus)):
         local_node = from_node if from_node is not None else machine.node_of_cpu(min(cpus))
         # the destination of copies and the small chase live on the CPUs' own node
         dst = _Buffer(size, local_node if local_node is not None else 0, cpus, machine)
@@ -284,13 +275,6 @@ def measure(
             for _, buf in bufs:
                 buf.close()
             dst.close()
-    finally:
-        os.sched_setaffinity(0, saved_cpus)
-        if saved_policy is not None:
-            try:
-                _kernel.set_mempolicy(*saved_policy)
-            except OSError:
-                pass
     return out
 
 
@@ -353,12 +337,10 @@ class _Lane:
         self.buffers: dict[str, Any] = {}  # "local"/"remote" -> HostBuffer
         self.copies: Any = None  # numabind._driver.DeviceCopies
 
-    def pin(self) -> None:
-        """Issue this GPU's copies from its ranks' CPUs (the calling thread only)."""
-        try:
-            os.sched_setaffinity(0, self.cpus)
-        except OSError:
-            pass  # CPUs this process may not use (a cgroup): copies are issued from anywhere
+    def pin(self) -> ThreadPin:
+        """Issue this GPU's copies from its ranks' CPUs (the calling thread only; CPUs this
+        process may not use, a cgroup's, leave the copies issued from anywhere)."""
+        return ThreadPin(Placement(cpus=self.cpus))
 
     def close(self) -> None:
         if self.copies is not None:
@@ -427,9 +409,7 @@ def _alone(lane: _Lane, nbytes: int, rounds: int) -> dict[tuple[str, str], list[
     of its buffers, local and remote in turn (the order reversed each round)."""
     out: dict[tuple[str, str], list[float]] = {}
     hosts = list(lane.buffers)
-    saved = os.sched_getaffinity(0)
-    try:
-        lane.pin()
+    with lane.pin():
         for host in hosts:  # the first copy of each kind sets up the driver's paths
             for kind in ("h2d", "d2h"):
                 lane.copies.copy(kind, lane.buffers[host].address, nbytes)
@@ -438,8 +418,6 @@ def _alone(lane: _Lane, nbytes: int, rounds: int) -> dict[tuple[str, str], list[
                 for kind in ("h2d", "d2h"):
                     seconds = lane.copies.copy(kind, lane.buffers[host].address, nbytes)
                     out.setdefault((host, kind), []).append(nbytes / seconds / 1e9)
-    finally:
-        os.sched_setaffinity(0, saved)
     return out
 
 
@@ -454,7 +432,7 @@ def _at_once(lanes: list[_Lane], host: str, kind: str, nbytes: int) -> float:
     failures: list[BaseException] = []
 
     def work(lane: _Lane) -> None:
-        lane.pin()
+        lane.pin().apply()  # a thread of its own, ending here: nothing to put back
         try:
             start.wait(timeout=60)
             t0 = time.perf_counter()
@@ -550,7 +528,8 @@ def _open(
     lanes left out from ``lanes``."""
     from .. import _driver
     from .._errors import NumabindError
-    from .._memory import host_buffer, share_on
+    from .._memory import host_buffer
+    from .._range import share_on
 
     verified: dict[tuple[int, str], float] = {}
     notes: list[str] = []
@@ -664,44 +643,12 @@ def gpu_verdict(copies: list[GpuCopy] | tuple[GpuCopy, ...]) -> tuple[str, float
     )
 
 
-def _verify_range(addr: int, size: int, node: int, every: int) -> float:
-    """The share of the range's pages (every ``every``-th) that are on ``node``: asked of
-    move_pages, else read from numa_maps."""
-    first = addr // PAGE * PAGE
-    pages = [first + i * PAGE for i in range(0, size // PAGE, every)]
-    try:
-        where: list[int] = []
-        for i in range(0, len(pages), 16384):
-            where += _kernel.move_pages(pages[i : i + 16384])
-    except OSError:
-        where = []
-    share = _share_on(where, node)
-    return share if share is not None else _share_from_numa_maps(first, node)
+def _verify_range(addr: int, size: int, node: int) -> float:
+    """The share of the range's pages that are on ``node``, asked of the kernel (the range
+    applier's one measurement)."""
+    from .._range import share_on, where
 
-
-def _share_on(where: list[int], node: int) -> float | None:
-    """The share of pages on ``node`` among those move_pages could see; None when it saw
-    fewer than half.  (With NUMA balancing on it answers EFAULT for resident pages the
-    kernel has unmapped for hinting faults; numa_maps still counts those.)"""
-    seen = [w for w in where if w >= 0]
-    if not where or len(seen) * 2 < len(where):
-        return None
-    return sum(1 for w in seen if w == node) / len(seen)
-
-
-def _share_from_numa_maps(addr: int, node: int) -> float:
-    """The share of the pages of the mapping holding ``addr`` that are on ``node``."""
-    from .._kernel import private_anon_regions
-
-    try:
-        regions = private_anon_regions()
-    except OSError:
-        return 0.0
-    for r in regions:
-        if r.start <= addr < r.end:
-            total = sum(r.pages.values())
-            return r.pages.get(node, 0) / total if total else 0.0
-    return 0.0
+    return share_on(where(addr, size), [node])
 
 
 def verdict(results: list[Measurement]) -> tuple[str, float | None]:

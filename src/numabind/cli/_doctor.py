@@ -20,6 +20,7 @@ anything): bounded, parsed as JSON, each field checked for its type, printed esc
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -455,38 +456,47 @@ def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
 
 
 def kernel_findings() -> list[Finding]:
-    """Ask the kernel, changing nothing: set the CPU mask and the memory policy this
-    process already has, and move no pages."""
-    import errno
-
+    """Ask the kernel, changing nothing: pin this thread to the CPU mask and the memory
+    policy it already has (put back after), and move no pages."""
     from .. import _kernel
+    from .._model import POLICIES
+    from .._pin import ThreadPin
+    from .._plan import Placement
 
     out: list[Finding] = []
+    failed: OSError | None = None
     try:
-        os.sched_setaffinity(0, os.sched_getaffinity(0))
-        out.append(Finding(check="cpu affinity", status="ok", detail="this process may set it"))
+        policy, nodes = _kernel.get_mempolicy()
     except OSError as err:
+        policy, nodes, failed = "none", frozenset(), err
+    with ThreadPin(Placement(cpus=frozenset(os.sched_getaffinity(0)))) as pin:
+        pass
+    if pin.cpu_error is None:
+        out.append(Finding(check="cpu affinity", status="ok", detail="this process may set it"))
+    else:
         out.append(
             Finding(
                 check="cpu affinity",
                 status="fail",
-                detail=f"sched_setaffinity refused ({err.strerror}): numabind cannot bind here",
+                detail=f"sched_setaffinity refused ({pin.cpu_error.strerror}): numabind "
+                "cannot bind here",
             )
         )
-    try:
-        policy, nodes = _kernel.get_mempolicy()
-        _kernel.set_mempolicy(policy, nodes)
-        out.append(Finding(check="memory policy", status="ok", detail="this process may set it"))
-    except OSError as err:
-        refused = err.errno == errno.EPERM
+    memory = Placement(memory_policy=policy if policy in POLICIES else "none", memory_nodes=nodes)
+    with ThreadPin(memory) as pin:
+        pass
+    failed = failed or (pin.errors[0] if pin.errors else None)
+    if failed is not None:
         out.append(
             Finding(
                 check="memory policy",
-                status="fail" if refused else "warn",
-                detail=f"{err}; numabind binds CPUs only here: memory lands where it is "
+                status="fail" if failed.errno == errno.EPERM else "warn",
+                detail=f"{failed}; numabind binds CPUs only here: memory lands where it is "
                 "first touched",
             )
         )
+    else:
+        out.append(Finding(check="memory policy", status="ok", detail="this process may set it"))
     out.append(_migration())
     return out
 
