@@ -348,3 +348,38 @@ def find_device(
     if len(found) > 1:
         return None, f"{short(spec)} matches {len(found)} devices (a UUID prefix must be unique)"
     return None, f"no accelerator {short(spec)} on this machine"
+
+
+MAX_DEVICES = 64  # devices one process may ask to be bound to (NUMABIND_DEVICES, devices=)
+
+
+def find_devices(
+    specs: str | tuple[int | str, ...], visible: Visible, machine: Machine
+) -> tuple[tuple[Accelerator, ...], str | None]:
+    """The devices a process asks to drive: ``"all"`` (every visible device) or specs as
+    :func:`find_device` takes them (an index, a PCI address, a UUID), in the order given,
+    each once.  Returns (devices, None) or ((), why not): one spec that names no device
+    refuses them all, rather than bind to some of them."""
+    if specs == "all":
+        if not visible.devices:
+            return (), f"no device is visible ({visible.source})"
+        return visible.devices, None
+    items: tuple[int | str, ...] = (
+        tuple(_spec(t) for t in specs.split(",")[: MAX_DEVICES + 1])
+        if isinstance(specs, str)
+        else specs
+    )
+    if not items or len(items) > MAX_DEVICES:
+        return (), f"give 1 to {MAX_DEVICES} devices, not {len(items)}"
+    found: list[Accelerator] = []
+    for spec in items:
+        dev, why = find_device(spec, visible, machine)
+        if dev is None:
+            return (), f"device {short(str(spec))}: {why}"
+        found.append(dev)
+    return tuple(dict.fromkeys(found)), None
+
+
+def _spec(token: str) -> int | str:
+    token = token.strip()
+    return int(token) if token.isascii() and token.isdigit() and len(token) < 5 else token

@@ -830,5 +830,26 @@ THREAD_ROLES: tuple[tuple[str, str], ...] = (
     ("torch", "pt_"),
 )
 HELPER_PROCESS_ROLES: tuple[str, ...] = ("dataloader worker",)  # may run on reserved cores
+# who moves threads off a binding, told by the moved thread's name (first word found in it,
+# case-insensitive): what ``check`` and a second ``apply()`` say about a thread re-pinned
+# since numabind bound it (TensorRT-LLM#18848: a second configure_cpu_affinity() put every
+# pinned thread back on all CPUs; UCCL's proxies pin their own threads, uccl#1030)
+BINDERS: tuple[tuple[str, str], ...] = (
+    ("trtllm", "TensorRT-LLM"),
+    ("tensorrt", "TensorRT-LLM"),
+    ("uccl", "UCCL"),
+    ("nccl", "NCCL"),
+    ("omp", "an OpenMP runtime"),
+    ("gomp", "an OpenMP runtime"),
+    ("openblas", "OpenBLAS"),
+)
+
+
+def binder_of(name: str) -> str | None:
+    """Who a thread's own name says moved it (:data:`BINDERS`), if any."""
+    low = name.lower()
+    return next((who for word, who in BINDERS if word in low), None)
+
+
 # NUMABIND_WORKERS: where a rank's DataLoader workers run (numabind.torch)
 WORKER_PLACEMENTS: tuple[str, ...] = ("share", "spread", "reserved")

@@ -81,6 +81,9 @@ class Request(Record):
     budget: bool = True
     reserve: str = ""  # NUMABIND_RESERVE in canonical form: "" or "n/node", "n/rank"
     smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
+    # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
+    # union is planned (see plan_devices); empty: one device, picked by rank or argument
+    devices: tuple[Accelerator, ...] = ()
 
 
 def request_for(
@@ -321,7 +324,18 @@ class Plan(Record):
 
     def who(self) -> str:
         """``local rank 3 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)``, or for a
-        device named by an argument, ``device 4 (0000:9b:00.0; argument)``."""
+        device named by an argument, ``device 4 (0000:9b:00.0; argument)``, or for a
+        process that drives several, ``devices 0, 3 (NUMABIND_DEVICES)``."""
+        if self.per_device:
+            shown = ", ".join(
+                str(p.device_index if p.device_index is not None else p.device.pci)
+                for p in self.per_device
+                if p.device is not None
+            )
+            return f"devices {shown} ({self.rank_source or 'argument'})"
+        if self.rank_source == PER_DEVICE and self.device is not None:
+            index = "" if self.device_index is None else f"{self.device_index} "
+            return f"device {index}({self.device.pci}; its share of a multi-device process)"
         if self.local_rank is None and self.device is not None and self.rank_source:
             index = "" if self.device_index is None else f"{self.device_index} "
             return f"device {index}({self.device.pci}; {self.rank_source})"
@@ -351,8 +365,11 @@ class Plan(Record):
 
 def plan(machine: Machine, request: Request) -> Plan:
     """Plan one rank's binding: ``request`` (its rank, visible devices, mode and memory
-    policy) on ``machine``.  Pure and never raises (an odd machine is a skip with its
+    policy) on ``machine``; for a request naming several ``devices``, their union (see
+    :func:`plan_devices`).  Pure and never raises (an odd machine is a skip with its
     reason)."""
+    if request.devices:
+        return plan_devices(machine, request)
     try:
         return _Planner(machine, request).run()
     except Exception as err:  # a capture we did not foresee must not break a process
@@ -363,6 +380,107 @@ def plan(machine: Machine, request: Request) -> Plan:
             f"numabind could not plan on this machine ({type(err).__name__}: "
             f"{_sysfs.clean_line(str(err), 200)})",
         )
+
+
+PER_DEVICE = "per-device"  # the rank source of one device's share of a multi-device plan
+
+
+def plan_devices(machine: Machine, request: Request) -> Plan:
+    """The plan of a process that drives several devices (``request.devices``).
+
+    Device k's share is exactly what the rank driving k alone would get in a job with one
+    rank per visible device (its index among them as the local rank, their count as the
+    local world size): its node in node mode, its package in socket mode, its disjoint
+    share of its node's cores in exclusive mode, its cache domain in core-complex mode,
+    each less the cores ``NUMABIND_RESERVE`` keeps and one thread per core under
+    ``NUMABIND_SMT=1``.  Those plans are ``per_device`` (what a thread bound to k gets:
+    :func:`numabind.bind_thread`); the process gets their union: the CPUs and helper
+    cores of all, and memory under the asked policy over all their nodes (``preferred``
+    over several nodes is MPOL_PREFERRED_MANY), so that each of its threads and children
+    can take its own device's share.  A device whose own plan skips is left out, with a
+    note; when every one skips, the process skips with the first reason."""
+    visible = request.visible.devices if request.visible is not None else ()
+    subs: list[Plan] = []
+    for dev in dict.fromkeys(request.devices):
+        index = visible.index(dev) if dev in visible else None
+        subs.append(
+            plan(
+                machine,
+                request.replace(
+                    devices=(),
+                    device=dev,
+                    local_rank=index,
+                    local_world_size=len(visible) if index is not None else None,
+                    rank_source=PER_DEVICE,
+                    size_source="visible devices",
+                ),
+            )
+        )
+    bound = [p for p in subs if p.bound]
+    planner = _Planner(machine, request.replace(devices=()))
+    if not bound:
+        first = subs[0]
+        return planner.skipped(first.skip or "bad-input", first.reason).replace(
+            per_device=tuple(subs)
+        )
+    notes = list(dict.fromkeys(n for p in bound for n in p.notes))
+    for p in subs:
+        if not p.bound and p.device is not None:
+            notes.append(f"{describe_device(p.device, p.device_index)} left out: {p.reason}")
+    cpus = frozenset().union(*(p.cpus for p in bound))
+    nodes = frozenset().union(*(p.memory_nodes for p in bound))
+    home = bound[0].numa_node
+    policy = request.memory
+    if policy == "preferred" and len(nodes) > 1:
+        policy, nodes, note = preferred_over(machine, nodes, home)
+        if note:
+            notes.append(note)
+    elif policy == "none" or not nodes:
+        policy, nodes = "none", frozenset()
+    budgets = [p.threads for p in bound if p.threads is not None]
+    where = ", ".join(
+        f"{p.device_index if p.device_index is not None else p.device.pci if p.device else '?'}"
+        f" (node {p.numa_node if p.numa_node is not None else '?'})"
+        for p in bound
+    )
+    return Plan(
+        local_rank=request.local_rank,
+        rank_source=request.rank_source,
+        local_world_size=request.local_world_size,
+        size_source=request.size_source,
+        numa_node=home,
+        cpus=cpus,
+        memory_nodes=nodes,
+        memory_policy=policy,
+        mode=request.mode,
+        status="bound",
+        reason=f"devices {where}: the union of their plans",
+        notes=tuple(notes),
+        threads=sum(budgets) if budgets else None,
+        helpers=frozenset().union(*(p.helpers for p in bound)),
+        reserve=request.reserve,
+        smt=request.smt,
+        per_device=tuple(subs),
+    )
+
+
+def preferred_over(
+    machine: Machine, nodes: frozenset[int], home: int | None
+) -> tuple[str, frozenset[int], str | None]:
+    """``preferred`` over several nodes: MPOL_PREFERRED_MANY where the kernel has it
+    (5.15+), else the home node alone, with the note that says so.  The one place this
+    choice is made (the planner, host buffers and the union of several devices ask it);
+    a kernel that refuses it anyway falls back at run time in
+    :func:`numabind._kernel.set_policy`."""
+    many = POLICIES["preferred-many"]
+    if many.min_kernel is None or machine.kernel_at_least(*many.min_kernel):
+        return many.name, nodes, None
+    first = home if home in nodes else min(nodes)
+    return (
+        "preferred",
+        frozenset({first}),
+        f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}",
+    )
 
 
 class _Place(Record):
@@ -721,14 +839,10 @@ class _Planner:
             )
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
-            many = POLICIES["preferred-many"]
-            if many.min_kernel is None or self.m.kernel_at_least(*many.min_kernel):
-                return frozenset(mem), many.name
-            first = node_id if node_id in mem else min(mem)
-            self.notes.append(
-                f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}"
-            )
-            return frozenset({first}), "preferred"
+            policy, nodes, note = preferred_over(self.m, frozenset(mem), node_id)
+            if note:
+                self.notes.append(note)
+            return nodes, policy
         return frozenset(mem), policy
 
 

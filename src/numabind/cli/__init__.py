@@ -522,14 +522,13 @@ def console_main() -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .._environ import Config
     from .._topology import Machine
     from ._doctor import Finding, doctor, lines
 
     machine = None
     problem = None
     try:
-        machine = Machine.from_root(Config.from_env().sysroot)
+        machine = Machine.here()
     except (CaptureError, ValueError, OSError) as err:
         problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
     try:

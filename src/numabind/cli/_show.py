@@ -367,7 +367,6 @@ def _memory_cell(p: Plan) -> str:
 def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
     """The machine ``show`` plans for and the environment it is planned under: an
     example sees itself, a capture its recorded variables, a live machine ours."""
-    from .._environ import Config
     from .._topology import Machine
 
     if args.input is not None and args.example is not None:
@@ -379,7 +378,7 @@ def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
             machine = Machine.from_capture(args.input)
             recorded = machine.recorded_environ
             return machine, (recorded if recorded is not None else os.environ)
-        return Machine.from_root(Config.from_env().sysroot), os.environ
+        return Machine.here(), os.environ
     except (CaptureError, ValueError) as err:
         raise UsageError(f"numabind show: {err}") from err
 
