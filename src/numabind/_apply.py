@@ -469,12 +469,12 @@ class ThreadBinding:
 def reregister() -> None:
     """Write this process's registry entry again (its threads or host buffers changed),
     when a binding of it is registered."""
-    with LOCK:
+    with LOCK:  # the entry is read and written under the lock: the last writer is current
         top = next((b for b in reversed(ACTIVE) if b.registered), None)
-    if top is not None:
-        from . import _registry
+        if top is not None:
+            from . import _registry
 
-        _registry.register(top.entry())
+            _registry.register(top.entry())
 
 
 def _thread_entries(
@@ -795,9 +795,16 @@ def apply_with_rule(
     """Judge the mask in place (``machine`` None: apply the plan exactly, as ``force``)
     and apply ``plan`` accordingly; the caller holds the lock."""
     node = machine.node(plan.numa_node) if machine and plan.numa_node is not None else None
+    node_cpus = node.cpus if node is not None else None
+    if plan.per_device:
+        # several devices: a mask is "inside" only where it holds a CPU of every device's
+        # share (a mask on one device's node would starve the threads of the others)
+        shares = [p.cpus for p in plan.per_device if p.bound]
+        current = frozenset(os.sched_getaffinity(0))
+        node_cpus = plan.cpus if all(current & s for s in shares) else frozenset()
     existing, decision = judge(
         plan.cpus,
-        node.cpus if node is not None else None,
+        node_cpus,
         machine.allowed.cpus if machine is not None else frozenset(),
         enable if machine is not None else "force",
         environ,
