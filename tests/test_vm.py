@@ -414,6 +414,20 @@ def test_set_device_binds_a_process_without_rank(vm_torch: dict[str, Any]) -> No
     assert _share(pages, 1) >= 0.95, pages
 
 
+@pytest.mark.torch
+def test_set_device_from_two_threads_binds_each_thread_to_its_node(
+    vm_torch: dict[str, Any],
+) -> None:
+    """NUMABIND_DEVICES=all and numabind.torch: torch.cuda.set_device(k) in a thread binds
+    that thread to GPU k's node (CPUs and memory policy); the process keeps the union."""
+    r = vm_torch["set_device_threads"]
+    assert r["rc"] == 0, r["stderr"]
+    d = r["data"]
+    assert d["process"] == [0, 1, 2, 3] and d["main"] == [0, 1, 2, 3], d
+    assert d["0"]["cpus"] == [0, 1] and d["0"]["policy"] == ["preferred", [0]], d
+    assert d["1"]["cpus"] == [2, 3] and d["1"]["policy"] == ["preferred", [1]], d
+
+
 # --- numabind check on real processes (issue: see and prove it) -------------------------------
 
 
