@@ -160,6 +160,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_registry",
         "_threads",
         "_guard",
+        "_handback",
         "_driver",
         "_memory",
     ),

@@ -23,7 +23,7 @@ from ._devices import find_device, find_devices, resolve
 from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
-from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record
+from ._model import MODE_NAMES, PRIORITY_ROLES, SMT_LEVELS, USER_POLICIES, Record
 from ._plan import Plan, plan, request_for
 from ._topology import Machine
 
@@ -131,6 +131,7 @@ def plan_for(
     reserve: int | str | None = None,
     smt: int | str | None = None,
     devices: str | Sequence[int | str] | None = None,
+    priority: str | None = None,
 ) -> Plan:
     """The plan :func:`apply` would apply, without applying it.
 
@@ -144,7 +145,10 @@ def plan_for(
     one hardware thread per core.  ``devices`` (``"all"`` or a list of what ``device``
     takes; as NUMABIND_DEVICES) plans a process that drives several devices: the union of
     what each device's rank would get, with each device's own plan in ``per_device``
-    (:func:`numabind.bind_thread` binds a thread to one of them).  ``machine`` plans on
+    (:func:`numabind.bind_thread` binds a thread to one of them).  ``priority``
+    (``"rank"``, ``"main"`` or ``"off"``; as NUMABIND_PRIORITY) uses the node's priority
+    cores: the rank's compute set becomes its fair share of them, or only the calling
+    thread goes on one (``main_cpus``).  ``machine`` plans on
     another machine (default: this one, or NUMABIND_SYSROOT).
     Arguments left None come from the environment (``environ``, default ``os.environ``).
     Bad arguments raise ``TypeError`` or :class:`~numabind.ConfigError`.
@@ -156,11 +160,22 @@ def plan_for(
     memory = _check_choice("memory", memory, MEMORY_POLICIES)
     roles = (_check_reserve(reserve), _check_smt(smt))
     wanted = _check_devices(devices)
+    role = _check_choice("priority", priority, PRIORITY_ROLES)
     env = os.environ if environ is None else environ
     cfg = Config.from_env(env)
     m = machine if machine is not None else Machine.from_root(cfg.sysroot)
     return _plan(
-        m, env, cfg, local_rank, device, mode, memory, local_world_size, roles=roles, devices=wanted
+        m,
+        env,
+        cfg,
+        local_rank,
+        device,
+        mode,
+        memory,
+        local_world_size,
+        roles=roles,
+        devices=wanted,
+        priority=role,
     )
 
 
@@ -176,6 +191,7 @@ def _plan(
     source: str = "device argument",
     roles: tuple[str | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
+    priority: str | None = None,
 ) -> Plan:
     """The plan of an API call: arguments left None come from ``cfg``; ``roles`` is
     (reserve, smt), each None for the configuration's; ``devices`` (else
@@ -212,6 +228,7 @@ def _plan(
         memory or cfg.memory,
         reserve=cfg.reserve if reserve is None else reserve,
         smt=smt or cfg.smt,
+        priority=priority or cfg.priority,
     )
     wanted = devices if devices is not None else (cfg.devices or None)
     if wanted is not None and device is None:
@@ -235,6 +252,7 @@ def apply(
     reserve: int | str | None = None,
     smt: int | str | None = None,
     devices: str | Sequence[int | str] | None = None,
+    priority: str | None = None,
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
@@ -245,7 +263,9 @@ def apply(
             torch.cuda.set_device(local_rank)
 
     ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve``,
-    ``smt`` and ``devices`` choose the plan as in :func:`plan_for`; a process that drives
+    ``smt``, ``devices`` and ``priority`` choose the plan as in :func:`plan_for` (with
+    ``priority="main"`` the calling thread goes on a priority core, and the threads and
+    processes it starts afterwards get the whole set); a process that drives
     several GPUs asks for ``devices="all"`` (or a list) and is bound to their union, so
     that each of its threads can take its own device's share with
     :func:`numabind.bind_thread`.  Every thread's CPU mask is rebound
@@ -272,6 +292,7 @@ def apply(
         report=False,
         roles=(_check_reserve(reserve), _check_smt(smt)),
         devices=_check_devices(devices),
+        priority=_check_choice("priority", priority, PRIORITY_ROLES),
     )
 
 
@@ -290,6 +311,7 @@ def bind(
     source: str = "device argument",
     roles: tuple[str | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
+    priority: str | None = None,
 ) -> Binding:
     """Plan this process's binding from ``os.environ`` and enter it through the one
     protocol (:func:`numabind._apply.enter`, which arms the guards for a binding that
@@ -311,6 +333,7 @@ def bind(
             source,
             roles=roles,
             devices=devices,
+            priority=priority,
         )
         binding = enter(
             p,

@@ -127,6 +127,10 @@ class Binding:
         self.masks: dict[int, frozenset[int]] = {}
         self._previous_policy: tuple[str, frozenset[int]] | None = None
         self._restored = False
+        # NUMABIND_PRIORITY=main: the thread put on a priority core (None: none was)
+        self.main_thread: int | None = None
+        # where the plan's machine came from (numabind._cache: "sysfs", "cache", ...)
+        self.machine = ""
 
     @property
     def ok(self) -> bool:
@@ -253,6 +257,10 @@ class Binding:
             threads=p.threads,
             thread_env=self.thread_env,
             helpers=p.helpers,
+            priority_cpus=p.priority_cpus,
+            main_thread=self.main_thread,
+            main_cpus=p.main_cpus if self.main_thread is not None else frozenset(),
+            machine=self.machine,
         )
 
     @property
@@ -331,6 +339,11 @@ class Binding:
 
     def _put_back(self) -> None:
         from . import _kernel
+
+        if self.main_thread is not None:
+            from . import _handback
+
+            _handback.release()
 
         for tid, cpus in self._previous_affinity.items():
             try:
@@ -857,12 +870,36 @@ def apply_plan(
             b.kept_cpus = frozenset(os.sched_getaffinity(0))
         elif cpus and plan.cpus:
             _apply_cpus(b, plan.cpus, all_threads, rebind_inside)
+            if plan.main_cpus and b.cpus_applied:
+                _pin_main(b, plan)
         if memory and plan.memory_policy != "none":
             _apply_policy(b, plan, keep_policy)
             if migrate and b.policy_applied and plan.memory_nodes:
                 _migrate(b, plan)
         ACTIVE.append(b)
     return b
+
+
+def _pin_main(b: Binding, plan: Plan) -> None:
+    """NUMABIND_PRIORITY=main: the calling thread (the one that launches GPU work) on its
+    priority core, and what it starts from now on on the whole compute set
+    (:mod:`numabind._handback`).  A refusal leaves it on the whole set, with a note."""
+    from . import _handback, _kernel
+
+    tid = _thread.get_native_id()
+    before = _kernel.affinity_of(0)
+    try:
+        _kernel.set_thread_affinity(0, plan.main_cpus)
+    except OSError as err:
+        b.notes.append(
+            f"the main thread could not be put on priority core {fmt(plan.main_cpus)}: {err}"
+        )
+        return
+    if before is not None:
+        b._previous_affinity.setdefault(tid, before)
+    b.masks[tid] = plan.main_cpus
+    b.main_thread = tid
+    _handback.pin(tid, plan.main_cpus, plan.cpus)
 
 
 def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_inside: bool) -> None:

@@ -42,6 +42,7 @@ import os
 from ._model import (
     MODE_NAMES,
     OMP_PLACES_VALUES,
+    PRIORITY_ROLES,
     RANK_VARIABLE_NAMES,
     RANK_VARIABLES,
     RESERVE_SCOPES,
@@ -127,6 +128,17 @@ KNOBS: tuple[Knob, ...] = (
         binding=True,
         help="all: every hardware thread of a rank's cores; 1: one per core (the thread "
         "budget follows)",
+    ),
+    Knob(
+        name="NUMABIND_PRIORITY",
+        field="priority",
+        kind="choice",
+        values=PRIORITY_ROLES,
+        default="off",
+        binding=True,
+        help="rank: each rank's compute set is its fair share of its node's priority cores "
+        "(the fastest kind the CPU files tell apart); main: only the thread that launches GPU "
+        "work goes on one, and what it starts gets the rank's whole set; off (default)",
     ),
     Knob(
         name="NUMABIND_DEVICES",
@@ -258,6 +270,14 @@ KNOBS: tuple[Knob, ...] = (
         default="",
         help="set by numabind: the binding a process passed to its children",
     ),
+    Knob(
+        name="NUMABIND_MAIN_CPUS",
+        field="main_cpus",
+        kind="raw",
+        default="",
+        help="set by numabind (NUMABIND_PRIORITY=main): the pinned thread's priority core and "
+        "the rank's whole set, so that a child started from that thread takes the whole set",
+    ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 # the variables that make the startup hook look further besides a rank variable
@@ -371,6 +391,7 @@ class Config(Record):
     memory: str = "preferred"
     reserve: str = ""  # "" or the canonical "n/node" / "n/rank"
     smt: str = "all"
+    priority: str = "off"  # NUMABIND_PRIORITY: off, rank, main
     devices: str = ""  # "", "all" or a comma list of device tokens
     strict: bool = False
     threads: str = "off"  # "off", "auto" or a decimal count
@@ -387,6 +408,7 @@ class Config(Record):
     sysroot: str = "/"
     registry: str = "/dev/shm"
     state: str = ""
+    main_cpus: str = ""
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 

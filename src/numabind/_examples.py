@@ -60,6 +60,9 @@ class Spec:
     environ: dict[str, str] | None = None
     kernel: str = "6.8.0-generic"
     numa_balancing: int | None = None  # /proc/sys/kernel/numa_balancing (None: absent)
+    # per-CPU files that tell cores apart (numabind._model.KIND_FILES paths): path -> CPU
+    # -> value, written under /sys/devices/system/cpu/cpuN/
+    cpu_files: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 def _mask(cpus: Iterable[int]) -> str:
@@ -126,6 +129,9 @@ class _Tree:
                 else:
                     sib = [c]
                 self.w(f"{base}/topology/physical_package_id", str(spec.package_of_node[i]))
+                for path, values in spec.cpu_files.items():
+                    if c in values:
+                        self.w(f"{base}/{path}", str(values[c]))
                 self.w(f"{base}/topology/core_cpus_list", format_cpulist(sib))
                 self.w(f"{base}/topology/thread_siblings_list", format_cpulist(sib))
                 caches = [
@@ -420,8 +426,67 @@ def one_node() -> Spec:
     return Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[Gpu("0000:01:00.0", 0)])
 
 
+def dgx_b300(priority: int = 8) -> Spec:
+    """A DGX B300-like host: 2 sockets x 64 cores x 2 threads (256 CPUs), 8 GPUs, 4 per
+    socket, where ``priority`` cores of each socket are Priority Core Turbo cores: ACPI
+    CPPC ``highest_perf`` says so (46 against 39 for the rest) and the other files do not
+    tell them apart.  Which cores and how many are illustrative (spread over the socket,
+    as the firmware spreads them), not read from a B300."""
+    n0 = list(range(0, 64)) + list(range(128, 192))
+    n1 = list(range(64, 128)) + list(range(192, 256))
+    step = 64 // max(priority, 1)
+    fast = {s * 64 + k * step for s in (0, 1) for k in range(priority)}
+    fast |= {c + 128 for c in fast}  # both hardware threads of a priority core
+    perf = {c: 46 if c in fast else 39 for c in range(256)}
+    nominal = dict.fromkeys(range(256), 20)
+    gpus = [
+        Gpu(
+            f"0000:{b:02x}:00.0",
+            0 if i < 4 else 1,
+            device=0x2901,
+            uuid=_uuid(i),
+            minor=i,
+            model="NVIDIA B300 SXM6 AC",
+        )
+        for i, b in enumerate([0x17, 0x3D, 0x60, 0x70, 0x9A, 0xC0, 0xD8, 0xE8])
+    ]
+    return Spec(
+        nodes=[n0, n1],
+        package_of_node=[0, 1],
+        smt=2,
+        smt_stride=128,
+        memory_gib=1024,
+        gpus=gpus,
+        cpu_files={"acpi_cppc/highest_perf": perf, "acpi_cppc/nominal_perf": nominal},
+    )
+
+
+def sst_bf(high: int = 6) -> Spec:
+    """A 2-socket Xeon with Intel SST-BF enabled: ``high`` cores of each 24-core socket
+    run at a 2.7 GHz base frequency, the rest at 2.1 GHz (``cpufreq/base_frequency``);
+    CPPC is not exposed and the maximum frequency is the same everywhere; 4 GPUs, 2 per
+    socket.  Illustrative values, in the kernel's layout."""
+    n0, n1 = list(range(0, 24)), list(range(24, 48))
+    hp = {s * 24 + k * (24 // high) for s in (0, 1) for k in range(high)}
+    base = {c: 2700000 if c in hp else 2100000 for c in range(48)}
+    gpus = [
+        Gpu(f"0000:{b:02x}:00.0", 0 if i < 2 else 1, uuid=_uuid(i), minor=i)
+        for i, b in enumerate([0x1A, 0x3B, 0x86, 0xAF])
+    ]
+    return Spec(
+        nodes=[n0, n1],
+        package_of_node=[0, 1],
+        gpus=gpus,
+        cpu_files={
+            "cpufreq/base_frequency": base,
+            "cpufreq/cpuinfo_max_freq": dict.fromkeys(range(48), 3900000),
+        },
+    )
+
+
 EXAMPLES = {
     "dgx-h100": dgx_h100,
+    "dgx-b300": dgx_b300,
     "gb200": gb200,
     "mi300x": mi300x,
     "nps4": nps4,

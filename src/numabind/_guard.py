@@ -86,8 +86,11 @@ def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, 
     if not want:
         return []
     moved: list[tuple[int, frozenset[int]]] = []
+    inside: list[tuple[int, frozenset[int]]] = []
     for tid in _kernel.thread_ids():
         mask = _kernel.affinity_of(tid)
+        if mask is not None and mask <= want:
+            inside.append((tid, mask))
         if mask is None or mask <= want:
             continue
         try:
@@ -95,6 +98,13 @@ def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, 
         except OSError:
             continue
         moved.append((tid, mask))
+    handback = sys.modules.get("numabind._handback")
+    if handback is not None:  # NUMABIND_PRIORITY=main: what native code started from the
+        for tid in handback.strays(inside):  # pinned thread gets the whole set back
+            try:
+                _kernel.set_thread_affinity(tid, want)
+            except OSError:
+                continue
     if moved:
         fmt = _sysfs.format_cpulist
         _say_once(

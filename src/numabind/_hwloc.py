@@ -28,9 +28,11 @@ from __future__ import annotations
 from . import _sysfs
 from ._errors import CaptureError
 from ._model import (
+    HWLOC_KINDS,
     HWLOC_UUID_KEYS,
     Accelerator,
     Allowed,
+    CoreKinds,
     CpuInfo,
     Nic,
     Node,
@@ -264,6 +266,7 @@ class HwlocSource(Source):
         self._gpu_mem: dict[str, int] = {}
         self._walk(machine, [], _Context())
         self._distances = self._read_distances(root)
+        self._kinds = self._read_kinds(root)
 
     def _mask(
         self, obj: _El | None, attr: str, limit: int = _sysfs.MAX_CPUS
@@ -425,7 +428,35 @@ class HwlocSource(Source):
             break
         return out
 
+    def _read_kinds(self, root: _El) -> dict[int, int]:
+        """CPU -> rank of its ``<cpukind>`` (hwloc 2.4+): the kind's
+        ``forced_efficiency`` where every kind has one, else its place in the file (hwloc
+        writes kinds from the most energy-efficient to the most powerful).  A higher value
+        is a faster core, as in :data:`numabind._model.KIND_FILES`."""
+        kinds = root.findall("cpukind")[:256]
+        found: list[tuple[int | None, frozenset[int]]] = []
+        for kind in kinds:
+            cpus = self._mask(kind, "cpuset") or frozenset()
+            raw = kind.get("forced_efficiency")
+            eff = _sysfs.parse_int(raw) if raw is not None else None
+            found.append((eff if eff is not None and 0 <= eff < 1 << 31 else None, cpus))
+        use_eff = bool(found) and all(e is not None for e, _ in found)
+        out: dict[int, int] = {}
+        for i, (eff, cpus) in enumerate(found):
+            for c in cpus & self._online:
+                out.setdefault(c, eff if use_eff and eff is not None else i)
+        return out
+
     # Source interface
+    def core_kinds(self, online: frozenset[int]) -> CoreKinds:
+        from ._sources import kinds_from
+
+        values = {c: v for c, v in self._kinds.items() if c in online}
+        if len(set(values.values())) > 1:
+            return kinds_from(values, HWLOC_KINDS, (HWLOC_KINDS,))
+        looked = (HWLOC_KINDS,) if values else ()
+        return CoreKinds(levels=((0, online),) if online else (), looked=looked)
+
     def online_cpus(self) -> frozenset[int]:
         return self._online
 

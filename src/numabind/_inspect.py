@@ -86,12 +86,23 @@ class PlanView(Record):
     # threads bound to one device of a multi-device process (numabind.bind_thread): thread
     # id -> (that device's PCI address, its plan's CPUs), judged against those CPUs
     thread_plans: dict[int, tuple[str, frozenset[int]]] = {}  # noqa: RUF012 (immutable)
+    # NUMABIND_PRIORITY: the priority cores the plan drew from; under "main" the thread put
+    # on one (None: the process's first thread) and that core's CPUs
+    priority_cpus: frozenset[int] = frozenset()
+    main_thread: int | None = None
+    main_cpus: frozenset[int] = frozenset()
 
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
-        return cls(**{k: d[k] for k in cls._fields if k in d and k != "thread_plans"}).replace(
-            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes, helpers=p.helpers
+        sets = ("thread_plans", "priority_cpus", "main_cpus")
+        return cls(**{k: d[k] for k in cls._fields if k in d and k not in sets}).replace(
+            cpus=p.cpus,
+            memory_nodes=p.memory_nodes,
+            notes=p.notes,
+            helpers=p.helpers,
+            priority_cpus=p.priority_cpus,
+            main_cpus=p.main_cpus,
         )
 
     @classmethod
@@ -113,6 +124,9 @@ class PlanView(Record):
             thread_plans={
                 tid: (e.device_plans[i][0], e.device_plans[i][1]) for tid, i in e.thread_devices
             },
+            priority_cpus=e.priority_cpus,
+            main_thread=e.main_thread,
+            main_cpus=e.main_cpus,
         )
 
     def allowed_for(self, tid: int, main: int | None) -> frozenset[int]:
@@ -327,6 +341,14 @@ class ProcessCheck(Record):
     gpu: GpuSeen = GpuSeen()
     thread_names: dict[int, str] = {}  # noqa: RUF012 (records are immutable)
     mems_allowed: frozenset[int] | None = None  # its cpuset's memory nodes (/proc status)
+    # the priority cores of the rank's node (its plan's, else the machine's), and whether
+    # its main thread (the one NUMABIND_PRIORITY=main pinned, else its first) runs on them;
+    # None where its node has none
+    priority_cpus: frozenset[int] = frozenset()
+    main_on_priority: bool | None = None
+    # where the machine the rank planned from came from (its registry entry): "sysfs",
+    # "cache", or "sysfs (cache: why not)"; "" when it did not say
+    machine: str = ""
 
 
 class NodeFacts(Record):
@@ -382,7 +404,15 @@ def expected_plan(
     except ValueError as err:
         return None, str(err), None
     visible = resolve(machine, environ)
-    request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+    request = request_for(
+        info,
+        visible,
+        cfg.mode,
+        cfg.memory,
+        reserve=cfg.reserve,
+        smt=cfg.smt,
+        priority=cfg.priority,
+    )
     p = plan(machine, request)
     return PlanView.of_plan(p), source, None
 
@@ -585,6 +615,7 @@ def check_pid(
             "children with spawn or forkserver where it matters"
         )
     _thread_notes(settings, expected, notes)
+    base.update(_core_facts(pid, expected, entry, threads, machine, problems, notes))
     return ProcessCheck(
         ok=not problems,
         status="bound",
@@ -593,6 +624,59 @@ def check_pid(
         locality=share,
         **base,
     )
+
+
+def _core_facts(
+    pid: int,
+    expected: PlanView,
+    entry: Entry | None,
+    threads: dict[int, frozenset[int]],
+    machine: Machine,
+    problems: list[str],
+    notes: list[str],
+) -> dict[str, Any]:
+    """The ProcessCheck fields of which cores: the priority check, and where the rank's
+    machine came from (said as a note)."""
+    prio, on = _priority_check(pid, expected, threads, machine, problems, notes)
+    where = entry.machine if entry is not None else ""
+    if where:
+        notes.append(f"machine: {where}")
+    return {"priority_cpus": prio, "main_on_priority": on, "machine": where}
+
+
+def _priority_check(
+    pid: int,
+    expected: PlanView,
+    threads: dict[int, frozenset[int]],
+    machine: Machine,
+    problems: list[str],
+    notes: list[str],
+) -> tuple[frozenset[int], bool | None]:
+    """Whether the rank's main thread runs on a priority core of its node: the one
+    NUMABIND_PRIORITY=main pinned (a problem when it left that core), else its first
+    thread, against the plan's priority cores or, for a rank planned without the role, the
+    machine's (a note: the role is off).  Returns (those cores, the answer or None)."""
+    prio = expected.priority_cpus
+    if not prio and expected.numa_node is not None:
+        prio = machine.priority_cpus(expected.numa_node)
+    if not prio:
+        return frozenset(), None
+    tid = expected.main_thread if expected.main_thread in threads else pid
+    mask = threads.get(tid)
+    if mask is None:
+        return prio, None
+    on = bool(mask) and mask <= prio
+    where = f"main thread {tid} on CPUs {fmt(mask)}"
+    if on:
+        notes.append(f"{where}: a priority core")
+    elif expected.main_cpus:
+        problems.append(f"{where}: left its priority core {fmt(expected.main_cpus)}")
+    else:
+        role = "" if expected.priority_cpus else " (NUMABIND_PRIORITY=main or rank puts it there)"
+        notes.append(
+            f"{where}: not a priority core; node {expected.numa_node}'s: {fmt(prio)}{role}"
+        )
+    return prio, on
 
 
 def _escaped_text(

@@ -268,6 +268,72 @@ class Nic(Record):
     local_cpus: frozenset[int] | None = None
 
 
+# --- vocabulary: core kinds (which cores are faster: NUMABIND_PRIORITY) -------------------------
+
+
+class KindFile(Record):
+    """A per-CPU file that can tell a machine's cores apart by speed, readable by any user
+    (``/dev/isst_interface`` and MSRs need root; these do not): its path under
+    ``/sys/devices/system/cpu/cpuN/``, and what a difference in it means.  A higher value
+    is a faster (more preferred) core in every row."""
+
+    path: str
+    means: str
+
+
+# In the order they are tried: the first file whose values differ between the online CPUs
+# decides the machine's kinds (the ones before it said nothing, the ones after are not read).
+KIND_FILES: tuple[KindFile, ...] = (
+    KindFile(
+        path="acpi_cppc/highest_perf",
+        means="ACPI CPPC highest performance (ITMT, Turbo Boost Max 3.0, Priority Core Turbo)",
+    ),
+    KindFile(path="acpi_cppc/nominal_perf", means="ACPI CPPC nominal performance"),
+    KindFile(
+        path="cpufreq/amd_pstate_prefcore_ranking", means="AMD preferred-core ranking (amd-pstate)"
+    ),
+    KindFile(path="cpufreq/amd_pstate_highest_perf", means="AMD highest performance (amd-pstate)"),
+    KindFile(
+        path="cpufreq/base_frequency",
+        means="base frequency (Intel SST-BF high-priority cores run at a higher one)",
+    ),
+    KindFile(path="cpufreq/cpuinfo_max_freq", means="maximum frequency"),
+    KindFile(path="cpu_capacity", means="Arm CPU capacity (big and little cores)"),
+)
+HWLOC_KINDS = "hwloc cpukinds"  # the source of kinds read from an hwloc XML export
+MAX_KIND_VALUE = 1 << 40  # larger than any frequency in kHz or CPPC performance value
+
+
+class CoreKinds(Record):
+    """How the machine's CPUs differ in speed, and which file said so.
+
+    ``levels`` are (value, CPUs) pairs, fastest first: the distinct values of ``source``
+    (a :data:`KIND_FILES` path, or :data:`HWLOC_KINDS`) with the CPUs that have each.  A
+    machine whose files do not tell its CPUs apart has one level and no ``source``: one
+    kind, said once rather than guessed.  ``looked`` lists what was read to decide, for
+    the line that says so."""
+
+    source: str = ""
+    levels: tuple[tuple[int, frozenset[int]], ...] = ()
+    looked: tuple[str, ...] = ()
+
+    @property
+    def distinct(self) -> bool:
+        """Whether any file told the CPUs apart."""
+        return bool(self.source) and len(self.levels) > 1
+
+    def within(self, cpus: frozenset[int]) -> tuple[tuple[int, frozenset[int]], ...]:
+        """The levels that ``cpus`` hold, each cut to ``cpus``, fastest first."""
+        return tuple((v, c & cpus) for v, c in self.levels if c & cpus)
+
+    def priority(self, cpus: frozenset[int]) -> frozenset[int]:
+        """The priority CPUs among ``cpus`` (a node's): those of the fastest level that
+        ``cpus`` hold, when ``cpus`` hold more than one level; else none (the cores of that
+        set are one kind)."""
+        found = self.within(cpus)
+        return found[0][1] if len(found) > 1 else frozenset()
+
+
 if TYPE_CHECKING:
     from typing import Literal
 
@@ -850,6 +916,11 @@ def binder_of(name: str) -> str | None:
     low = name.lower()
     return next((who for word, who in BINDERS if word in low), None)
 
+
+# NUMABIND_PRIORITY: what the priority cores (the node's fastest kind, CoreKinds) are for:
+# off; rank (each rank's compute set is its share of them); main (only the thread that
+# launches GPU work goes on one, what it starts gets the rank's whole set)
+PRIORITY_ROLES: tuple[str, ...] = ("off", "rank", "main")
 
 # NUMABIND_WORKERS: where a rank's DataLoader workers run (numabind.torch)
 WORKER_PLACEMENTS: tuple[str, ...] = ("share", "spread", "reserved")

@@ -19,6 +19,7 @@ from ._model import (
     BY_KEY,
     MODE_NAMES,
     POLICIES,
+    PRIORITY_ROLES,
     RESERVE_SCOPES,
     SMT_LEVELS,
     USER_POLICIES,
@@ -84,6 +85,9 @@ class Request(Record):
     # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
     # union is planned (see plan_devices); empty: one device, picked by rank or argument
     devices: tuple[Accelerator, ...] = ()
+    # NUMABIND_PRIORITY: "off", "rank" (the compute set is the rank's share of its node's
+    # priority cores) or "main" (only the calling thread goes on one)
+    priority: str = "off"
 
 
 def request_for(
@@ -94,11 +98,13 @@ def request_for(
     *,
     reserve: str = "",
     smt: str = "all",
+    priority: str = "off",
 ) -> Request:
     """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
     return Request(
         reserve=reserve,
         smt=smt,
+        priority=priority,
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         rank_source=info.rank_source,
@@ -179,10 +185,14 @@ def describe_device(dev: Accelerator, index: int | None) -> str:
     return f"{label} {where}"
 
 
-def nothing_to_bind(machine: Machine, mode: str) -> bool:
+def nothing_to_bind(machine: Machine, mode: str, priority: str = "off") -> bool:
     """The one-node shortcut: with one node that has CPUs, node and socket modes have
-    nothing to choose, so the startup hook need not even look at devices."""
-    return len(machine.cpu_nodes) <= 1 and mode in ("node", "socket")
+    nothing to choose, so the startup hook need not even look at devices; unless
+    NUMABIND_PRIORITY asks for the node's faster cores and its cores are of more than one
+    kind (a one-socket workstation with Turbo Boost Max 3.0 has them)."""
+    if len(machine.cpu_nodes) > 1 or mode not in ("node", "socket"):
+        return False
+    return priority == "off" or not machine.core_kinds.distinct
 
 
 def _plural(n: int, word: str) -> str:
@@ -210,6 +220,9 @@ class Placement(Record):
     memory_nodes: frozenset[int] = frozenset()
     home: int | None = None
     threads: int | None = None
+    # NUMABIND_PRIORITY=main: the calling thread's CPUs (one priority core), where they
+    # differ from the compute set; threads and children it starts get ``cpus`` back
+    main_cpus: frozenset[int] = frozenset()
 
     @property
     def sets_memory(self) -> bool:
@@ -267,6 +280,12 @@ class Plan(Record):
     # plan per device, each what the rank driving that device alone would get; the fields
     # above are their union
     per_device: tuple[Plan, ...] = ()
+    # NUMABIND_PRIORITY: the role asked for ("off", "rank", "main"), the priority cores of
+    # the CPUs the rank's mode draws from (what show and check mark), and under "main" the
+    # CPUs of the one priority core the calling thread runs on
+    priority: str = "off"
+    priority_cpus: frozenset[int] = frozenset()
+    main_cpus: frozenset[int] = frozenset()
 
     @property
     def bound(self) -> bool:
@@ -285,6 +304,7 @@ class Plan(Record):
             memory_nodes=self.memory_nodes,
             home=self.numa_node,
             threads=self.threads,
+            main_cpus=self.main_cpus,
         )
 
     def for_device(self, device: Accelerator) -> Plan | None:
@@ -320,6 +340,9 @@ class Plan(Record):
             "reserve": self.reserve,
             "smt": self.smt,
             "per_device": [p.to_dict() for p in self.per_device],
+            "priority": self.priority,
+            "priority_cpus": sorted(self.priority_cpus),
+            "main_cpus": sorted(self.main_cpus),
         }
 
     def who(self) -> str:
@@ -493,6 +516,7 @@ class _Place(Record):
     locality: frozenset[int] | None = None
     peers: tuple[int, int] | None = None
     package: int | None = None
+    package_peers: tuple[int, int] | None = None  # (position, count) on the package
 
 
 class _Skip(Exception):
@@ -531,6 +555,7 @@ class _Planner:
             mode=r.mode,
             reserve=r.reserve,
             smt=r.smt,
+            priority=r.priority,
             status="skipped",
             reason=reason,
             notes=tuple(self.notes),
@@ -554,10 +579,15 @@ class _Planner:
     def _run(self) -> Plan:
         r = self.r
         devs = self._check_request()
-        if nothing_to_bind(self.m, r.mode):
+        if nothing_to_bind(self.m, r.mode, r.priority):
             if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
                 self.device, self.index = self._pick_device(devs)
-            raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
+            raise _Skip(
+                "one-node",
+                "this machine has one NUMA node with CPUs"
+                + (" and its cores are one kind" if r.priority != "off" else "")
+                + ": nothing to bind",
+            )
         self._machine_notes()
         if not devs and r.device is None:
             where = self._cpu_only_node(r.visible)
@@ -565,9 +595,14 @@ class _Planner:
             where = self._device_place(devs)
         self.node = where.node
         cpus, sharers = self._cpus(where)
+        prio: frozenset[int] = frozenset()
+        main: frozenset[int] = frozenset()
+        if r.priority != "off":
+            cpus, main, prio, sharers = self._priority(where, cpus, sharers)
         cores = len(cpus) // max(self.m.smt, 1)
         if r.smt == "1":
             cpus = one_per_core(self.m, cpus)
+            main = one_per_core(self.m, main)
             cores = len(cpus)
         mem_nodes, policy = self._memory(cpus, where.node)
         return Plan(
@@ -590,6 +625,9 @@ class _Planner:
             helpers=self.helpers,
             reserve=r.reserve,
             smt=r.smt,
+            priority=r.priority,
+            priority_cpus=prio,
+            main_cpus=main,
         )
 
     def _check_request(self) -> tuple[Accelerator, ...]:
@@ -607,6 +645,11 @@ class _Planner:
         if r.smt not in SMT_LEVELS:
             raise _Skip(
                 "bad-input", f"unknown SMT level {r.smt!r} (use one of {', '.join(SMT_LEVELS)})"
+            )
+        if r.priority not in PRIORITY_ROLES:
+            raise _Skip(
+                "bad-input",
+                f"unknown priority role {r.priority!r} (use one of {', '.join(PRIORITY_ROLES)})",
             )
         if r.reserve and reserve_parts(r.reserve) is None:
             raise _Skip("bad-input", f"unknown reservation {r.reserve!r} (use n, n/node or n/rank)")
@@ -639,16 +682,18 @@ class _Planner:
         if node_id is None:
             what = f"{describe_device(dev, index)}: {choice.describe()}"
             return _Place(node=None, what=what, locality=choice.locality)
-        peers = package = None
-        if r.mode != "node" or r.budget:
+        peers = package = package_peers = None
+        if r.mode != "node" or r.budget or r.priority != "off":
             peers = self._device_peers(frozenset({node_id}), devs)
         if r.mode == "socket":
             pkg_nodes = package_nodes(self.m, node_id)
             if pkg_nodes is not None:
-                found = self._device_peers(pkg_nodes, devs)
-                package = found[1] if found else None
+                package_peers = self._device_peers(pkg_nodes, devs)
+                package = package_peers[1] if package_peers else None
         what = f"{describe_device(dev, index)} is on node {node_id}"
-        return _Place(node=node_id, what=what, peers=peers, package=package)
+        return _Place(
+            node=node_id, what=what, peers=peers, package=package, package_peers=package_peers
+        )
 
     def _cpus(self, where: _Place) -> tuple[frozenset[int], int | None]:
         """The rank's CPUs (the mode's share of the node this process may use) and how
@@ -690,6 +735,118 @@ class _Planner:
             self.notes,
         )
 
+    def _priority(
+        self, where: _Place, cpus: frozenset[int], sharers: int | None
+    ) -> tuple[frozenset[int], frozenset[int], frozenset[int], int | None]:
+        """NUMABIND_PRIORITY: (compute set, main-thread CPUs, priority cores of the pool,
+        ranks sharing the compute set).  The pool is what the mode draws from (the rank's
+        node; in socket mode its package's nodes), less reserved cores.  ``rank``: the
+        rank's fair share of the pool's priority cores, whole cores split as exclusive
+        mode splits a node; ``main``: one priority core for the calling thread only, the
+        compute set unchanged.  Fewer priority cores than ranks: they are shared, and
+        said so."""
+        prio, where_text, peers = self._priority_pool(where)
+        if not prio:
+            return cpus, frozenset(), frozenset(), sharers
+        if self.r.priority == "main":
+            return cpus, self._main_core(prio, cpus, peers, where_text), prio, sharers
+        share, sharers = self._rank_share(prio, peers, where_text)
+        return share, frozenset(), prio, sharers
+
+    def _priority_pool(self, where: _Place) -> tuple[frozenset[int], str, tuple[int, int] | None]:
+        """(the priority cores the rank's mode draws from, where they are in words, the
+        rank's (position, count) among the ranks drawing from them)."""
+        r = self.r
+        label = f"NUMABIND_PRIORITY={r.priority}"
+        if where.node is None:
+            self.notes.append(f"{label}: the device's node is unknown; no priority cores")
+            return frozenset(), "", None
+        nodes = [where.node]
+        peers = where.peers
+        if r.mode == "socket":
+            nodes += sorted((package_nodes(self.m, where.node) or set()) - {where.node})
+            peers = where.package_peers if where.package_peers else peers
+        allowed = self.m.allowed.cpus
+        pool: set[int] = set()
+        fast: set[int] = set()
+        for nid in nodes:
+            node = self.m.node(nid)
+            if node is not None:
+                pool |= node.cpus & allowed
+                fast |= self.m.priority_cpus(nid)
+        pool -= self.helpers if r.reserve else frozenset()
+        where_text = f"node{'s' if len(nodes) > 1 else ''} {fmt(nodes)}"
+        prio = frozenset(fast & pool)
+        if not prio:
+            self.notes.append(
+                f"{label}: no priority cores on {where_text} "
+                f"({self.m.describe_kinds(frozenset(pool))}); the mode's CPUs are kept"
+            )
+        return prio, where_text, peers
+
+    def _main_core(
+        self,
+        prio: frozenset[int],
+        cpus: frozenset[int],
+        peers: tuple[int, int] | None,
+        where_text: str,
+    ) -> frozenset[int]:
+        """The one priority core of the calling thread under ``main``: by the rank's
+        position among the ranks on the pool (by its local rank where that is unknown); in
+        exclusive and core-complex modes the first of the rank's own set."""
+        r = self.r
+        label = f"NUMABIND_PRIORITY={r.priority}"
+        if r.mode in ("exclusive", "core-complex"):
+            own = groups(prio & cpus, self.m.siblings_of)
+            if not own:
+                self.notes.append(
+                    f"{label}: none of the priority cores of {where_text} ({fmt(prio)}) is in "
+                    f"this rank's {r.mode} share; the main thread is not pinned"
+                )
+                return frozenset()
+            return own[0]
+        cores = groups(prio, self.m.siblings_of)
+        if peers is None:
+            core = cores[(r.local_rank or 0) % len(cores)]
+            self.notes.append(
+                f"{label}: which local ranks share {where_text} is unknown; the main thread "
+                f"takes priority core {fmt(core)} by its local rank"
+            )
+            return core
+        position, count = peers
+        if len(cores) < count:
+            self.notes.append(
+                f"{label}: {where_text} has {_plural(len(cores), 'priority core')} for "
+                f"{count} ranks: their main threads share them"
+            )
+        return cores[position % len(cores)]
+
+    def _rank_share(
+        self, prio: frozenset[int], peers: tuple[int, int] | None, where_text: str
+    ) -> tuple[frozenset[int], int | None]:
+        """The rank's fair share of ``prio`` under ``rank`` (whole cores, split as
+        exclusive mode splits a node), and how many ranks get exactly those CPUs."""
+        label = f"NUMABIND_PRIORITY={self.r.priority}"
+        cores = groups(prio, self.m.siblings_of)
+        if peers is None:
+            self.notes.append(
+                f"{label}: which local ranks share {where_text} is unknown; this rank may use "
+                f"all {len(cores)} of its priority cores ({fmt(prio)})"
+            )
+            return prio, None
+        position, count = peers
+        if len(cores) < count:
+            core = cores[position % len(cores)]
+            self.notes.append(
+                f"{label}: {where_text} has {_plural(len(cores), 'priority core')} for "
+                f"{count} ranks: they share them (this rank: {fmt(core)})"
+            )
+            return core, _ceil_div(count - position % len(cores), len(cores))
+        each, extra = divmod(len(cores), count)
+        start = position * each + min(position, extra)
+        take = each + (1 if position < extra else 0)
+        return frozenset().union(*cores[start : start + take]), 1
+
     def _reserve(self, where: _Place, allowed: frozenset[int]) -> frozenset[int]:
         """The CPUs ``NUMABIND_RESERVE`` keeps out of the compute sets on the nodes this
         rank's mode draws from (its node; in socket mode its package's), and this rank's
@@ -728,6 +885,11 @@ class _Planner:
                     f"({len(usable)} usable cores) no core to compute on"
                 )
                 return frozenset()
+            if self.r.priority != "off":
+                # the reservation (taken from the end) comes from the standard cores
+                # first: the priority ones are what NUMABIND_PRIORITY asked compute to have
+                fast = self.m.priority_cpus(nid)
+                usable = [c for c in usable if c & fast] + [c for c in usable if not c & fast]
             taken = usable[len(usable) - need :]
             if nid == where.node:
                 mine = taken
@@ -786,14 +948,18 @@ class _Planner:
             raise _Skip("cgroup", "no node has CPUs this process may use")
         index, position, count = spread_block(r.local_rank, size, len(nodes))
         node = nodes[index]
-        package = None
+        package = package_peers = None
         if r.mode == "socket":
             pkg_nodes = package_nodes(self.m, node)
             if pkg_nodes is not None:
+                before = [i for i, n in enumerate(nodes) if n in pkg_nodes and i < index]
                 package = sum(
                     block_count(i, size, len(nodes)) for i, n in enumerate(nodes) if n in pkg_nodes
                 )
+                ahead = sum(block_count(i, size, len(nodes)) for i in before)
+                package_peers = (ahead + position, package)
         return _Place(
+            package_peers=package_peers,
             node=node,
             what=f"no accelerator visible ({why}): CPU-only job, "
             f"{_plural(size, 'local rank')} spread block-wise over nodes {fmt(nodes)}: node {node}",

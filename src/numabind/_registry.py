@@ -108,6 +108,14 @@ class Entry(Record):
     # MAX_THREAD_DEVICES; check judges those threads against their own device's plan
     device_plans: tuple[tuple[str, frozenset[int], str, frozenset[int]], ...] = ()
     thread_devices: tuple[tuple[int, int], ...] = ()
+    # NUMABIND_PRIORITY: the priority cores of the rank's node (what its plan drew from),
+    # and under "main" the thread put on one and that core's CPUs: check judges it there
+    priority_cpus: frozenset[int] = frozenset()
+    main_thread: int | None = None
+    main_cpus: frozenset[int] = frozenset()
+    # where the machine the plan was made from came from: "sysfs", "cache" (the per-node
+    # cache, numabind._cache), or "sysfs (cache: <why not>)"; check and doctor say it
+    machine: str = ""
 
     def encode(self) -> bytes:
         lines = []
@@ -170,6 +178,8 @@ class Entry(Record):
             and (not self.device or normalize_pci(self.device) == self.device)
             and self.mode in MODE_NAMES
             and _is_text(self.rank_source, 64)
+            and _is_text(self.machine, 200)
+            and self.main_cpus <= self.cpus | self.priority_cpus
         )
 
 
@@ -288,7 +298,9 @@ _STRUCTURED: dict[str, Callable[[str], Any]] = {
     "device_plans": _device_plans,
     "thread_devices": _thread_devices,
 }
-_NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})
+_NUMBERS = frozenset(
+    {"local_rank", "local_world_size", "device_index", "numa_node", "threads", "main_thread"}
+)
 _NAME = frozenset("_0123456789")
 
 

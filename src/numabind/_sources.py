@@ -33,10 +33,13 @@ from . import _sysfs
 from ._model import (
     BY_KEY,
     BY_PCI,
+    KIND_FILES,
+    MAX_KIND_VALUE,
     NVIDIA,
     VENDORS,
     Accelerator,
     Allowed,
+    CoreKinds,
     CpuInfo,
     Nic,
     Node,
@@ -144,6 +147,7 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/level",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
+        *(f"{SYS_CPU}/{{cpu}}/{k.path}" for k in KIND_FILES),
         f"{SYS_PCI}/{{bdf}}/vendor",
         f"{SYS_PCI}/{{bdf}}/device",
         f"{SYS_PCI}/{{bdf}}/class",
@@ -217,6 +221,11 @@ class Source:
 
     def allowed(self, online: frozenset[int]) -> Allowed:
         raise NotImplementedError
+
+    def core_kinds(self, online: frozenset[int]) -> CoreKinds:
+        """How the CPUs differ in speed (:class:`~numabind._model.CoreKinds`); a source
+        that cannot tell says one kind."""
+        return CoreKinds(levels=((0, online),) if online else ())
 
     def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
         raise NotImplementedError
@@ -420,6 +429,40 @@ class SysfsSource(Source):
     # --- what this process may use
     def allowed(self, online: frozenset[int]) -> Allowed:
         return cpuset(self.root, online)
+
+    # --- which cores are faster
+    def core_kinds(self, online: frozenset[int]) -> CoreKinds:
+        """The first of :data:`~numabind._model.KIND_FILES` whose values differ between
+        the online CPUs, grouped by value.  A file the first CPU lacks is skipped without
+        reading the others' (one open per absent file, not one per CPU); a file some CPUs
+        lack or hold garbage in tells nothing (and says so).  Reading these costs one open
+        per CPU and file (hwloc#756: ~1 s on a 2x EPYC 7742), so a rank gets them from the
+        per-node cache (:mod:`numabind._cache`), never by itself."""
+        cpus = sorted(online)
+        looked: list[str] = []
+        if not cpus:
+            return CoreKinds()
+        for kind in KIND_FILES:
+            first = self._read(f"{SYS_CPU}/cpu{cpus[0]}/{kind.path}")
+            if first is None:
+                continue
+            looked.append(kind.path)
+            values: dict[int, int] = {}
+            for c in cpus:
+                text = first if c == cpus[0] else self._read(f"{SYS_CPU}/cpu{c}/{kind.path}")
+                value = _sysfs.parse_int(text)
+                if value is None or not 0 <= value < MAX_KIND_VALUE:
+                    self.warn(
+                        f"{_sysfs.join(self.description, f'{SYS_CPU}/cpu{c}/{kind.path}')}: "
+                        f"{_sysfs.short(text or 'absent')} is not a number; "
+                        f"{kind.path} not used to tell cores apart"
+                    )
+                    values = {}
+                    break
+                values[c] = value
+            if len(set(values.values())) > 1:
+                return kinds_from(values, kind.path, tuple(looked))
+        return CoreKinds(levels=((0, online),), looked=tuple(looked))
 
     # --- accelerators
     def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
@@ -659,6 +702,15 @@ class SysfsSource(Source):
 
     def close(self) -> None:
         self.root.close()
+
+
+def kinds_from(values: dict[int, int], source: str, looked: tuple[str, ...]) -> CoreKinds:
+    """CPU -> value, grouped into :class:`CoreKinds` levels (fastest first)."""
+    by_value: dict[int, set[int]] = {}
+    for cpu, value in values.items():
+        by_value.setdefault(value, set()).add(cpu)
+    levels = tuple((v, frozenset(by_value[v])) for v in sorted(by_value, reverse=True))
+    return CoreKinds(source=source, levels=levels, looked=looked)
 
 
 # --- what this process may use: its cgroup cpuset ----------------------------------------------

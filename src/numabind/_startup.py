@@ -68,6 +68,7 @@ def roles_key(cfg: Config) -> str:
     """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_DEVICES add
     (empty by default, so that keys recorded by an older numabind still match)."""
     key = "" if not cfg.reserve and cfg.smt == "all" else f"|reserve={cfg.reserve}|smt={cfg.smt}"
+    key += f"|priority={cfg.priority}" if cfg.priority != "off" else ""
     return key + (f"|devices={cfg.devices[:200]}" if cfg.devices else "")
 
 
@@ -76,6 +77,8 @@ def record_state(binding: Binding, info: RankInfo, mode: str, memory: str, roles
     rank, same visible devices, same mode) inherit instead of planning again."""
     key = state_key(info, os.environ, mode, memory, roles)
     os.environ[STATE_VARIABLE] = f"{key}#{binding.plan.status}"
+    if binding.main_thread is None:
+        os.environ.pop("NUMABIND_MAIN_CPUS", None)  # a parent's pinned core is not this one's
 
 
 def run(environ: Mapping[str, str] | None = None) -> Binding | None:
@@ -136,6 +139,10 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         # the parent planned exactly this (and said so): a binding is inherited, a skip
         # would be the same skip
         lines = list(cfg.warnings)
+        if cfg.priority == "main" and status == "bound" and cfg.main_cpus:
+            from ._handback import inherited
+
+            inherited(cfg.main_cpus)  # started by the pinned thread: the whole set back
         if cfg.omp_places != "off" and status == "bound":
             from ._guard import arm_places
 
@@ -160,11 +167,19 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     machine = Machine.from_root(cfg.sysroot)
     try:
         visible = None
-        if info.problem is None and not nothing_to_bind(machine, cfg.mode):
+        if info.problem is None and not nothing_to_bind(machine, cfg.mode, cfg.priority):
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
-        request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+        request = request_for(
+            info,
+            visible,
+            cfg.mode,
+            cfg.memory,
+            reserve=cfg.reserve,
+            smt=cfg.smt,
+            priority=cfg.priority,
+        )
         if cfg.devices and visible is not None:
             from ._devices import find_devices
 

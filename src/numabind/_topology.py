@@ -9,7 +9,8 @@ for what its rank's plan touches, and the values never change once seen.
 
 from __future__ import annotations
 
-from ._model import Accelerator, Allowed, CpuInfo, Nic, Node, OtherDevice
+from ._model import Accelerator, Allowed, CoreKinds, CpuInfo, Nic, Node, OtherDevice
+from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class Machine:
         self._siblings: dict[int, frozenset[int]] = {}
         self._cache: dict[int, frozenset[int] | None] = {}
         self._allowed: Allowed | None = None
+        self._kinds: CoreKinds | None = None
         self._accelerators: tuple[Accelerator, ...] | None = None
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._kernel: str | None = _UNSET
@@ -241,6 +243,41 @@ class Machine:
         if self._allowed is None:
             self._allowed = self.source.allowed(self.online_cpus)
         return self._allowed
+
+    @property
+    def core_kinds(self) -> CoreKinds:
+        """How the online CPUs differ in speed, and which file said so
+        (:class:`~numabind._model.CoreKinds`): one kind where nothing tells them apart."""
+        if self._kinds is None:
+            self._kinds = self.source.core_kinds(self.online_cpus)
+        return self._kinds
+
+    def priority_cpus(self, node_id: int) -> frozenset[int]:
+        """The priority CPUs of node ``node_id``: its fastest kind, when its cores are
+        of more than one (empty when they are one kind, or it has no CPUs)."""
+        node = self.node(node_id)
+        if node is None or not node.cpus:
+            return frozenset()
+        return self.core_kinds.priority(node.cpus)
+
+    def describe_kinds(self, cpus: frozenset[int]) -> str:
+        """One line for ``cpus`` (a node's CPUs): their kinds, fastest first, and the file
+        that told them apart, or that nothing did."""
+        kinds = self.core_kinds
+        found = kinds.within(cpus)
+        if len(found) <= 1:
+            why = (
+                f"{kinds.source} is the same on all of them"
+                if kinds.source
+                else "no file tells them apart (" + (", ".join(kinds.looked) or "none read") + ")"
+            )
+            return f"one kind: {why}"
+        parts = [
+            f"{'priority' if i == 0 else 'standard' if len(found) == 2 else f'rank {i + 1}'} "
+            f"{format_cpulist(c)} ({v})"
+            for i, (v, c) in enumerate(found)
+        ]
+        return f"{len(found)} kinds by {kinds.source}: " + ", ".join(parts)
 
     @property
     def accelerators(self) -> tuple[Accelerator, ...]:

@@ -17,7 +17,14 @@ import sys
 from .. import __version__
 from .._environ import KNOBS, MAX_LOCAL, parse_reserve
 from .._errors import CaptureError, UsageError
-from .._model import MEMORY_POLICY_TABLE, MODE_NAMES, MODE_TABLE, SMT_LEVELS, USER_POLICIES
+from .._model import (
+    MEMORY_POLICY_TABLE,
+    MODE_NAMES,
+    MODE_TABLE,
+    PRIORITY_ROLES,
+    SMT_LEVELS,
+    USER_POLICIES,
+)
 from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -113,7 +120,8 @@ def _reserve(text: str) -> str:
 
 
 def _roles(parser: argparse.ArgumentParser) -> None:
-    """``--reserve`` and ``--smt``: the core roles of NUMABIND_RESERVE / NUMABIND_SMT."""
+    """``--reserve``, ``--smt`` and ``--priority``: the core roles of NUMABIND_RESERVE /
+    NUMABIND_SMT / NUMABIND_PRIORITY."""
     parser.add_argument(
         "--reserve",
         type=_reserve,
@@ -127,6 +135,13 @@ def _roles(parser: argparse.ArgumentParser) -> None:
         choices=SMT_LEVELS,
         default=None,
         help="all: every hardware thread of a rank's cores; 1: one per core (NUMABIND_SMT)",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=PRIORITY_ROLES,
+        default=None,
+        help="rank: each rank's CPUs are its share of its node's priority cores; main: only "
+        "the thread that launches GPU work goes on one (NUMABIND_PRIORITY)",
     )
 
 
@@ -624,7 +639,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     mode, memory = args.mode or cfg.mode, args.memory or cfg.memory
     reserve = cfg.reserve if args.reserve is None else args.reserve
     smt = args.smt or cfg.smt
-    cfg = cfg.replace(reserve=reserve, smt=smt)
+    priority = args.priority or cfg.priority
+    cfg = cfg.replace(reserve=reserve, smt=smt, priority=priority)
     hooked = _startup.last
     asked = args.device is not None or args.node is not None or args.cpus is not None
     if asked:
@@ -636,6 +652,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         and args.local_rank is None
         and args.reserve is None
         and args.smt is None
+        and args.priority is None
         and (mode, memory)
         == (
             cfg.mode,
@@ -653,6 +670,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 strict=cfg.strict,
                 threads="env",
                 roles=(reserve, smt),
+                priority=priority,
             )
         except BindingError as err:
             print(f"numabind run: {err}", file=sys.stderr)
@@ -661,6 +679,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # with other settings: hand it the same mode, memory policy and rank.
     os.environ["NUMABIND_MODE"], os.environ["NUMABIND_MEMORY"] = mode, memory
     os.environ["NUMABIND_RESERVE"], os.environ["NUMABIND_SMT"] = reserve or "0", smt
+    os.environ["NUMABIND_PRIORITY"] = priority
     info = detect(os.environ)
     if args.local_rank is not None and info.local_rank != args.local_rank:
         os.environ["LOCAL_RANK"] = str(args.local_rank)

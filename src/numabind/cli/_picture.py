@@ -35,6 +35,7 @@ SYMBOLS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789#$%&+=?
 DISALLOWED = "#d9d9d9"
 FREE = "#ffffff"
 RESERVED = "#6b6b6b"  # NUMABIND_RESERVE: the system's and the helpers' cores
+PRIORITY = "#000000"  # the frame of a priority core (NUMABIND_PRIORITY)
 
 
 def colour(i: int) -> str:
@@ -61,6 +62,7 @@ class Cell(Record):
     allowed: bool
     ranks: frozenset[int]
     reserved: bool = False  # kept out of every compute set (NUMABIND_RESERVE)
+    priority: bool = False  # of its node's fastest kind (NUMABIND_PRIORITY's cores)
 
 
 class Core(Record):
@@ -107,6 +109,9 @@ class Picture(Record):
     distances: tuple[tuple[str, ...], ...]  # rows, the first one the header
     smt: int
     reserved: frozenset[int] = frozenset()  # the plans' helper cores
+    priority: frozenset[int] = frozenset()  # every node's priority cores
+    kinds_source: str = ""  # the file that told the cores apart
+    main: frozenset[int] = frozenset()  # the CPUs the ranks' main threads are pinned to
 
     def set_of(self, ranks: frozenset[int]) -> RankSet | None:
         return next((s for s in self.sets if s.ranks == ranks), None)
@@ -130,6 +135,7 @@ def _groups(
     cpus: frozenset[int],
     owner: dict[int, set[int]],
     reserved: frozenset[int] = frozenset(),
+    priority: frozenset[int] = frozenset(),
 ) -> tuple[CacheGroup, ...]:
     """The node's cores grouped by cache domain, each core with its SMT threads."""
     allowed = machine.allowed.cpus
@@ -159,6 +165,7 @@ def _groups(
                                 allowed=c in allowed,
                                 ranks=frozenset(owner.get(c, ())),
                                 reserved=c in reserved,
+                                priority=c in priority,
                             )
                             for c in core
                         )
@@ -187,6 +194,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
             for cpu in p.cpus:
                 owner.setdefault(cpu, set()).add(p.local_rank)
     reserved = frozenset().union(*(p.helpers for p in plans if p.bound))
+    priority = frozenset().union(*(machine.priority_cpus(n.id) for n in machine.cpu_nodes))
     where = _device_nodes(machine, plans)
     ranks_by_pci: dict[str, list[int]] = {}
     index_of: dict[str, int | None] = {}
@@ -221,7 +229,8 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         lines = tuple(
             (
                 p.local_rank or 0,
-                f"rank {p.local_rank}: CPUs {fmt(p.cpus)}, memory {p.memory_text()}",
+                f"rank {p.local_rank}: CPUs {fmt(p.cpus)}, memory {p.memory_text()}"
+                + (f", main thread on {fmt(p.main_cpus)}" if p.main_cpus else ""),
             )
             for p in plans
             if p.bound and p.numa_node == n.id
@@ -230,7 +239,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
             NodeBox(
                 id=n.id,
                 header=header,
-                groups=_groups(machine, n.cpus, owner, reserved) if n.cpus else (),
+                groups=_groups(machine, n.cpus, owner, reserved, priority) if n.cpus else (),
                 gpus=gpus,
                 ranks=lines,
             )
@@ -253,12 +262,16 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         distances=_distances(machine),
         smt=machine.smt,
         reserved=reserved,
+        priority=priority,
+        kinds_source=machine.core_kinds.source if priority else "",
+        main=frozenset().union(*(p.main_cpus for p in plans if p.bound)),
     )
 
 
 def _roles_text(plans: list[Plan]) -> str:
     """``, reserve 2/node, smt 1`` where the plans were made with core roles."""
     out = "".join(f", reserve {r}" for r in sorted({p.reserve for p in plans if p.reserve}))
+    out += "".join(f", priority {r}" for r in sorted({p.priority for p in plans}) if r != "off")
     return out + (", smt 1" if any(p.smt == "1" for p in plans) else "")
 
 
@@ -316,6 +329,13 @@ def _core_symbol(pic: Picture, core: Core) -> str:
     return found.symbol if found is not None else "?"
 
 
+def _priority_symbol(pic: Picture, core: Core) -> str:
+    """The mark under a core: ``^`` a priority core, ``@`` one a main thread is pinned to."""
+    if not any(cell.priority for cell in core.cells):
+        return " "
+    return "@" if any(cell.cpu in pic.main for cell in core.cells) else "^"
+
+
 def draw(pic: Picture) -> list[str]:
     """The picture as text lines: one character per core, its rank set's letter."""
     out = [pic.title, pic.subtitle]
@@ -332,6 +352,9 @@ def draw(pic: Picture) -> list[str]:
                     first = fmt(c.cells[0].cpu for c in row)
                     marks = "".join(_core_symbol(pic, c) for c in row)
                     out.append(f"      {marks}  cores of CPUs {first}")
+                    if any(cell.priority for c in row for cell in c.cells):
+                        under = "".join(_priority_symbol(pic, c) for c in row)
+                        out.append(f"      {under}  priority cores")
             out += [f"    {g.text}" for g in box.gpus]
             out += [f"    {line}" for _, line in box.ranks]
     if pic.unplaced:
@@ -362,6 +385,17 @@ def legend(pic: Picture, text: bool) -> list[str]:
             ("r" + "  " if text else "")
             + f"a reserved CPU (NUMABIND_RESERVE: {fmt(pic.reserved)}): the system's and "
             "the ranks' helpers'"
+        )
+    if pic.priority:
+        lines.append(
+            ("^" + "  " if text else "")
+            + f"a priority core, its node's fastest kind by {pic.kinds_source} "
+            f"({fmt(pic.priority)}): what NUMABIND_PRIORITY uses"
+            + (
+                f"; {'@  ' if text else ''}a main thread is pinned there ({fmt(pic.main)})"
+                if pic.main
+                else ""
+            )
         )
     if text:
         lines.append("*  a core whose threads are planned for different ranks")

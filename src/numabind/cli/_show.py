@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import Allowed, Node, OtherDevice, Record
+from .._model import Allowed, CoreKinds, Node, OtherDevice, Record
 from .._plan import Plan, Request, device_node, plan
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -42,6 +42,7 @@ def plans_for(
     memory: str,
     reserve: str = "",
     smt: str = "all",
+    priority: str = "off",
 ) -> tuple[Visible, list[Plan], str]:
     """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
     from .._devices import resolve
@@ -70,6 +71,7 @@ def plans_for(
                 memory=memory,
                 reserve=reserve,
                 smt=smt,
+                priority=priority,
                 size_source=source,
                 notes=info.notes if r == 0 else (),
             ),
@@ -177,6 +179,7 @@ class ShowReport(Record):
     ranks: tuple[Plan, ...]
     not_handled: tuple[OtherDevice, ...] = ()
     this_process: dict[str, Any] | None = None
+    core_kinds: CoreKinds = CoreKinds()
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -217,6 +220,7 @@ def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowRepo
         warnings=machine.warnings,
         ranks=tuple(plans),
         not_handled=machine.others(),
+        core_kinds=machine.core_kinds,
     )
 
 
@@ -251,6 +255,7 @@ def show_text(
             ]
         )
     out += _table(rows)
+    out += kinds_lines(machine)
     out += notice_lines("problem", machine.warnings, "  ")
     out += ["", f"Accelerators ({visible.source})"]
     accs = machine.all_accelerators
@@ -296,13 +301,15 @@ def show_text(
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
     roles += ", smt 1" if first and first.smt == "1" else ""
+    roles += f", priority {first.priority}" if first and first.priority != "off" else ""
     out += [
         "",
         f"Plan (mode {mode}, memory {memory}{roles}; {plural(len(plans), 'local rank')}: {source})",
     ]
     helpers = any(p.helpers for p in plans)
+    mains = any(p.main_cpus for p in plans)
     rows = [["rank", "device", "node", "cpus", *(["reserved"] if helpers else [])]]
-    rows[0] += ["threads", "memory", "status: reason"]
+    rows[0] += [*(["main thread"] if mains else []), "threads", "memory", "status: reason"]
     for p in plans:
         rows.append(
             [
@@ -311,6 +318,7 @@ def show_text(
                 str(p.numa_node) if p.numa_node is not None else "-",
                 fmt(p.cpus) or "-",
                 *([fmt(p.helpers) or "-"] if helpers else []),
+                *([fmt(p.main_cpus) or "-"] if mains else []),
                 str(p.threads) if p.threads is not None else "-",
                 _memory_cell(p),
                 f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
@@ -321,6 +329,15 @@ def show_text(
     if line:
         out += ["", f"note: {line}"]
     return out
+
+
+def kinds_lines(machine: Machine) -> list[str]:
+    """Which cores are faster: one line for a machine whose files do not tell its cores
+    apart, else one per node with CPUs (its kinds, fastest first, and the file that told)."""
+    kinds = machine.core_kinds
+    if not kinds.distinct:
+        return [f"  cores: {machine.describe_kinds(machine.online_cpus)}"]
+    return [f"  cores of node {n.id}: {machine.describe_kinds(n.cpus)}" for n in machine.cpu_nodes]
 
 
 # how numactl spells each memory policy (numactl(8); --preferred-many needs 2.0.16+)
@@ -433,12 +450,20 @@ def run_show(args: argparse.Namespace) -> int:
         args.memory = args.memory or cfg.memory
         args.reserve = cfg.reserve if args.reserve is None else args.reserve
         args.smt = args.smt or cfg.smt
+        args.priority = args.priority or cfg.priority
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
         visible, plans, source = plans_for(
-            machine, environ, args.nproc, args.mode, args.memory, args.reserve, args.smt
+            machine,
+            environ,
+            args.nproc,
+            args.mode,
+            args.memory,
+            args.reserve,
+            args.smt,
+            args.priority,
         )
         report = show_data(machine, visible, plans)
         this = None if args.input or args.example else this_process(machine, environ, plans)

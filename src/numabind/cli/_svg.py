@@ -19,7 +19,18 @@ from __future__ import annotations
 
 from html import escape
 
-from ._picture import DISALLOWED, FREE, RESERVED, Cell, NodeBox, Picture, build, colour, legend
+from ._picture import (
+    DISALLOWED,
+    FREE,
+    PRIORITY,
+    RESERVED,
+    Cell,
+    NodeBox,
+    Picture,
+    build,
+    colour,
+    legend,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -130,11 +141,11 @@ class _Canvas:
         )
 
     def swatch_line(
-        self, x: float, fill: str, text: str, width: float, stroke: str = "#333"
+        self, x: float, fill: str, text: str, width: float, stroke: str = "#333", **attrs: str
     ) -> None:
         """A swatch and its text (wrapped beside it)."""
         self.y += LINE
-        self.rect(x, self.y - 10, SWATCH, SWATCH, fill, stroke=stroke)
+        self.rect(x, self.y - 10, SWATCH, SWATCH, fill, stroke=stroke, **attrs)
         lines = wrap(text, width - 16)
         self.text(x + 16, self.y, lines[0])
         for more in lines[1:]:
@@ -154,10 +165,27 @@ def _cell(c: _Canvas, pic: Picture, cell: Cell, x: float, y: float) -> None:
     if cell.reserved and found is None:
         fill = RESERVED
         tip += ": reserved for the system and helpers (NUMABIND_RESERVE)"
+    width = "1"
+    if cell.priority:
+        stroke, width = PRIORITY, "2"
+        tip += f": a priority core ({pic.kinds_source})"
+        if cell.cpu in pic.main:
+            tip += ", a main thread is pinned here"
     if not cell.allowed:
         fill, stroke = DISALLOWED, "#bbb"
         tip += " (outside the CPUs this process may use)"
-    c.rect(x, y, CELL_W, CELL_H, fill, stroke=stroke, title=tip, data_cpu=str(cell.cpu))
+    c.rect(
+        x,
+        y,
+        CELL_W,
+        CELL_H,
+        fill,
+        stroke=stroke,
+        stroke_width=width,
+        title=tip,
+        data_cpu=str(cell.cpu),
+        **({"data_priority": "1"} if cell.priority else {}),
+    )
     ink = "white" if fill not in (FREE, DISALLOWED) and _dark(fill) else "#222"
     c.text(
         x + CELL_W / 2, y + CELL_H - 3.5, str(cell.cpu), CELL_FONT, fill=ink, text_anchor="middle"
@@ -241,6 +269,9 @@ def _legend(c: _Canvas, pic: Picture) -> None:
     c.swatch_line(PAD, DISALLOWED, rest[1], WIDTH - 2 * PAD, stroke="#bbb")
     if pic.reserved:
         c.swatch_line(PAD, RESERVED, rest[2], WIDTH - 2 * PAD)
+        rest = rest[1:]
+    if pic.priority:
+        c.swatch_line(PAD, FREE, rest[2], WIDTH - 2 * PAD, stroke=PRIORITY, stroke_width="2")
         rest = rest[1:]
     for line in rest[2:]:
         c.lines(PAD, line, WIDTH - 2 * PAD)
