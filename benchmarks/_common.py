@@ -26,18 +26,49 @@ def time_command(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t0
 
 
+def cpu_command(argv: list[str], env: dict[str, str]) -> float:
+    """The CPU time (user + system) ``argv`` spends, from its own rusage: what a rank
+    costs the machine, which the host's other load does not add to (wall time does)."""
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, argv)
+    return usage.ru_utime + usage.ru_stime
+
+
+def clear_caches(marker: str) -> None:
+    """Remove this user's numabind machine cache files whose key holds ``marker`` (a cold
+    start for the variant that asks for one; the others' files stay)."""
+    d = Path(f"/dev/shm/numabind-cache-{os.geteuid()}")
+    for f in d.glob("machine-*") if d.is_dir() else ():
+        try:
+            if f.suffix != ".lock" and marker in f.read_text(errors="replace").split("\n", 2)[1]:
+                f.unlink()
+        except (OSError, IndexError):
+            pass
+
+
 def interleaved(
-    variants: dict[str, tuple[list[str], dict[str, str]]], rounds: int
+    variants: dict[str, tuple[list[str], dict[str, str]]],
+    rounds: int,
+    clock: str = "wall",
+    cold: dict[str, str] | None = None,
 ) -> dict[str, list[float]]:
     """Run every variant once per round, in a rotating order, so that machine noise hits all
-    of them alike; returns the wall times per variant."""
+    of them alike; returns the wall times per variant (``clock="cpu"``: CPU times).
+    ``cold`` names variants to start with no machine cache: before each of their runs the
+    cache files whose key holds the given marker are removed (untimed)."""
     names = list(variants)
     out: dict[str, list[float]] = {n: [] for n in names}
+    measure = cpu_command if clock == "cpu" else time_command
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             argv, env = variants[n]
-            out[n].append(time_command(argv, env))
+            if cold and n in cold:
+                clear_caches(cold[n])
+            out[n].append(measure(argv, env))
     return out
 
 
@@ -51,4 +82,14 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 from support import clean_env  # noqa: E402  (tests/ is on sys.path above)
 
-__all__ = ["ROOT", "SMALL", "clean_env", "interleaved", "median_ms", "table", "time_command"]
+__all__ = [
+    "ROOT",
+    "SMALL",
+    "clean_env",
+    "clear_caches",
+    "cpu_command",
+    "interleaved",
+    "median_ms",
+    "table",
+    "time_command",
+]

@@ -1,15 +1,34 @@
-"""The startup entry: ``start()`` decides, from the environment alone, whether numabind
-has anything to do in this interpreter, and only then imports the numabind package.
+"""The startup entry: whether numabind has anything to do in this interpreter, and for a
+rank whose node's machine is cached, the start of the warm path (``_numabind_fast``).
 
-The one start path of all three hook forms: the ``.pth`` line (which has already seen a
-trigger variable, with the cheapest test Python offers: one dictionary intersection,
-compiled at every start of every interpreter), PEP 829's ``_numabind_hook.start`` (Python
-3.15+, which has not) and the ``sitecustomize`` form.  ``NUMABIND=0``/``off`` is checked
-here, before anything of numabind is imported.  Kept top-level and tiny; it must never
-raise.
+``start()`` decides from the environment alone.  It is the one start path of all three
+hook forms: the ``.pth`` line (which has already seen a trigger variable, with the
+cheapest test Python offers: one dictionary intersection, compiled at every start of every
+interpreter), PEP 829's ``_numabind_hook.start`` (Python 3.15+, which has not) and the
+``sitecustomize`` form.  ``NUMABIND=0``/``off`` is checked here, before anything else.
+
+Then :func:`fast`: the knobs, the local rank and its state key as numabind's own tables
+say (a test keeps them in step); a process that inherited exactly this binding, or a rank
+on a machine with one NUMA node (one ``node*`` directory: nothing to bind), is decided
+here, without loading anything more.  A rank that has something to bind goes on to
+``_numabind_fast``, which plans and binds it from the node's cached machine without
+importing numabind; anything either cannot decide exactly as the full path would is handed
+to the full path (``numabind._startup``), with the reason in :data:`handed_over`.
+
+Also here, as the one copy numabind itself uses: the redirect rule for root
+(:func:`root_owned_path`).  Only ``os`` and ``sys`` are imported; it never raises into the
+interpreter (:func:`start`).
 """
 
 import os
+import stat
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
+
+    Env = MutableMapping[str, str]
 
 # numabind._environ.TRIGGER_VARIABLES: the rank variables of numabind._model's table, then
 # the framework switches; the .pth line spells the same list (a test keeps the three in step)
@@ -28,6 +47,20 @@ TRIGGERS = (
 # for when this module itself cannot be imported; a test keeps them in step)
 FAILED = "numabind: startup hook failed to load (%r); this process runs unbound\n"
 
+# what the fast path did in this process, for numabind to adopt when it is imported later
+# (numabind._apply makes a Binding of it, numabind._startup.last reads that): None when it
+# bound nothing
+applied: "dict[str, object] | None" = None
+# why the fast path handed this process to the full path ("" when it did not): verbose
+# mode says it, and so does the registry entry's ``machine`` field
+handed_over = ""
+# where the machine the fast path planned from came from ("cache", or "sysfs (cache: why
+# not...)"; "" when it read none): doctor and the tests read it
+machine_origin = ""
+# what descriptor 2 was at start (numabind._output compares against it before it writes)
+stderr_at_start: "tuple[int, int] | None" = None
+_done: list[bool] = []
+
 
 def failed(err: BaseException) -> None:
     """Say that the hook could not load, in one write(2) whose errors are ignored."""
@@ -44,8 +77,301 @@ def start() -> None:
             return
         if not any(v in env for v in TRIGGERS):
             return
+        if _done:
+            return  # a venv processes each .pth twice (CPython #75723)
+        _done.append(True)
+        _note_stderr()
+        global handed_over
+        try:
+            handed_over = fast(env)
+        except Exception as err:  # the fast path undoes what it applied before it raises
+            handed_over = f"the fast path failed ({type(err).__name__}: {err})"
+        if not handed_over:
+            return
         from numabind import _startup
 
         _startup.run()
     except Exception as err:
         failed(err)
+
+
+def _note_stderr() -> None:
+    global stderr_at_start
+    if sys.__stderr__ is None:
+        return
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return
+    stderr_at_start = (st.st_dev, st.st_ino)
+
+
+# --- the fast path: what it decides, exactly as the full path does ----------------------------
+
+# The knobs the fast path knows, each with the values it decides itself (numabind._environ.
+# KNOBS has the whole vocabulary; tests/test_fast.py keeps these in step with it).  A knob
+# not listed, or a value not accepted here, hands the process to the full path.
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+_FAST_KNOBS: "dict[str, tuple[str, ...] | None]" = {
+    "NUMABIND": ("", "auto", "force", "respect"),
+    "NUMABIND_MODE": ("", "node", "socket", "exclusive"),
+    "NUMABIND_MEMORY": ("", "preferred", "bind", "interleave", "local", "none"),
+    "NUMABIND_SMT": ("", "all", "1"),
+    "NUMABIND_PRIORITY": ("", "off", "rank", "main"),
+    "NUMABIND_RESERVE": ("", "0", "none", *_FALSE),
+    "NUMABIND_DEVICES": ("",),
+    "NUMABIND_STRICT": _TRUE + _FALSE,
+    "NUMABIND_THREADS": _FALSE,
+    "NUMABIND_OMP_PLACES": ("", "off"),
+    "NUMABIND_WORKERS": ("", "share", "spread", "reserved"),
+    "NUMABIND_VERBOSE": _FALSE,
+    "NUMABIND_GUARD": _TRUE + _FALSE,
+    "NUMABIND_TORCH": _FALSE,
+    "NUMABIND_TORCH_SET_DEVICE": _TRUE + _FALSE,
+    "NUMABIND_RAY": _FALSE,
+    "NUMABIND_REPORT": _FALSE,
+    "NUMABIND_REPORT_RANK": None,  # any text: read only when NUMABIND_REPORT is on
+    "NUMABIND_REPORT_WAIT": None,
+    "NUMABIND_SYSROOT": None,  # the redirect rule: _sysroot
+    "NUMABIND_REGISTRY": None,  # likewise: _registry_base
+    "NUMABIND_STATE": None,  # set by numabind
+    "NUMABIND_MAIN_CPUS": None,  # set by numabind
+    "NUMABIND_CACHE": ("", *_TRUE, "0", "off", "no", "false"),  # 0/off: the full path
+}
+# numabind._model.RANK_VARIABLES without SLURM_LOCALID (its size comes from Slurm's task
+# lists: the full path reads those), in the same order
+_RANKS = (
+    ("LOCAL_RANK", ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")),
+    ("OMPI_COMM_WORLD_LOCAL_RANK", ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    ("MPI_LOCALRANKID", ("MPI_LOCALNRANKS",)),
+    ("MV2_COMM_WORLD_LOCAL_RANK", ("MV2_COMM_WORLD_LOCAL_SIZE",)),
+    ("PALS_LOCAL_RANKID", ("PALS_LOCAL_SIZE",)),
+)
+MAX_LOCAL = 1 << 20  # numabind._environ.MAX_LOCAL
+# numabind._model.VISIBILITY_VARIABLES (the state key lists them in this order)
+_VISIBILITY = (
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+)
+# numabind._environ's launcher tables: a launcher is never a rank (the full path says so)
+_LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+    "accelerate.commands.launch",
+)
+_LAUNCHER_SCRIPTS = ("torchrun", "deepspeed", "ds", "accelerate")
+
+
+class Handover(Exception):
+    """The fast path cannot decide this process: the full path does (the reason is said
+    in verbose mode and recorded in the registry entry's ``machine`` field)."""
+
+
+def _config(env: "Env") -> "dict[str, str]":
+    get = env.get
+    for name in env:
+        if name.startswith("NUMABIND") and name not in _FAST_KNOBS:
+            raise Handover(f"{name} is not a knob the fast path knows")
+    cfg: dict[str, str] = {}
+    for name, accepted in _FAST_KNOBS.items():
+        raw = get(name)
+        if raw is None:
+            continue
+        value = raw.strip().lower()
+        if accepted is not None and value not in accepted:
+            raise Handover(f"{name}={raw[:40]!r}")
+        cfg[name] = value
+    if cfg.get("NUMABIND_CACHE") in ("0", "off", "no", "false"):
+        raise Handover("NUMABIND_CACHE=0")
+    return {
+        "enable": cfg.get("NUMABIND") or "auto",
+        "mode": cfg.get("NUMABIND_MODE") or "node",
+        "memory": cfg.get("NUMABIND_MEMORY") or "preferred",
+        "smt": cfg.get("NUMABIND_SMT") or "all",
+        "priority": cfg.get("NUMABIND_PRIORITY") or "off",
+        "guard": "0" if cfg.get("NUMABIND_GUARD", "1") in _FALSE else "1",
+        "state": get("NUMABIND_STATE", "") or "",
+        "main_cpus": get("NUMABIND_MAIN_CPUS", "") or "",
+    }
+
+
+def _count(raw: str) -> "int | None":
+    value = raw.strip()
+    if not (value and value.isascii() and value.isdigit()) or len(value) > 7:
+        return None
+    n = int(value)
+    return n if n < MAX_LOCAL else None
+
+
+def _rank(env: "Env") -> "tuple[str, int, int | None, str | None]":
+    """(rank variable, local rank, local world size or None, its variable)."""
+    get = env.get
+    for name, sizes in _RANKS:
+        raw = get(name)
+        if raw is None:
+            continue
+        rank = _count(raw)
+        if rank is None:
+            raise Handover(f"{name} is not a local rank")
+        size = source = None
+        for size_name in sizes:
+            value = get(size_name)
+            if value is None:
+                continue
+            parsed = _count(value)
+            if parsed is not None and parsed > 0:
+                size, source = parsed, size_name
+                break
+        if size is not None and rank >= size:
+            size = source = None
+        return name, rank, size, source
+    raise Handover("no local rank the fast path reads")
+
+
+def _launcher(argv: "list[str] | None") -> bool:
+    """Whether the interpreter's command line starts a launcher (numabind._environ.
+    launcher_of's walk, answering only yes or no)."""
+    args = list(argv or ())[1:]
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-m" and i + 1 < len(args):
+            return args[i + 1] in _LAUNCHER_MODULES
+        if a.startswith("-m") and len(a) > 2:
+            return a[2:] in _LAUNCHER_MODULES
+        if a == "-c" or a.startswith("-c"):
+            return False
+        if a in ("-W", "-X"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        base = a.rsplit("/", 1)[-1]
+        if base.endswith(".py"):
+            base = base[:-3]
+        if base in ("torchrun", "deepspeed", "ds"):
+            return True
+        return base == "accelerate" and "launch" in args[i + 1 :]
+    return False
+
+
+def state_key(source: str, rank: int, env: "Env", cfg: "dict[str, str]") -> str:
+    """numabind._startup.state_key and roles_key, for what the fast path decides."""
+    visible = ",".join(f"{v}={env[v][:200]}" for v in _VISIBILITY if v in env).replace("#", "")
+    roles = "" if cfg["smt"] == "all" else f"|reserve=|smt={cfg['smt']}"
+    roles += f"|priority={cfg['priority']}" if cfg["priority"] != "off" else ""
+    return f"{source}={rank}|{visible}|{cfg['mode']}|{cfg['memory']}{roles}"
+
+
+def _one_node(sysroot: str) -> bool:
+    """Whether the machine has at most one NUMA node: at most one ``node<N>`` directory
+    under /sys/devices/system/node (numabind._sources lists the same directory, so a
+    machine with one has at most one node with CPUs: nothing to bind in node and socket
+    modes).  Read without following a link (a capture's tree is input)."""
+    parts = ["sys", "devices", "system", "node"]
+    try:
+        fd = os.open(sysroot or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        for part in parts:
+            nfd = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = nfd
+        names = os.listdir(fd)
+    except OSError:
+        return False  # no node directory: the cached machine decides (a kernel without NUMA)
+    finally:
+        os.close(fd)
+    nodes = [n for n in names if n.startswith("node") and n[4:].isascii() and n[4:].isdigit()]
+    return len(nodes) <= 1 and len(names) < 4096
+
+
+# --- where numabind reads and writes: the redirect rule ---------------------------------------
+
+DEFAULT_BASE = "/dev/shm"  # the base of the per-user registry and cache directories
+
+
+def root_owned_path(path: str) -> "str | None":
+    """None when every directory on ``path`` (as written and as resolved) is owned by
+    root and not writable by group or others (sticky directories excepted), else why."""
+    if not path.startswith("/"):
+        return "not an absolute path"
+    real = os.path.realpath(path)
+    for spelled in dict.fromkeys((os.path.abspath(path), real)):
+        parts = [p for p in spelled.split("/") if p]
+        prefix = ""
+        for part in ["", *parts]:
+            prefix = f"{prefix}/{part}" if part else "/"
+            try:
+                st = os.lstat(prefix)
+            except OSError as err:
+                return f"{prefix} cannot be examined ({err.strerror})"
+            if st.st_uid != 0:
+                return f"{prefix} is owned by uid {st.st_uid}"
+            if stat.S_ISLNK(st.st_mode):
+                continue  # its target is checked as the resolved spelling
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+                return f"{prefix} is writable by group or others"
+    return None
+
+
+def _sysroot(env: "Mapping[str, str]") -> str:
+    """NUMABIND_SYSROOT as numabind._sysfs.redirect takes it for the process's own
+    environment."""
+    raw = env.get("NUMABIND_SYSROOT")
+    if raw is None or raw.strip() == "" or sys.flags.ignore_environment:
+        return "/"
+    if os.geteuid() == 0 and root_owned_path(raw) is not None:
+        return "/"
+    return str(raw)
+
+
+def _registry_base(env: "Mapping[str, str]") -> "str | None":
+    """NUMABIND_REGISTRY likewise; None for root with one set (the rule then also asks
+    which file system it is on: the full path decides)."""
+    raw = env.get("NUMABIND_REGISTRY")
+    if raw is None or raw.strip() == "" or sys.flags.ignore_environment:
+        return DEFAULT_BASE
+    if os.geteuid() == 0:
+        return None
+    return str(raw)
+
+
+def fast(env: "Env") -> str:
+    """Bind this process from the node's cached machine, or decide it needs nothing;
+    returns '' when done, else why the full path must plan it (nothing applied is left
+    behind)."""
+    try:
+        cfg = _config(env)
+        source, rank, size, _ = _rank(env)
+        if _launcher(getattr(sys, "orig_argv", None)):
+            raise Handover("a launcher, not a rank")
+        key = state_key(source, rank, env, cfg)
+        recorded, _, status = cfg["state"].rpartition("#")
+        if recorded == key:
+            if cfg["priority"] == "main" and status == "bound" and cfg["main_cpus"]:
+                from numabind._handback import inherited
+
+                inherited(cfg["main_cpus"])
+            return ""  # the parent planned exactly this
+        sysroot = _sysroot(env)
+        if _registry_base(env) is None:
+            raise Handover("NUMABIND_REGISTRY is set for root (its rule asks which file system)")
+        if cfg["mode"] in ("node", "socket") and cfg["priority"] == "off" and _one_node(sysroot):
+            env["NUMABIND_STATE"] = f"{key}#skipped"
+            env.pop("NUMABIND_MAIN_CPUS", None)
+            return ""  # one NUMA node: nothing to bind (numabind._plan.nothing_to_bind)
+    except Handover as h:
+        return str(h)
+    import _numabind_fast
+
+    return _numabind_fast.bind_rank(env, cfg, source, rank, size, key, sysroot)

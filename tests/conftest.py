@@ -75,10 +75,11 @@ def installed_hook_problem() -> str | None:
         installed = pth.parent / name
         if installed.exists() and installed.read_bytes() != (src / name).read_bytes():
             return f"{installed} differs from src/{name} (edited since installed); {fix}"
-    spec = importlib.util.find_spec("_numabind_start")
-    origin = Path(spec.origin) if spec and spec.origin else None
-    if origin is None or origin.read_bytes() != (src / "_numabind_start.py").read_bytes():
-        return f"_numabind_start ({origin}) differs from src/_numabind_start.py; {fix}"
+    for module in ("_numabind_start", "_numabind_fast"):
+        spec = importlib.util.find_spec(module)
+        origin = Path(spec.origin) if spec and spec.origin else None
+        if origin is None or origin.read_bytes() != (src / f"{module}.py").read_bytes():
+            return f"{module} ({origin}) differs from src/{module}.py; {fix}"
     return None
 
 

@@ -151,7 +151,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_examples",
     ),
     "who am I": ("_environ", "_devices", "_nvml"),
-    "plan": ("_plan",),
+    "plan": ("_plan", "_cache"),
     "bind": (
         "_kernel",
         "_pin",

@@ -54,6 +54,8 @@ def world_readable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.copytree(
         SRC / "numabind", d / "src" / "numabind", ignore=shutil.ignore_patterns("__pycache__")
     )
+    for start in ("_numabind_start.py", "_numabind_fast.py"):  # the start modules it ships
+        shutil.copy(SRC / start, d / "src")
     synth.write(synth.two_nodes(), str(d / "root"))
     for path in d.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)

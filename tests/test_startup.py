@@ -71,51 +71,83 @@ SHOW_MODULES = "import sys; print(' '.join(sorted(sys.modules)))"
 
 
 def test_active_hook_stays_off_heavy_modules(dgx_root: str) -> None:
+    """Every path of a bound rank (the full path, NUMABIND_CACHE=0; the cold fast path
+    that reads the machine for its node; the warm one) stays off the heavy modules."""
     base = set(py(SHOW_MODULES, clean_env()).stdout.split())
-    r = py(SHOW_MODULES, clean_env(LOCAL_RANK="5", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=dgx_root))
-    assert r.returncode == 0, r.stderr
-    added = set(r.stdout.split()) - base
+    env = clean_env(LOCAL_RANK="5", LOCAL_WORLD_SIZE="8", NUMABIND_SYSROOT=dgx_root)
+    full = py(SHOW_MODULES, {**env, "NUMABIND_CACHE": "0"})
+    assert full.returncode == 0, full.stderr
+    added = set(full.stdout.split()) - base
     assert "numabind._startup" in added and "numabind._plan" in added
     assert not (added & FORBIDDEN), added & FORBIDDEN
+    env["LOCAL_RANK"] = "1"  # on node 0, whose CPUs include this host's: its binding takes
+    for _ in range(2):  # cold (or warm, where another test read this machine), then warm
+        r = py(SHOW_MODULES, env)
+        assert r.returncode == 0, r.stderr
+        assert not ((set(r.stdout.split()) - base) & FORBIDDEN)
+    warm = set(r.stdout.split()) - base
+    assert not any(m.startswith("numabind") for m in warm), f"a warm rank imported {warm}"
 
 
-def _counted(root: str, env: dict[str, str]) -> tuple[dict[str, list[str]], bool]:
+def _counted(
+    root: str, env: dict[str, str], tmp: Path | None = None, runs: int = 1
+) -> tuple[dict[str, list[str]], bool]:
     """What the hook of a rank with ``env`` loads and opens on the machine ``root``: read
     as a rank reads it (mounted over /sys in a private mount namespace) where this test may
-    do that, else through NUMABIND_SYSROOT (one more module: the capture reader)."""
+    do that, else through NUMABIND_SYSROOT (one more module: the capture reader).  With
+    ``runs`` > 1 the rank starts that many times in the same namespace and the last is
+    reported (the first reads the machine for the cache: the others find it warm)."""
     prefix, _why = as_live(root)
     if not prefix:
         env = {**env, "NUMABIND_SYSROOT": root}
+    cmd = [sys.executable, "-S", "-c", COUNT_HOOK]
+    if runs > 1:
+        assert tmp is not None
+        out = str(tmp / "counted.json")
+        loop = f'for i in $(seq {runs}); do "$@" > {out} || exit 1; done; cat {out}'
+        cmd = ["sh", "-c", loop, "sh", *cmd]
     r = subprocess.run(
-        [*prefix, sys.executable, "-S", "-c", COUNT_HOOK],
-        capture_output=True,
-        text=True,
-        env=clean_env(**env),
-        timeout=120,
+        [*prefix, *cmd], capture_output=True, text=True, env=clean_env(**env), timeout=120
     )
     assert r.returncode == 0, r.stderr
     data: dict[str, list[str]] = json.loads(r.stdout)
     return data, bool(prefix)
 
 
+HEAVY = {"numabind._kernel", "numabind._registry", "numabind._apply", "numabind._errors"}
+
+
 def test_a_one_node_rank_loads_ten_modules_and_no_kernel_layer(tmp_path: Path) -> None:
-    """On a one-node machine (a workstation, a one-GPU cloud VM) the hook only plans: at
-    most 10 numabind modules, and none of the kernel, registry or device layers, ctypes
-    or the error classes (each module costs the rank ~0.2 ms of interpreter start)."""
+    """On a one-node machine (a workstation, a one-GPU cloud VM) the hook only plans: the
+    full path (NUMABIND_CACHE=0) at most 10 numabind modules, and none of the kernel,
+    registry or device layers, ctypes or the error classes (each module costs the rank
+    ~0.2 ms of interpreter start); the cold fast path only the machine reader and the
+    planner's rules; a warm rank none at all, and no file of the machine but its key's."""
     root = synth.write(synth.one_node(), str(tmp_path / "one"))
-    data, live = _counted(root, {"LOCAL_RANK": "0"})
+    data, live = _counted(root, {"LOCAL_RANK": "0", "NUMABIND_CACHE": "0"})
     mods = set(data["modules"])
     assert "numabind._plan" in mods and "numabind._apply" in mods
     assert len(mods) <= (10 if live else 11), sorted(mods)
     heavy = {"numabind._kernel", "numabind._registry", "numabind._devices", "numabind._errors"}
     assert not (mods & heavy), sorted(mods & heavy)
+    cold, _ = _counted(root, {"LOCAL_RANK": "0"})
+    assert len(cold["modules"]) <= (10 if live else 11) and not (set(cold["modules"]) & HEAVY)
+    warm, _ = _counted(root, {"LOCAL_RANK": "0"}, tmp_path, runs=2)
+    assert warm["modules"] == [], warm["modules"]
+    key = ("/sys/devices/system/cpu/online", "/sys/fs/cgroup/cpuset")  # its cpuset (or none)
+    machine = [f for f in warm["files"] if f.startswith("/sys") and not f.startswith(key)]
+    assert not machine, warm["files"]
 
 
-def test_a_bound_dgx_rank_loads_15_modules_and_opens_30_files(dgx_root: str) -> None:
-    """A bound rank of an 8-GPU DGX: at most 15 numabind modules (0.2.0: 23) and 30 files
-    and directories opened (0.2.0: 68; now only its own GPU's driver files are read), no
-    capture reader and no registry reader."""
-    data, live = _counted(dgx_root, {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8"})
+def test_a_bound_dgx_rank_loads_15_modules_and_opens_30_files(
+    dgx_root: str, tmp_path: Path
+) -> None:
+    """A bound rank of an 8-GPU DGX.  The full path (NUMABIND_CACHE=0): at most 15 numabind
+    modules (0.2.0: 23) and 30 files and directories opened (0.2.0: 68; only its own GPU's
+    driver files are read), no capture reader and no registry reader.  Warm: no numabind
+    module, and of the machine only the files its key holds (its cgroup's cpuset)."""
+    env = {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8"}
+    data, live = _counted(dgx_root, {**env, "NUMABIND_CACHE": "0"})
     mods = set(data["modules"])
     assert "numabind._apply" in mods and "numabind._registry" in mods, sorted(mods)
     assert len(mods) <= (15 if live else 16), sorted(mods)
@@ -136,6 +168,17 @@ def test_a_bound_dgx_rank_loads_15_modules_and_opens_30_files(dgx_root: str) -> 
     assert all("0000:5d:00.0" in f for f in driver), "GPU 3's driver files, no other GPU's"
     idle = {"numabind._tarroot", "numabind._hwloc", "numabind._capture", "numabind._errors"}
     assert not (mods & idle), sorted(mods & idle)
+    warm, _ = _counted(dgx_root, env, tmp_path, runs=2)
+    assert warm["modules"] == [], warm["modules"]
+    machine = [
+        f
+        for f in warm["files"]
+        if f.startswith(("/sys", "/proc/driver"))
+        or not f.startswith(("/", "numabind", ".", "machine-"))
+    ]
+    node_dir = ("sys", "devices", "system", "node")  # listed: one node is nothing to bind
+    key = [f for f in machine if f not in node_dir and f != "/sys/devices/system/node"]
+    assert all("cgroup" in f or "cpuset" in f or f.endswith("cpu/online") for f in key), machine
 
 
 def test_hook_is_quiet_on_success_and_verbose_on_request(dgx_root: str) -> None:
@@ -401,9 +444,13 @@ def test_every_hook_form_reacts_to_the_framework_switches(
 
 @pytest.mark.parametrize("value", ["0", "off", "OFF", " off "])
 def test_numabind_off_disables_the_hook_before_any_import(dgx_root: str, value: str) -> None:
-    """NUMABIND=0/off: a rank's hook returns before importing anything of numabind."""
-    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('numabind')))"
+    """NUMABIND=0/off: a rank's hook returns before importing anything of numabind (and
+    before its start module looks at anything)."""
+    probe = (
+        "import sys; s = sys.modules.get('_numabind_start');"
+        "print(bool(s and s._done), sorted(m for m in sys.modules if m.startswith('numabind')))"
+    )
     r = py(probe, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root, NUMABIND=value))
-    assert r.returncode == 0 and r.stdout.strip() == "[]" and r.stderr == "", r
+    assert r.returncode == 0 and r.stdout.strip() == "False []" and r.stderr == "", r
     on = py(probe, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=dgx_root))
-    assert "numabind._startup" in on.stdout, "the probe sees the hook when it runs"
+    assert on.stdout.startswith("True"), "the probe sees the hook when it runs"

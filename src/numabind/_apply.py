@@ -541,6 +541,7 @@ def enter(
     register: bool = True,
     report: bool = True,
     prefix: str = "",
+    machine_origin: str = "",
 ) -> Binding:
     """The one way into binding (see the module docstring): bind this process as
     ``plan`` says and return what was done.
@@ -551,7 +552,8 @@ def enter(
     ``"runtime"`` (resize the pools already loaded) or None.  ``strict`` (default:
     ``cfg.strict``) restores and raises :class:`~numabind.BindingError` on a failure or a
     refused call; a benign skip (one NUMA node) is never a failure.  ``report`` prints the
-    one line the rules call for, ``prefix`` before it."""
+    one line the rules call for, ``prefix`` before it.  ``machine_origin`` says where the
+    plan's machine came from (numabind._cache: ``cache``, ``sysfs``...), for the entry."""
     env = os.environ if environ is None else environ
     strict = cfg.strict if strict is None else strict
     if not plan.bound:
@@ -582,6 +584,7 @@ def enter(
         if previous is not None and not changed and previous.policy_holds():
             return previous  # apply() twice: nothing to do, nothing to say
         b = apply_with_rule(plan, machine, cfg.enable, env, migrate=migrate)
+        b.machine = machine_origin
         if changed:
             b.warnings.append(changed)
         if strict and (b.errors or b.refused):
@@ -1014,3 +1017,105 @@ def _migrate(b: Binding, plan: Plan) -> None:
     b.notes.extend(done.notes)
     for call in done.refused:
         _refused(b, call)
+
+
+# --- a binding the start module's fast path applied ----------------------------------------------
+
+_adopted: list[Binding | None] = []
+
+
+def adopted() -> Binding | None:
+    """The binding ``_numabind_start``'s fast path applied to this process before numabind
+    was loaded, as a :class:`Binding` (made once, when this module is first imported: it is
+    then this process's active binding, which ``apply()``, the guards, children and host
+    buffers read); None when the fast path bound nothing."""
+    if not _adopted:
+        _adopted.append(None)  # a failure below leaves None, once
+        _adopted[0] = _adopt()
+    return _adopted[0]
+
+
+def _adopt() -> Binding | None:
+    start = sys.modules.get("_numabind_start")
+    record = getattr(start, "applied", None)
+    if not isinstance(record, dict):
+        return None
+    try:
+        plan = _replan(record)
+    except Exception:
+        return None
+    b = Binding(plan)
+    b.cpus_applied = True
+    b.threads_rebound = int(record.get("previous_cpus") is not None)
+    b.threads_kept = 1 - b.threads_rebound
+    tid = os.getpid()
+    before = record.get("previous_cpus")
+    if isinstance(before, frozenset):
+        b._previous_affinity[tid] = before
+    main = record.get("main_thread")
+    b.main_thread = main if isinstance(main, int) else None
+    b.masks[tid] = plan.main_cpus if b.main_thread is not None else plan.cpus
+    policy = record.get("policy")
+    if isinstance(policy, str):
+        nodes = record.get("policy_nodes")
+        b.policy_applied = policy
+        b.policy_nodes = nodes if isinstance(nodes, frozenset) else frozenset()
+        previous = record.get("previous_policy")
+        if isinstance(previous, tuple) and len(previous) == 2:
+            from ._model import POLICY_BY_CODE
+
+            found = POLICY_BY_CODE.get(previous[0])
+            b._previous_policy = (found.name if found else "default", previous[1])
+    registered = record.get("registered")
+    if isinstance(registered, str):
+        from . import _registry
+
+        b.registered = registered
+        label = record.get("registered_label")
+        _registry._registered.update(path=registered, pid=os.getpid(), label=label)
+    machine = record.get("machine")
+    b.machine = machine if isinstance(machine, str) else ""
+    with LOCK:
+        ACTIVE.append(b)
+    return b
+
+
+def _replan(record: dict[str, object]) -> Plan:
+    """The full planner's plan of what the fast path bound, from the environment it saw
+    and the cached machine; where the two disagreed (a bug), what was applied wins and a
+    note says so."""
+    from ._cache import open_machine, wants
+    from ._devices import LazyNvml, resolve
+    from ._environ import Config, detect
+    from ._plan import nothing_to_bind, plan, request_for
+
+    env = record.get("environ")
+    environ = dict(env) if isinstance(env, dict) else dict(os.environ)
+    cfg = Config.from_env(environ)
+    info = detect(environ, getattr(sys, "orig_argv", None))
+    opened = open_machine(cfg.sysroot, environ, wants(cfg.mode, cfg.smt, cfg.priority))
+    m = opened.machine
+    try:
+        visible = None
+        if not nothing_to_bind(m, cfg.mode, cfg.priority):
+            visible = resolve(m, environ, LazyNvml())
+        request = request_for(
+            info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt,
+            priority=cfg.priority,
+        ).replace(budget=cfg.threads != "off")  # fmt: skip
+        p = plan(m, request)
+    finally:
+        m.close()
+    fast = record.get("plan")
+    if isinstance(fast, dict):
+        applied = {k: fast.get(k) for k in ("cpus", "memory_policy", "memory_nodes", "main_cpus")}
+        mine = {k: getattr(p, k) for k in applied}
+        if applied != mine:
+            p = p.replace(
+                **applied,
+                notes=(*p.notes, f"the startup fast path bound {applied}, the planner says {mine}"),
+            )
+    return p
+
+
+adopted()

@@ -247,6 +247,14 @@ KNOBS: tuple[Knob, ...] = (
         "naming the ranks that did not post (NUMABIND_REPORT)",
     ),
     Knob(
+        name="NUMABIND_CACHE",
+        field="cache",
+        kind="flag",
+        default="1",
+        help="0: read the machine from sysfs in every rank instead of the per-node cache "
+        "(one reading per node and boot, shared by the node's ranks)",
+    ),
+    Knob(
         name="NUMABIND_SYSROOT",
         field="sysroot",
         kind="path",
@@ -405,6 +413,7 @@ class Config(Record):
     report: bool = False
     report_rank: str = "0"
     report_wait: str = "60"
+    cache: bool = True
     sysroot: str = "/"
     registry: str = "/dev/shm"
     state: str = ""

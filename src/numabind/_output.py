@@ -32,9 +32,15 @@ def _identity(fd: int) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-# what descriptor 2 was when numabind was first imported (the startup hook imports this
-# module before the program's first statement)
-_STDERR_AT_START = _identity(2) if sys.__stderr__ is not None else None
+# what descriptor 2 was when the interpreter started: as the startup hook saw it before the
+# program's first statement (its fast path binds without loading this module), else when
+# numabind was first imported
+_START = sys.modules.get("_numabind_start")
+_STDERR_AT_START: tuple[int, int] | None = (
+    getattr(_START, "stderr_at_start", None)
+    if _START is not None and getattr(_START, "_done", None)
+    else (_identity(2) if sys.__stderr__ is not None else None)
+)
 
 
 def _target() -> int | None:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import _thread
 import os
-import stat
+
+import _numabind_fast as fast
 
 from . import _sysfs
 from ._kernel import process_uids, start_time
@@ -325,83 +326,26 @@ def base_dir(environ: Mapping[str, str] | None = None) -> str:
 # --- directories -------------------------------------------------------------------------------
 
 
-def _base_ok(fd: int, uid: int) -> str | None:
-    """None if a per-user directory may be created in this base, else why not."""
-    st = os.fstat(fd)
-    if st.st_uid not in (0, uid):
-        return f"owned by uid {st.st_uid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-        return "writable by others without the sticky bit"
-    return None
-
-
-def private_dir(parent_fd: int, name: str, uid: int, create: bool) -> tuple[int | None, str | None]:
-    """Open (creating with mode 0700 when asked) a directory ``name`` under ``parent_fd``
-    that ``uid`` owns and nobody else may write; (fd, None) or (None, why not)."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        except OSError as err:
-            return None, f"cannot be created ({err.strerror})"
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as err:
-        return None, f"cannot be opened ({err.strerror}; a link or not a directory)"
-    st = os.fstat(fd)
-    if st.st_uid != uid:
-        os.close(fd)
-        return None, f"is owned by uid {st.st_uid}, not {uid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        if uid == os.geteuid():
-            os.fchmod(fd, 0o700)  # ours, but loosened: tighten it
-        else:
-            os.close(fd)
-            return None, "is writable by others"
-    return fd, None
+# The per-user directories and files follow one set of rules, shared with the machine cache
+# (numabind._cache): the one copy of that code is in _numabind_start, which the startup
+# hook loads before numabind itself.
+base_ok = fast.base_ok
+private_dir = fast.private_dir
 
 
 def candidates(environ: Mapping[str, str], uid: int) -> Iterator[tuple[str, str, str]]:
     """(parent directory, name, label) where uid's registry may live, best first: the
     shared base, then the user's runtime directory ($XDG_RUNTIME_DIR for this process's
     own uid, /run/user/UID for others, as systemd makes it)."""
-    base = base_dir(environ)
-    yield base, f"{PREFIX}{uid}", f"{base.rstrip('/')}/{PREFIX}{uid}"
-    xdg = environ.get("XDG_RUNTIME_DIR", "") if uid == os.geteuid() else f"/run/user/{uid}"
-    if xdg.startswith("/") and len(xdg) < 4096:
-        yield xdg, "numabind", f"{xdg.rstrip('/')}/numabind"
+    yield from fast.candidates(base_dir(environ), environ, uid, f"{PREFIX}{uid}", "numabind")
 
 
 def _open_user_dir(
     environ: Mapping[str, str], uid: int, create: bool
 ) -> tuple[int | None, str | None, list[str]]:
     """The first usable registry directory of ``uid``: (fd, its path, why others failed)."""
-    why: list[str] = []
-    for parent, name, label in candidates(environ, uid):
-        try:
-            pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as err:
-            why.append(f"{parent} cannot be opened ({err.strerror})")
-            continue
-        try:
-            if parent != base_dir(environ):
-                st = os.fstat(pfd)  # XDG_RUNTIME_DIR must be uid's own, private
-                if st.st_uid != uid or st.st_mode & 0o077:
-                    why.append(f"{parent} is not a private directory of uid {uid}")
-                    continue
-            else:
-                bad = _base_ok(pfd, uid)
-                if bad:
-                    why.append(f"{parent} is {bad}")
-                    continue
-            fd, bad = private_dir(pfd, name, uid, create)
-            if fd is not None:
-                return fd, label, why
-            why.append(f"{label} {bad}")
-        finally:
-            os.close(pfd)
-    return None, None, why
+    base = base_dir(environ)
+    return fast.open_user_dir(list(candidates(environ, uid)), base, uid, create)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -422,31 +366,11 @@ def register(
     if fd is None:
         return None, "not registered for numabind check: " + "; ".join(why)
     try:
-        tmp = f".{pid}.{os.urandom(8).hex()}"
-        wfd = os.open(
-            tmp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-            0o600,
-            dir_fd=fd,
-        )
-        try:
-            st = os.fstat(wfd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-                return None, "registry entry could not be created safely"
-            data = entry.encode()
-            while data:
-                data = data[os.write(wfd, data) :]
-        finally:
-            os.close(wfd)
-        os.rename(tmp, str(pid), src_dir_fd=fd, dst_dir_fd=fd)
-    except OSError as err:
-        try:
-            os.unlink(tmp, dir_fd=fd)
-        except (OSError, UnboundLocalError):
-            pass
-        return None, f"registry entry not written ({err.strerror or err})"
+        why_not = fast.write_private(fd, str(pid), entry.encode(), "entry")
     finally:
         os.close(fd)
+    if why_not is not None:
+        return None, f"registry entry {why_not}"
     path = f"{label}/{pid}"
     if not _registered:
         import atexit
@@ -504,22 +428,10 @@ class Scan:
 def _read_file(fd: int, name: str, owner: int) -> tuple[str | None, bytes, int]:
     """An entry file's bytes and owner, or why it is ignored (a link, a socket, gone, not
     the directory owner's or root's, larger than an entry)."""
-    try:
-        efd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return "special", b"", -1
-    try:
-        st = os.fstat(efd)
-        if not stat.S_ISREG(st.st_mode):
-            return "special", b"", -1
-        if st.st_uid not in (owner, 0):
-            return "foreign", b"", -1
-        try:
-            return None, _sysfs.read_fd(efd, name, ENTRY_CAP), st.st_uid
-        except OSError:
-            return "malformed", b"", -1
-    finally:
-        os.close(efd)
+    why, data, uid = fast.read_private(fd, name, (owner, 0), ENTRY_CAP)
+    if why is None:
+        return None, data, uid
+    return {"huge": "malformed", "missing": "special"}.get(why, why), b"", -1
 
 
 def _prune(fd: int, name: str) -> None:

@@ -30,7 +30,10 @@ from ._output import say
 
 STATE_VARIABLE = "NUMABIND_STATE"
 _done = False
-last: Binding | None = None  # what the hook did in this process (numabind show reports it)
+# what the hook did in this process (numabind show, numabind run read it): set by the full
+# path below; where the start module's fast path bound the process, made from what it
+# recorded on first read (module __getattr__)
+last: Binding | None
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -81,10 +84,27 @@ def record_state(binding: Binding, info: RankInfo, mode: str, memory: str, roles
         os.environ.pop("NUMABIND_MAIN_CPUS", None)  # a parent's pinned core is not this one's
 
 
+def __getattr__(name: str) -> object:
+    if name == "last":
+        from ._apply import adopted
+
+        return adopted()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _decided_fast() -> bool:
+    """Whether the start module's fast path already decided this process (bound it, or
+    found it has nothing to bind): then the hook has nothing left to do."""
+    start = sys.modules.get("_numabind_start")
+    return bool(start is not None and getattr(start, "_done", None)) and not getattr(
+        start, "handed_over", "x"
+    )
+
+
 def run(environ: Mapping[str, str] | None = None) -> Binding | None:
     """Plan and bind this process if it is a rank.  Returns the binding (for tests)."""
     global _done
-    if _done:
+    if _done or (environ is None and _decided_fast()):
         return None
     _done = True
     env = os.environ if environ is None else environ
@@ -158,13 +178,21 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 
 
 def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
-    """Plan and bind a rank found in the environment (the hook's work after its checks)."""
+    """Plan and bind a rank found in the environment (the hook's work after its checks),
+    from the node's cached machine where there is one (numabind._cache)."""
     from ._apply import enter
     from ._plan import nothing_to_bind, plan, request_for
-    from ._topology import Machine
 
     global last
-    machine = Machine.from_root(cfg.sysroot)
+    if cfg.cache:
+        from ._cache import open_machine, wants
+
+        opened = open_machine(cfg.sysroot, env, wants(cfg.mode, cfg.smt, cfg.priority))
+        machine, origin = opened.machine, opened.origin
+    else:
+        from ._topology import Machine
+
+        machine, origin = Machine.from_root(cfg.sysroot), "sysfs (NUMABIND_CACHE=0)"
     try:
         visible = None
         if info.problem is None and not nothing_to_bind(machine, cfg.mode, cfg.priority):
@@ -191,9 +219,24 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             )
         p = plan(machine, request.replace(budget=cfg.threads != "off"))
         # strict mode here is an exit before user code, after the binding's own line
-        binding = enter(p, machine, cfg, environ=env, strict=False, threads="env", report=False)
+        binding = enter(
+            p,
+            machine,
+            cfg,
+            environ=env,
+            strict=False,
+            threads="env",
+            report=False,
+            machine_origin=origin,
+        )
     finally:
-        machine.close()
+        machine.close()  # a cached machine writes back what planning had to read
+    if cfg.verbose:
+        binding.notes.append(f"machine: {origin}")
+        start = sys.modules.get("_numabind_start")
+        fell = getattr(start, "handed_over", "")
+        if fell:
+            binding.notes.append(f"planned by the full path: {fell}")
     record_state(binding, info, cfg.mode, cfg.memory, roles_key(cfg))
     last = binding
     if binding.failed or (cfg.strict and binding.refused):

@@ -376,28 +376,9 @@ _PSEUDO_FS = frozenset(
 )  # fmt: skip
 
 
-def root_owned_path(path: str) -> str | None:
-    """None when every directory on ``path`` (as written and as resolved) is owned by
-    root and not writable by group or others (sticky directories excepted), else why."""
-    if not path.startswith("/"):
-        return "not an absolute path"
-    real = os.path.realpath(path)
-    for spelled in dict.fromkeys((os.path.abspath(path), real)):
-        parts = [p for p in spelled.split("/") if p]
-        prefix = ""
-        for part in ["", *parts]:
-            prefix = f"{prefix}/{part}" if part else "/"
-            try:
-                st = os.lstat(prefix)
-            except OSError as err:
-                return f"{prefix} cannot be examined ({err.strerror})"
-            if st.st_uid != 0:
-                return f"{prefix} is owned by uid {st.st_uid}"
-            if stat.S_ISLNK(st.st_mode):
-                continue  # its target is checked as the resolved spelling
-            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-                return f"{prefix} is writable by group or others"
-    return None
+# The one copy of this rule is in _numabind_start (the startup hook's fast path applies it
+# before numabind is loaded): every directory on the path root's and nobody else's to write.
+from _numabind_start import root_owned_path  # noqa: E402
 
 
 def fs_type(path: str) -> str | None:

@@ -537,13 +537,14 @@ def console_main() -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .._topology import Machine
     from ._doctor import Finding, doctor, lines
 
     machine = None
     problem = None
     try:
-        machine = Machine.here()
+        from .._cache import here
+
+        machine = here()
     except (CaptureError, ValueError, OSError) as err:
         problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
     try:

@@ -75,9 +75,7 @@ def run_check(
 ) -> int:
     """``numabind check``; ``keep`` narrows ``--all`` (a job's ranks), ``emit`` writes the
     report instead of the text or JSON (the job collector's node record)."""
-    from .._environ import Config
     from .._errors import UsageError
-    from .._topology import Machine
 
     if args.pid and args.all:
         raise UsageError("numabind check: --pid and --all are exclusive; give one")
@@ -96,7 +94,9 @@ def run_check(
                 "(numabind check --help)"
             )
         pids, own_env = [os.getpid()], os.environ
-    machine = Machine.from_root(Config.from_env().sysroot)
+    from .._cache import here
+
+    machine = here()  # through the node's cache: the ranks' machine, read once
     try:
         deadline = time.monotonic() + args.deadline if args.all else None
         report = check(

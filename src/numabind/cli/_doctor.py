@@ -601,7 +601,39 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     found += kernel_findings()
     if machine is not None:
         found += machine_findings(machine)
+        found += cores_findings(machine, environ)
     return found
+
+
+def cores_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
+    """Which cores (their kinds: what NUMABIND_PRIORITY uses), and where the machine came
+    from: the node's cache (one reading per node and boot) or sysfs, and the cache's state
+    for this process (numabind._cache)."""
+    from .. import _cache
+
+    kinds = machine.core_kinds
+    if kinds.distinct:
+        detail = "; ".join(
+            f"node {n.id}: {machine.describe_kinds(n.cpus)}" for n in machine.cpu_nodes
+        )
+    else:
+        detail = machine.describe_kinds(machine.online_cpus)
+    out = [Finding(check="cores", status="info", detail=detail)]
+    source = machine.source
+    where = "the node's cache" if isinstance(source, _cache.Cached) else "sysfs"
+    raw = environ.get("NUMABIND_SYSROOT")
+    from .._sysfs import redirect
+
+    sysroot = redirect("NUMABIND_SYSROOT", raw, "/", own=environ is os.environ, registry=False,
+                       notes=[])  # fmt: skip
+    out.append(
+        Finding(
+            check="machine cache",
+            status="info",
+            detail=f"this reading came from {where}; {_cache.status(environ, sysroot)}",
+        )
+    )
+    return out
 
 
 def lines(found: list[Finding]) -> list[str]:

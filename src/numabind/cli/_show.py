@@ -395,7 +395,9 @@ def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
             machine = Machine.from_capture(args.input)
             recorded = machine.recorded_environ
             return machine, (recorded if recorded is not None else os.environ)
-        return Machine.here(), os.environ
+        from .._cache import here
+
+        return here(), os.environ  # through the node's cache (the CPUs' kinds are slow)
     except (CaptureError, ValueError) as err:
         raise UsageError(f"numabind show: {err}") from err
 
