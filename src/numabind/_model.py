@@ -326,13 +326,15 @@ class Visibility(Record):
 
     Grammars: ``cuda`` (indices, ``GPU-<uuid>`` prefixes, ``MIG-<uuid>`` and the legacy
     ``MIG-GPU-<uuid>/<gi>/<ci>``); ``rocm`` (indices and ``GPU-<unique id>``); ``level-zero``
-    (indices and ``<device>.<sub-device>``).  ``applies_after`` names the variable this one
-    renumbers (HIP_VISIBLE_DEVICES selects among what ROCR_VISIBLE_DEVICES left)."""
+    (indices and ``<device>.<sub-device>``).  A vendor's variables apply in the order of
+    its row, each renumbering what the ones before it left (HIP_VISIBLE_DEVICES selects
+    among what ROCR_VISIBLE_DEVICES left); ``fallback_for`` names a variable this one is
+    read only without (ROCm reads CUDA_VISIBLE_DEVICES only where HIP_VISIBLE_DEVICES is
+    unset)."""
 
     variable: str
     grammar: Grammar
-    applies_after: str | None = None
-    fallback_for: str | None = None  # read only when this other variable is unset
+    fallback_for: str | None = None
 
 
 class HostRegisterApi(Record):
@@ -434,6 +436,14 @@ class Vendor(Record):
     driver_numa_key: str | None = None
     torch_module: str | None = None  # the torch module whose set_device selects its devices
     host_register: HostRegisterApi | None = None  # how its driver registers host memory
+    # the variable that makes the runtime number devices in PCI order, and its value (CUDA
+    # numbers the fastest first by default: indices then need not follow PCI order)
+    device_order: tuple[str, str] | None = None
+
+    @property
+    def numbers_by_minor(self) -> bool:
+        """The driver names each device by a minor number (what Slurm's GPU gres list)."""
+        return any(field == "minor" for field, _ in self.driver_info_keys)
 
     def is_compute(self, device_id: int | None, pci_class: int | None) -> bool:
         """Whether a PCI function of this vendor is a compute device.
@@ -473,6 +483,7 @@ NVIDIA = Vendor(
     driver_numa_key="Node",
     torch_module="torch.cuda",
     host_register=CUDA_DRIVER,
+    device_order=("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
 )
 AMD = Vendor(
     key="amd",
@@ -483,14 +494,9 @@ AMD = Vendor(
     vga_min_device=0x6000,
     visibility=(
         Visibility(variable="ROCR_VISIBLE_DEVICES", grammar="rocm"),
+        Visibility(variable="HIP_VISIBLE_DEVICES", grammar="rocm"),
         Visibility(
-            variable="HIP_VISIBLE_DEVICES", grammar="rocm", applies_after="ROCR_VISIBLE_DEVICES"
-        ),
-        Visibility(
-            variable="CUDA_VISIBLE_DEVICES",
-            grammar="rocm",
-            applies_after="ROCR_VISIBLE_DEVICES",
-            fallback_for="HIP_VISIBLE_DEVICES",
+            variable="CUDA_VISIBLE_DEVICES", grammar="rocm", fallback_for="HIP_VISIBLE_DEVICES"
         ),
     ),
     # amdgpu's unique_id is the hex id ROCm prints as "GPU-<id>" (rocminfo, rocm-smi)
