@@ -19,12 +19,12 @@ import sys
 
 from . import _kernel
 from ._apply import Binding, ThreadBinding, bound_plan, enter
-from ._devices import find_device, find_devices, resolve
+from ._devices import find_device, resolve
 from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
 from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record
-from ._plan import Plan, plan, request_for
+from ._plan import Plan, plan, request_for, with_devices
 from ._topology import Machine
 
 MEMORY_POLICIES = USER_POLICIES
@@ -215,11 +215,8 @@ def _plan(
     )
     wanted = devices if devices is not None else (cfg.devices or None)
     if wanted is not None and device is None:
-        several, why = find_devices(wanted, visible, m)
         what = "devices argument" if devices is not None else "NUMABIND_DEVICES"
-        if why is not None:
-            return plan(m, request.replace(problem=f"{what}: {why}"))
-        return plan(m, request.replace(devices=several, rank_source=what))
+        return plan(m, with_devices(request, m, wanted, what))
     return plan(m, request.replace(device=chosen))
 
 

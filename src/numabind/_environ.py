@@ -430,11 +430,6 @@ class Config(Record):
         return cls(**values, warnings=tuple(warnings), notes=tuple(notes))
 
 
-def config_from_env(environ: Mapping[str, str]) -> Config:
-    """``Config.from_env(environ)`` (the name older callers use)."""
-    return Config.from_env(environ)
-
-
 def registry_base(environ: Mapping[str, str]) -> str:
     """The registry's base directory (``NUMABIND_REGISTRY`` under the rules above)."""
     knob = BY_NAME["NUMABIND_REGISTRY"]

@@ -54,17 +54,6 @@ def _restore(cls: type[R], values: dict[str, Any]) -> R:
     return cls(**values)
 
 
-def _warn_positional(cls: type) -> None:
-    import warnings
-
-    warnings.warn(
-        f"positional arguments to {cls.__name__}() are deprecated and will be removed in "
-        "numabind 0.3; pass every field by name",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
 class _RecordMeta(type):
     """Turn ``name: type [= default]`` annotations into slots, defaults and field order."""
 
@@ -92,29 +81,19 @@ class _RecordMeta(type):
 class Record(metaclass=_RecordMeta):
     """Base of the model's value objects: immutable once built, compared by value.
 
-    Construction is keyword-only.  A record listed in ``numabind.__all__`` sets
-    ``_positional`` and still accepts the old positional form, with a
-    ``DeprecationWarning`` (see the changelog).
+    Construction is keyword-only (positional arguments, deprecated in 0.2, were removed
+    in 0.4: a field named at the call cannot be taken for another when a field is added).
     """
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]] = ()
     _defaults: ClassVar[dict[str, Any]] = {}
-    _positional: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self)
         fields = cls._fields
         if args:
-            if not cls._positional:
-                raise TypeError(f"{cls.__name__}() takes keyword arguments only")
-            if len(args) > len(fields):
-                raise TypeError(f"{cls.__name__}() takes at most {len(fields)} arguments")
-            _warn_positional(cls)
-            for n, v in zip(fields, args):
-                if n in kwargs:
-                    raise TypeError(f"{cls.__name__}() got multiple values for {n!r}")
-                kwargs[n] = v
+            raise TypeError(f"{cls.__name__}() takes keyword arguments only")
         defaults = cls._defaults
         for n in fields:
             if n in kwargs:

@@ -64,7 +64,6 @@ fmt = _sysfs.format_cpulist
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    _positional = True
     local_rank: int | None
     local_world_size: int | None = None
     rank_source: str | None = None
@@ -109,6 +108,24 @@ def request_for(
         size_source=info.size_source,
         notes=info.notes,
     )
+
+
+def with_devices(
+    request: Request,
+    machine: Machine,
+    specs: str | tuple[int | str, ...],
+    source: str,
+) -> Request:
+    """``request`` for a process that asks to drive several devices (``specs``: ``all`` or
+    what :func:`numabind._devices.find_devices` takes; ``source`` names who asked, for the
+    plan's line): the devices found, or the problem that refuses them all."""
+    from ._devices import Visible, find_devices
+
+    visible = request.visible or Visible(devices=(), vendor=None, source="no device resolved")
+    devices, why = find_devices(specs, visible, machine)
+    if why is not None:
+        return request.replace(problem=f"{source}: {why}")
+    return request.replace(devices=devices, rank_source=source)
 
 
 class NodeChoice(Record):
@@ -241,7 +258,6 @@ class Plan(Record):
     ``n/rank``), where ``check`` counts a thread as on plan too.
     """
 
-    _positional = True
     local_rank: int | None
     rank_source: str | None = None
     local_world_size: int | None = None

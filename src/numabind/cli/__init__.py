@@ -1,4 +1,5 @@
-"""The ``numabind`` command: ``show``, ``gather``, ``run``, ``check``, ``bench``.
+"""The ``numabind`` command: ``show``, ``gather``, ``run``, ``check``, ``bench``, ``doctor``
+(the parser below is the list; ``numabind --help`` prints it).
 
 ``main(argv) -> int`` returns the exit status (the table is :data:`._common.EXITS`).  A
 domain error prints one line on stderr, never a traceback; JSON goes to stdout,
