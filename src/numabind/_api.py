@@ -23,7 +23,7 @@ from ._devices import find_device, resolve
 from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
-from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record
+from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record, Reserve
 from ._plan import Plan, plan, request_for, with_devices
 from ._topology import Machine
 
@@ -65,8 +65,9 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str | N
     return value
 
 
-def _check_reserve(value: object) -> str | None:
-    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none)."""
+def _check_reserve(value: object) -> Reserve | None:
+    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none; None:
+    the configuration's)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -174,7 +175,7 @@ def _plan(
     memory: str | None,
     local_world_size: int | None,
     source: str = "device argument",
-    roles: tuple[str | None, str | None] = (None, None),
+    roles: tuple[Reserve | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
 ) -> Plan:
     """The plan of an API call: arguments left None come from ``cfg``; ``roles`` is
@@ -285,7 +286,7 @@ def bind(
     report: bool = True,
     prefix: str = "",
     source: str = "device argument",
-    roles: tuple[str | None, str | None] = (None, None),
+    roles: tuple[Reserve | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
 ) -> Binding:
     """Plan this process's binding from ``os.environ`` and enter it through the one
@@ -388,7 +389,7 @@ def _thread_plan(
     device: int | str,
     mode: str | None,
     memory: str | None,
-    roles: tuple[str | None, str | None],
+    roles: tuple[Reserve | None, str | None],
 ) -> Plan:
     """Device ``device``'s plan for one thread: its share of the process's multi-device
     plan where there is one and nothing was changed, else what its own rank would get."""

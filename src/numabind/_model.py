@@ -797,6 +797,25 @@ MODE_NAMES: tuple[str, ...] = tuple(m.name for m in MODE_TABLE)
 SMT_LEVELS: tuple[str, ...] = ("all", "1")
 # what the n of NUMABIND_RESERVE=n/<scope> counts: cores per node, or per local rank on it
 RESERVE_SCOPES: tuple[str, ...] = ("node", "rank")
+
+
+class Reserve(Record):
+    """NUMABIND_RESERVE, parsed once (``_environ.parse_reserve``): ``count`` physical
+    cores kept out of the compute sets per node (``scope="node"``) or per local rank on it
+    (``"rank"``), for the system and the ranks' helpers.  A count of 0 reserves nothing and
+    is false; ``str()`` is the canonical text (``2/node``; empty for none)."""
+
+    count: int = 0
+    scope: str = "node"
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def __str__(self) -> str:
+        return f"{self.count}/{self.scope}" if self.count > 0 else ""
+
+
+NO_RESERVE = Reserve()
 # NUMABIND_OMP_PLACES: off, or the OMP_PLACES value numabind sets (with OMP_PROC_BIND=close)
 OMP_PLACES_VALUES: tuple[str, ...] = ("off", "cores", "threads")
 # what it sets besides OMP_PLACES: the binding OpenMP documents for a pool that fills a
