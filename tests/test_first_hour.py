@@ -248,7 +248,7 @@ def test_run_with_numactl_habits(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stdout.strip() == "[1]", r.stderr
     marker = tmp_path / "ran"
     for argv, words in (
-        (["--cpus", "5"], "--cpus 5: CPUs 5 are all outside"),
+        (["--cpus", "5"], "--cpus 5: CPU 5 is"),
         (["--node", "3"], "--node 3: node 3: no such node"),
         (["--device", "7"], "--device: not bound: device index 7 is not visible"),
     ):
@@ -544,3 +544,54 @@ def test_a_pci_path_is_the_device_s_own(tmp_path: Path) -> None:
     assert m.pci_path("0000:2a:00.0") is None
     assert m.pci_path("0000:18:00.0") is not None
     m.close()
+
+
+# --- issue 37: the items, one test each (the playground, the docs runner and the pods have
+# files of their own: test_playground.py, test_doc_examples.py, test_kubernetes.py) ---------
+
+
+@two_cpus
+def test_item_3_run_cpus_refuses_what_numactl_refuses(tmp_path: Path) -> None:
+    """CPUs the machine lacks or the cgroup forbids refuse the whole list (numactl: "<0-7>
+    is invalid"), the command not run; a list that names nothing is a usage error."""
+    marker = tmp_path / "ran"
+    r = cli("run", "--cpus", "0-7", "--", "touch", str(marker))
+    assert r.returncode == 1 and not marker.exists(), r
+    assert r.stderr.strip() == (
+        "numabind run: --cpus 0-7: CPUs 2-7 are not on this machine (it has CPUs 0-1); the "
+        "command was not run"
+    )
+    spec = synth.two_nodes()
+    spec.cgroup_cpus = [0]
+    root = synth.write(spec, str(tmp_path / "m"))
+    r = cli(
+        "run", "--cpus", "0-1", "--", "touch", str(marker), env=clean_env(NUMABIND_SYSROOT=root)
+    )
+    assert r.returncode == 1 and not marker.exists(), r
+    assert (
+        "--cpus 0-1: CPU 1 is outside the CPUs this process may use (0, from cgroup v2"
+        in (r.stderr)
+        and len(r.stderr.strip().splitlines()) == 1
+    )
+    for bad in ("", " ", ","):
+        r = cli("run", "--cpus", bad, "--", "touch", str(marker))
+        assert r.returncode == 2 and not marker.exists(), r
+        assert len(r.stderr.strip().splitlines()) == 1 and "--cpus" in r.stderr, r.stderr
+
+
+@two_cpus
+@pytest.mark.parametrize("form", [["--node", "1"], ["--device", "1"], ["--local-rank", "1"]])
+def test_item_9_one_rule_for_a_refused_memory_policy(tmp_path: Path, form: list[str]) -> None:
+    """Node 1 of the generated machine is not this kernel's: set_mempolicy fails.  Every
+    form of run binds the CPUs, says so in one line and runs the command; strict mode
+    refuses every form."""
+    root = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "two"))
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    env = clean_env(NUMABIND_SYSROOT=root, NUMABIND_MEMORY="preferred", LOCAL_WORLD_SIZE="2")
+    r = cli("run", *form, "--", sys.executable, "-c", show, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "[1]", r
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "set_mempolicy" in lines[0], r.stderr
+    r = cli("run", *form, "--", sys.executable, "-c", show, env={**env, "NUMABIND_STRICT": "1"})
+    assert r.returncode == 1 and r.stdout == "", r
+    assert len(r.stderr.strip().splitlines()) == 1 and "set_mempolicy" in r.stderr, r.stderr

@@ -567,44 +567,87 @@ def _cmd_gather(args: argparse.Namespace) -> int:
 
 def _explicit(args: argparse.Namespace, cfg: Any, memory: str) -> Any:
     """``run --device D | --node N | --cpus LIST``: bind exactly as asked (the user chose,
-    so the keep/replace rule does not apply, and what cannot be honoured is refused in
-    strict mode: a wrapper that runs the job unbound hides the mistake); None when refused."""
+    so the keep/replace rule does not apply).  What was named and cannot be honoured (no
+    such device or node, CPUs this machine lacks or this process may not use) is refused
+    as numactl refuses it: a wrapper that runs the job elsewhere hides the mistake.  A
+    memory-policy call the kernel refuses is what it is for every form of ``run``: the
+    CPUs are bound, one line says so and the command runs (``NUMABIND_STRICT=1``: refused).
+    Returns None when refused."""
     from .._api import bind
     from .._apply import enter
     from .._errors import BindingError
     from .._plan import explicit
-    from .._sysfs import parse_cpulist
     from .._topology import Machine
 
     try:
         if args.device is not None:
             spec = args.device.strip()
             device: int | str = int(spec) if spec.isascii() and spec.isdigit() else spec
-            return bind(
+            binding = bind(
                 device=device,
                 memory=memory,
                 migrate=False,
                 threads="env",
                 source="--device",
-                strict=True,
+                strict=cfg.strict,
+                report=False,
             )
+            if not binding.plan.bound:
+                binding.restore()
+                raise BindingError(f"{binding.plan.summary()}; the command was not run")
+            binding.report(cfg.verbose)
+            return binding
         machine = Machine.from_root(cfg.sysroot)
         try:
-            cpus = None
-            if args.cpus is not None:
-                try:
-                    cpus = parse_cpulist(args.cpus)
-                except ValueError as err:
-                    raise UsageError(f"numabind run: --cpus: {err}") from None
+            cpus = _named_cpus(args.cpus, machine) if args.cpus is not None else None
             p = explicit(machine, cpus=cpus, node=args.node, memory=memory)
             if not p.bound:  # asked for by name: refuse, as numactl does, not run unbound
                 raise BindingError(f"{p.rank_source}: {p.reason}; the command was not run")
-            return enter(p, None, cfg.replace(strict=True), migrate=False, threads="env")
+            return enter(p, None, cfg, migrate=False, threads="env")
         finally:
             machine.close()
     except BindingError as err:
         print(f"numabind run: {err}", file=sys.stderr)
         return None
+
+
+def _named_cpus(text: str, machine: Any) -> frozenset[int]:
+    """``--cpus LIST`` as numactl --physcpubind takes it: a list that does not parse or
+    names nothing is a usage error; a CPU this machine does not have, or one this
+    process may not use, refuses the whole list (numactl: "<0-7> is invalid")."""
+    from .._errors import BindingError
+    from .._sysfs import format_cpulist, parse_cpulist
+
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as err:
+        raise UsageError(f"numabind run: --cpus {text!r}: {err}") from None
+    if not cpus:
+        raise UsageError(f"numabind run: --cpus {text!r}: names no CPU (give a list: 0-7,16)")
+    shown = format_cpulist(cpus)
+    online = machine.online_cpus
+    missing = cpus - online
+    if missing:
+        raise BindingError(
+            f"--cpus {shown}: {_cpus_text(missing)} not on this machine (it has "
+            f"CPUs {format_cpulist(online)}); the command was not run"
+        )
+    allowed = machine.allowed
+    outside = cpus - allowed.cpus
+    if outside:
+        raise BindingError(
+            f"--cpus {shown}: {_cpus_text(outside)} outside the CPUs this process may use "
+            f"({format_cpulist(allowed.cpus) or 'none'}, from {allowed.source}); the command "
+            "was not run"
+        )
+    return cpus
+
+
+def _cpus_text(cpus: frozenset[int]) -> str:
+    """``CPU 5 is`` / ``CPUs 2-7 are``."""
+    from .._sysfs import format_cpulist
+
+    return f"CPU {min(cpus)} is" if len(cpus) == 1 else f"CPUs {format_cpulist(cpus)} are"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
