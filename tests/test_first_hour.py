@@ -595,3 +595,71 @@ def test_item_9_one_rule_for_a_refused_memory_policy(tmp_path: Path, form: list[
     r = cli("run", *form, "--", sys.executable, "-c", show, env={**env, "NUMABIND_STRICT": "1"})
     assert r.returncode == 1 and r.stdout == "", r
     assert len(r.stderr.strip().splitlines()) == 1 and "set_mempolicy" in r.stderr, r.stderr
+
+
+def test_item_4_draw_with_smt_1_shows_the_ranks_letters(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under --smt 1 a core's second thread is planned for no one: the core carries its
+    rank's letter, not the "different ranks" mark; and no rank's letter is a mark."""
+    from numabind.cli._picture import MARKS, SYMBOLS
+
+    rc, out, _ = run_main(
+        capsys, "show", "--example", "dgx-h100", "--draw", "--smt", "1", "--mode", "exclusive"
+    )
+    rows = [x.split()[0] for x in out.splitlines() if x.endswith(tuple("0123456789")) and
+            "cores of CPUs" in x]  # fmt: skip
+    assert rc == 0 and "*" not in "".join(rows), out
+    assert "".join(sorted(set("".join(rows)))) == "ABCDEFGH", rows
+    assert not set(SYMBOLS) & set(MARKS) and len(set(SYMBOLS)) == len(SYMBOLS)
+    rc, out, _ = run_main(
+        capsys, "show", "--example", "container", "--draw", "--nproc", "64", "--mode", "exclusive"
+    )
+    legend = out.split("\nlegend\n", 1)[1].splitlines()
+    letters = [line.split()[0] for line in legend if line.startswith("  ") and "rank" in line]
+    assert rc == 0 and "x" not in letters and "r" not in letters, letters
+
+
+def test_item_5_svg_breaks_cpu_lists_after_commas() -> None:
+    from numabind.cli._svg import wrap
+
+    text = "CPUs " + ",".join(str(c) for c in range(0, 400, 8))
+    lines = wrap(text, 300)
+    assert len(lines) > 2 and " ".join(lines).replace(", ", ",") == text
+    for line in lines[:-1]:
+        assert line.endswith(","), lines
+    assert wrap("x" * 100, 120)[0] == "x" * 16, "a word with no comma is still split"
+
+
+def test_item_10_bench_labels_are_whole_and_untrusted_is_marked() -> None:
+    """The SVG draws every value label whole inside the canvas; the text table marks an
+    untrusted latency (--quick) where the number is, and says what untrusted means."""
+    import xml.etree.ElementTree as ET
+
+    from numabind.cli._bench import text
+    from numabind.cli._svg import render_bench, text_width
+
+    def m(kind: str, node: int, value: float, trusted: bool) -> dict[str, object]:
+        return {"kind": kind, "from_node": 0, "from_cpus": [0, 1], "memory_node": node,
+                "value": value, "trusted": trusted, "pages_verified_on_node": 1.0,
+                "placement": "mbind"}  # fmt: skip
+
+    report = {
+        "machine": "live system",
+        "nodes": [{"id": 0}],
+        "measurements": [m("copy", 0, 13.2, True), m("latency", 0, 13.2, False),
+                         m("copy", 1, 1.0, True), m("latency", 1, 99999.5, False)],
+        "verdicts": [{"from_node": 0, "from_cpus": [0, 1], "ranks": [], "verdict": "fine"}],
+        "gpu": "no GPU driver here",
+    }  # fmt: skip
+    svg = ET.fromstring(render_bench(report))
+    width = float(svg.get("width", "0"))
+    labels = [
+        t for t in svg.iter("{http://www.w3.org/2000/svg}text") if "untrusted" in (t.text or "")
+    ]
+    assert len(labels) == 2
+    for t in labels:
+        assert "…" not in (t.text or "")
+        assert float(t.get("x", "0")) + text_width(t.text or "") <= width, t.text
+    lines = text(report)
+    row = next(x for x in lines if x.strip().startswith("0 (local)"))
+    assert "13 (untrusted)" in row and "13.20 " in row and "13.20 (untrusted)" not in row
+    assert any(x.strip().startswith("note: (untrusted):") for x in lines)
