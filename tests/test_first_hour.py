@@ -663,3 +663,58 @@ def test_item_10_bench_labels_are_whole_and_untrusted_is_marked() -> None:
     row = next(x for x in lines if x.strip().startswith("0 (local)"))
     assert "13 (untrusted)" in row and "13.20 " in row and "13.20 (untrusted)" not in row
     assert any(x.strip().startswith("note: (untrusted):") for x in lines)
+
+
+def test_item_1_a_buffer_still_viewed_says_what_to_release() -> None:
+    """Leaving the block while a view is alive: one error that says what to release, the
+    buffer still usable; releasing the view (the docstring's form) lets it close."""
+    buf = numabind.host_buffer(1 << 20, node=0, register=False)
+    view = buf.view()
+    with pytest.raises(BufferError, match=r"release the view \(view.release\(\), or take it"):
+        buf.close()
+    assert not buf.closed and view[0] == 0
+    view.release()
+    buf.close()
+    assert buf.closed
+    with numabind.host_buffer(1 << 20, node=0, register=False) as buf, buf.view() as view:
+        view[:5] = b"hello"
+    assert buf.closed
+
+
+def test_item_11_an_oversized_unpopulated_buffer_names_size_and_limit() -> None:
+    with pytest.raises(numabind.PlacementError) as info:
+        numabind.host_buffer(1 << 50, node=0, populate=False, register=False)
+    text = str(info.value)
+    assert text.startswith("numabind.host_buffer(): 1024.0 TiB cannot be mapped"), text
+    assert "nothing was mapped" in text and ("memory and swap" in text or "limit" in text)
+    code = (
+        "import resource, numabind\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 32, 1 << 32))\n"
+        "try:\n    numabind.host_buffer(3 << 31, node=0, populate=False, register=False)\n"
+        "except numabind.PlacementError as e:\n    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=clean_env())  # fmt: skip
+    assert "address-space limit (ulimit -v, RLIMIT_AS) is 4.0 GiB" in r.stdout, r
+
+
+def test_item_13_report_without_torch_and_torch_errors_name_their_function() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numabind\n"
+        "try:\n    numabind.report()\n"
+        "except ImportError as e:\n    print(type(e).__name__, '|', e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=clean_env())  # fmt: skip
+    assert r.stdout.startswith("FrameworkMissing | numabind.report(): torch is not installed")
+    from numabind import _memory
+
+    token = _memory.CALLER.set("numabind.torch.empty_on_node()")
+    try:
+        with pytest.raises(numabind.ConfigError, match=r"^numabind.torch.empty_on_node\(\): "):
+            numabind.host_buffer(1 << 20, node=99)
+    finally:
+        _memory.CALLER.reset(token)
+    with pytest.raises(numabind.ConfigError, match=r"^numabind.host_buffer\(\): "):
+        numabind.host_buffer(1 << 20, node=99)

@@ -89,7 +89,12 @@ def report(*, wait: float | None = None, rank: int | None = None) -> threading.T
     rank (``rank``, else ``NUMABIND_REPORT_RANK``, else 0), start the thread that prints
     the job table once every rank has posted or after ``wait`` seconds (else
     ``NUMABIND_REPORT_WAIT``, else 60).  Returns that thread (None on other ranks).  Call it
-    after ``init_process_group``, on every rank; it enters no collective."""
+    after ``init_process_group``, on every rank; it enters no collective.  Raises
+    :class:`~numabind.IntegrationError` (``FrameworkMissing``, an ``ImportError`` too)
+    where torch is not installed."""
+    from ._errors import require
+
+    require("torch", "torch", "pip install torch", "numabind.report()")
     import torch.distributed as dist
 
     from ._environ import Config
