@@ -718,3 +718,19 @@ def test_item_13_report_without_torch_and_torch_errors_name_their_function() -> 
         _memory.CALLER.reset(token)
     with pytest.raises(numabind.ConfigError, match=r"^numabind.host_buffer\(\): "):
         numabind.host_buffer(1 << 20, node=99)
+
+
+def test_item_14_cache_domains_from_shared_cpu_map(capsys: pytest.CaptureFixture[str]) -> None:
+    """The capture has shared_cpu_map and no shared_cpu_list: two L3 per package, as
+    lstopo finds on it (nvidiagpunumanodes-kept.console: L3Cache L#0-L#3)."""
+    capture = str(HWLOC / "nvidiagpunumanodes.tar.bz2")
+    rc, out, _ = run_main(capsys, "show", "--input", capture, "--draw")
+    assert rc == 0 and "cache domains unknown" not in out
+    l3 = [x.strip() for x in out.splitlines() if x.strip().startswith("L3 ")]
+    assert l3 == ["L3 0-7 (2 cores)", "L3 8-15 (2 cores)", "L3 88-95 (2 cores)",
+                  "L3 96-103 (2 cores)"], l3  # fmt: skip
+    m = Machine.from_capture(capture)
+    assert m.cache_of(4) == frozenset(range(8))
+    from numabind._sources import read_paths
+
+    assert "/sys/devices/system/cpu/{cpu}/cache/{index}/shared_cpu_map" in read_paths()

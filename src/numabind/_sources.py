@@ -144,6 +144,7 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/level",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
+        f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_map",
         f"{SYS_PCI}/{{bdf}}/vendor",
         f"{SYS_PCI}/{{bdf}}/device",
         f"{SYS_PCI}/{{bdf}}/class",
@@ -412,6 +413,8 @@ class SysfsSource(Source):
             if level is None or kind == "Instruction" or level <= best:
                 continue
             shared = self.cpulist(f"{base}/{index}/shared_cpu_list")
+            if shared is None:  # older kernels and some captures have only the mask
+                shared = self.cpumask(f"{base}/{index}/shared_cpu_map")
             if shared is None:
                 continue
             cache, best = shared | {cpu}, level
