@@ -26,7 +26,7 @@ from numabind import Machine
 from numabind._examples import EXAMPLES
 from numabind.cli import main
 from numabind.cli._matrix import path_class
-from support import as_live, clean_env, two_cpus, venv_with_numabind
+from support import as_live, clean_env, py, two_cpus, venv_with_numabind
 
 HERE = Path(__file__).resolve().parent
 HWLOC = HERE / "data" / "hwloc"
@@ -734,3 +734,29 @@ def test_item_14_cache_domains_from_shared_cpu_map(capsys: pytest.CaptureFixture
     from numabind._sources import read_paths
 
     assert "/sys/devices/system/cpu/{cpu}/cache/{index}/shared_cpu_map" in read_paths()
+
+
+@two_cpus
+def test_item_6_a_reservation_not_honoured_is_said_without_verbose(tmp_path: Path) -> None:
+    """Node 0 has two cores: NUMABIND_RESERVE=2 would leave it none and is dropped.  The
+    rank says so in one line at the default verbosity (what it was asked and did not do);
+    a reservation that is honoured stays quiet."""
+    from support import rank0_env, two_core_nodes
+
+    root = two_core_nodes(str(tmp_path / "m"))
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    r = py(code, rank0_env(root, NUMABIND_RESERVE="2"))
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.stdout.strip() == "[0, 1]" and len(lines) == 1, r.stderr
+    assert "no cores reserved: 2/node would leave node 0 (2 usable cores) no core" in lines[0]
+    r = py(code, rank0_env(root, NUMABIND_RESERVE="1"))
+    assert r.stdout.strip() == "[0]" and r.stderr == "", r.stderr
+    from numabind._devices import resolve
+    from numabind._plan import Request, plan
+
+    m = Machine.from_root(root)
+    p = plan(m, Request(local_rank=0, local_world_size=2, mode="exclusive",
+                        visible=resolve(m, {})))  # fmt: skip
+    assert p.unmet == () and p.bound
+    p = plan(m, Request(local_rank=0, mode="exclusive", visible=resolve(m, {})))
+    assert len(p.unmet) == 1 and "exclusive mode needs to know" in p.unmet[0], p

@@ -220,6 +220,9 @@ class Plan(Record):
     helpers: frozenset[int] = frozenset()
     reserve: str = ""
     smt: str = "all"
+    # the notes that say something asked for (a reservation, a mode, the memory policy)
+    # was not done: the entry points print them whether or not NUMABIND_VERBOSE is set
+    unmet: tuple[str, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -334,6 +337,11 @@ class _Planner:
         self.node: int | None = None
         self.how: NodeHow | None = None
         self.helpers: frozenset[int] = frozenset()
+        self.unmet: list[str] = []  # the notes that say what was asked and not done
+
+    def _not_done(self, note: str) -> None:
+        self.notes.append(note)
+        self.unmet.append(note)
 
     def skipped(self, kind: SkipKind, reason: str) -> Plan:
         r = self.r
@@ -408,6 +416,7 @@ class _Planner:
             helpers=self.helpers,
             reserve=r.reserve,
             smt=r.smt,
+            unmet=tuple(self.unmet),
         )
 
     def _check_request(self) -> tuple[Accelerator, ...]:
@@ -481,7 +490,7 @@ class _Planner:
                 )
             self.notes.append("node unknown: bound to the device's CPU locality instead")
             if self.r.reserve:
-                self.notes.append("no cores reserved: a reservation needs the device's node")
+                self._not_done("no cores reserved: a reservation needs the device's node")
             return cpus, None
         node = self.m.node(where.node)
         assert node is not None
@@ -495,7 +504,8 @@ class _Planner:
             )
         peers = where.peers
         reserved = self._reserve(where, allowed) if self.r.reserve else frozenset()
-        return MODES[self.r.mode](
+        before = len(self.notes)
+        found = MODES[self.r.mode](
             ModeInput(
                 machine=self.m,
                 node_id=where.node,
@@ -507,6 +517,8 @@ class _Planner:
             ),
             self.notes,
         )
+        self.unmet.extend(self.notes[before:])  # a mode's notes say what it could not do
+        return found
 
     def _reserve(self, where: _Place, allowed: frozenset[int]) -> frozenset[int]:
         """The CPUs ``NUMABIND_RESERVE`` keeps out of the compute sets on the nodes this
@@ -521,7 +533,7 @@ class _Planner:
         label = f"{n}/{scope}"
         ranks = where.peers[1] if where.peers else None
         if scope == "rank" and ranks is None:
-            self.notes.append(
+            self._not_done(
                 f"{label}: the number of local ranks on node {where.node} is "
                 "unknown; reserved for one"
             )
@@ -541,7 +553,7 @@ class _Planner:
             if need <= 0:
                 continue
             if need >= len(usable):
-                self.notes.append(
+                self._not_done(
                     f"no cores reserved: {label} would leave node {nid} "
                     f"({len(usable)} usable cores) no core to compute on"
                 )
@@ -652,9 +664,7 @@ class _Planner:
             mem &= allowed_mems
             self.notes.append(f"memory nodes {fmt(dropped)} are outside this process's cpuset.mems")
         if not mem:
-            self.notes.append(
-                "no memory node this process may use holds its CPUs: memory left alone"
-            )
+            self._not_done("no memory node this process may use holds its CPUs: memory left alone")
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
             many = POLICIES["preferred-many"]
@@ -879,6 +889,7 @@ def explicit(
         status="bound",
         reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
         notes=tuple(planner.notes),
+        unmet=tuple(planner.unmet),
     )
 
 
