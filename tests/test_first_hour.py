@@ -45,7 +45,7 @@ def matrix(text: str) -> dict[tuple[str, str], str]:
     """The matrix's cells by (row, column) label."""
     lines = text.splitlines()
     header = lines[0].split()
-    labels = [h for h in header if h[:3] in ("GPU", "NIC")]
+    labels = [h for h in header if h[:3] in ("GPU", "NIC") and h[3:].isdigit()]
     cells: dict[tuple[str, str], str] = {}
     for line in lines[1 : 1 + len(labels)]:
         parts = line.split()
@@ -760,3 +760,23 @@ def test_item_6_a_reservation_not_honoured_is_said_without_verbose(tmp_path: Pat
     assert p.unmet == () and p.bound
     p = plan(m, Request(local_rank=0, mode="exclusive", visible=resolve(m, {})))
     assert len(p.unmet) == 1 and "exclusive mode needs to know" in p.unmet[0], p
+
+
+def test_item_15_matrix_says_what_it_does_not_read(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(
+        capsys, "show", "--input", str(HWLOC / "memorysidecaches.tar.bz2"), "--matrix"
+    )
+    assert rc == 0 and out.splitlines() == [
+        f"no GPUs or RDMA network adapters found ({HWLOC / 'memorysidecaches.tar.bz2'}): no matrix"
+    ]
+    rc, out, _ = run_main(capsys, "show", "--input", str(HWLOC / "nvidiaDGX2.xml"), "--matrix")
+    notes = [x for x in out.splitlines() if x.startswith("note: ")]
+    assert "NVLink is not read" in notes[0] and "NV#" in notes[0]
+    assert "carries NVLink bandwidths (NVLinkBandwidth)" in notes[1]
+    rc, out, _ = run_main(capsys, "show", "--example", "dgx-h100", "--matrix")
+    assert "NVLinkBandwidth" not in out and "GPU NUMA ID" not in out
+    rc, out, _ = run_main(capsys, "show", "--example", "gb200", "--matrix")
+    header, *rows = out.splitlines()[:5]
+    assert header.split()[-3:] == ["GPU", "NUMA", "ID"]
+    assert [r.split()[-1] for r in rows] == ["2", "3", "4", "5"], rows
+    assert matrix(out)[("GPU0", "GPU1")] == "NODE*"

@@ -179,6 +179,8 @@ class Source:
         self.budget = _sysfs.Budget(self.description)
         # the environment a capture recorded with its machine (numabind gather), if any
         self.environ: dict[str, str] | None = None
+        # whether the files carry NVLink bandwidths (an hwloc export's NVLinkBandwidth)
+        self.nvlink = False
 
     def warn(self, message: str) -> None:
         if message not in self.warnings and len(self.warnings) < 50:
