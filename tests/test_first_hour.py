@@ -780,3 +780,78 @@ def test_item_15_matrix_says_what_it_does_not_read(capsys: pytest.CaptureFixture
     assert header.split()[-3:] == ["GPU", "NUMA", "ID"]
     assert [r.split()[-1] for r in rows] == ["2", "3", "4", "5"], rows
     assert matrix(out)[("GPU0", "GPU1")] == "NODE*"
+
+
+def test_item_17_cli_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    def codes(command: str) -> list[str]:
+        assert main([command, "--help"]) == 0
+        section = capsys.readouterr().out.split("exit status:\n", 1)[1].split("\n\n")[0]
+        return [line.split()[0] for line in section.splitlines()]
+
+    assert codes("show") == ["0", "2"] and codes("gather") == ["0", "2"]
+    assert codes("run") == ["0", "1", "2", "127"] and codes("check") == ["0", "1", "2", "3"]
+    assert codes("doctor") == ["0", "1", "2"] and codes("bench") == ["0", "2"]
+    rc, _, err = run_main(capsys, "show", "--json", "--matrix")
+    assert rc == 2 and "to a file" not in err and "give one of them" in err
+    rc, _, err = run_main(capsys, "show", "--json", "--svg", "-")
+    assert rc == 2 and err.strip().endswith("give --svg a FILE instead of -"), err
+    f = _findings(cli("doctor", "--json", env=clean_env(NUMABIND_MODE="sideways",
+                                                        NUMABIND_MEMORY="nowhere")))  # fmt: skip
+    r = cli("doctor", "--json", env=clean_env(NUMABIND_MODE="sideways", NUMABIND_MEMORY="nowhere"))
+    details = [x["detail"] for x in json.loads(r.stdout)["findings"] if x["check"] == "settings"]
+    assert len(details) == 2 and "sideways" in details[0] and "nowhere" in details[1], details
+    assert f["machine"][0] == "info", "a bad setting is not the machine's fault"
+    with tarfile.open(HWLOC / "32intel64-2p8co2t+8ve.tar.bz2") as t:
+        t.extractall(tmp_path, filter="data")
+    root = next(p for p in tmp_path.iterdir() if p.is_dir())
+    r = cli("show", "--input", str(root))
+    line = next(x for x in r.stdout.splitlines() if "not handled" in x)
+    assert "doctor" not in line, "doctor looks at this machine, not at a capture"
+    r = cli("show", env=clean_env(NUMABIND_SYSROOT=str(root)))
+    assert "numabind doctor says more" in r.stdout
+    with open(HWLOC / "nvidiaDGX2.xml", "rb") as xml:
+        r = subprocess.run([*NUMABIND, "show", "--input", "-", "--matrix"], stdin=xml,
+                           capture_output=True, text=True, env=clean_env())  # fmt: skip
+    assert r.returncode == 0 and matrix(r.stdout)[("GPU0", "GPU1")] == "PIX", r.stderr
+    gz = tmp_path / "c.tar.gz"
+    assert cli("gather", str(gz)).returncode == 0
+    with open(gz, "rb") as data:
+        r = subprocess.run([*NUMABIND, "show", "--input", "-"], stdin=data,
+                           capture_output=True, text=True, env=clean_env())  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith("numabind 0.3.0: standard input"), r
+
+
+def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _rc, out, _ = run_main(capsys, "show", "--example", "container")
+    assert (
+        "Accelerators (8 accelerators on the PCI bus; visible: all 2 reachable nvidia GPUs)" in out
+    )
+    _, out, _ = run_main(capsys, "show", "--example", "two-nodes", "--draw")
+    assert "(1 core)" in out and "(1 cores)" not in out
+    one = synth.write(synth.one_node(), str(tmp_path / "one"))
+    f = _findings(cli("doctor", "--json", env=clean_env(NUMABIND_SYSROOT=one)))
+    assert f["machine"][1].startswith("1 NUMA node, 1 with CPUs"), f["machine"]
+    _, out, _ = run_main(capsys, "show", "--example", "one-node", "--json")
+    (rank,) = json.loads(out)["ranks"]
+    assert rank["status"] == "skipped" and rank["memory_policy"] is None
+    m = Machine.from_example("gb200")
+    assert repr(m) == "<Machine 'example gb200', nodes 0-5, CPUs 0-143>"
+    from numabind import _job, _report
+
+    class Store:
+        def check(self, keys: list[str]) -> bool:
+            return False
+
+    report = _report.read_report(Store(), "numabind/none/0", 1, 1.0)
+    assert _job.report_lines(report)[0].startswith("numabind job report (not under torchrun):")
+    two = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "two"))
+    code = (
+        "import numabind\n"
+        "def work(rank):\n    pass\n"
+        "if __name__ == '__main__':\n    numabind.spawn(work, 2)\n"
+    )
+    script = tmp_path / "spawn.py"
+    script.write_text(code)
+    env = clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="preferred")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stderr.count("set_mempolicy") == 1, r.stderr

@@ -242,7 +242,7 @@ class Plan(Record):
             "node_how": self.node_how,
             "cpus": sorted(self.cpus),
             "memory_nodes": sorted(self.memory_nodes),
-            "memory_policy": self.memory_policy,
+            "memory_policy": self.memory_policy if self.bound else None,  # none applied
             "mode": self.mode,
             "status": self.status,
             "skip": self.skip,

@@ -186,7 +186,8 @@ def read_report(
         notes += (f"{unread} rank(s) not read before the deadline",)
     run, _, restart = prefix.removeprefix(f"{PREFIX}/").rpartition("/")
     report = _job.merge(run, list(hosts), hosts, notes, tuple(missing))
-    return report.replace(title=f"numabind job report (torchrun run {run}, restart {restart})")
+    where = "not under torchrun" if run == "none" else f"torchrun run {run}, restart {restart}"
+    return report.replace(title=f"numabind job report ({where})")
 
 
 # --- NUMABIND_REPORT=1: after init_process_group ------------------------------------------------

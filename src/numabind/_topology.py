@@ -10,6 +10,7 @@ for what its rank's plan touches, and the values never change once seen.
 from __future__ import annotations
 
 from ._model import Accelerator, Allowed, CpuInfo, Nic, Node, OtherDevice
+from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,6 +47,18 @@ class Machine:
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._kernel: str | None = _UNSET
         self._balancing: int | None = _UNSET
+
+    def __repr__(self) -> str:
+        """Where the machine was read from, its nodes and CPUs (two small reads), and its
+        accelerators once they were listed (listing them reads every PCI function)."""
+        parts = [
+            repr(self.description),
+            f"nodes {format_cpulist(self.node_ids) or '-'}",
+            f"CPUs {format_cpulist(self.online_cpus) or '-'}",
+        ]
+        if self._accelerators is not None:
+            parts.append(f"{len(self._accelerators)} accelerators")
+        return f"<Machine {', '.join(parts)}>"
 
     @classmethod
     def from_root(cls, root: str = "/") -> Machine:

@@ -130,7 +130,7 @@ def _torch_child_entry(
 def _process_class(
     base: Any, mode: str | None, memory: str | None, wrap: Callable[..., Any]
 ) -> type:
-    from ._children import child_binding, say_forkserver_once
+    from ._children import child_binding, children_say_it, say_forkserver_once
 
     class BoundProcess(base):  # type: ignore[misc]
         _numabind_method = "spawn"
@@ -153,7 +153,7 @@ def _process_class(
                 base.start(self)
                 return
             ctx = _stdlib_mp.get_context(method)
-            with child_binding(rank, mode=mode, memory=memory, context=ctx):
+            with children_say_it(), child_binding(rank, mode=mode, memory=memory, context=ctx):
                 base.start(self)
 
     BoundProcess.__name__ = BoundProcess.__qualname__ = base.__name__

@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a capture instead of this machine: a directory laid out like / "
         "(hwloc-gather-topology, numabind gather extracted), a tarball of one, or an hwloc "
-        "XML export (told apart by content)",
+        "XML export (told apart by content); - reads a tarball or an export from standard "
+        "input",
     )
     show.add_argument(
         "--example",
@@ -536,15 +537,15 @@ def console_main() -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .._environ import Config
+    from .._environ import sysroot
     from .._topology import Machine
     from ._doctor import Finding, doctor, lines
 
     machine = None
     problem = None
-    try:
-        machine = Machine.from_root(Config.from_env().sysroot)
-    except (CaptureError, ValueError, OSError) as err:
+    try:  # where the machine is read from, whatever else the settings say (doctor names those)
+        machine = Machine.from_root(sysroot(os.environ))
+    except (CaptureError, OSError) as err:
         problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
     try:
         found = doctor(args.python, os.environ, machine)

@@ -268,10 +268,17 @@ class OutputFile:
 
 
 def one_stdout(outputs: Iterable[tuple[str, bool]], command: str) -> None:
-    """At most one option may send its output to standard output: ``(option, wants)``."""
+    """At most one option may send its output to standard output: ``(option, wants)``.
+    The way out offered is the one that exists: an option given ``-`` (``--svg -``) can
+    go to a file instead; the others (``--json``, ``--matrix``, ...) print only."""
     wanting = [option for option, wants in outputs if wants]
     if len(wanting) > 1:
+        to_file = [o.removesuffix(" -") for o in wanting if o.endswith(" -")]
+        fix = (
+            f"give {to_file[0]} a FILE instead of -"
+            if to_file
+            else "give one of them (each prints only to standard output)"
+        )
         raise UsageError(
-            f"numabind {command}: {' and '.join(wanting)} both write to standard output; "
-            "send one of them to a file"
+            f"numabind {command}: {' and '.join(wanting)} both write to standard output; {fix}"
         )

@@ -131,6 +131,10 @@ class Probe(Record):
     numabind_error: str | None
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _text(value: Any, cap: int = 4096) -> str | None:
     return value[:cap] if isinstance(value, str) else None
 
@@ -416,7 +420,7 @@ def _sitecustomize(p: Probe, site_form: bool) -> list[Finding]:
 
 def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Trigger variables, ``NUMABIND=0`` and settings that do not parse, here."""
-    from .._environ import TRIGGER_VARIABLES, Config, detect
+    from .._environ import TRIGGER_VARIABLES, detect
 
     out: list[Finding] = []
     switch = environ.get("NUMABIND", "").strip().lower()
@@ -447,10 +451,25 @@ def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
                 "LOCAL_RANK, SLURM_LOCALID, ... in each rank)",
             )
         )
-    try:
-        Config.from_env(environ)
-    except ValueError as err:
-        out.append(Finding(check="settings", status="fail", detail=str(err)))
+    out += setting_findings(environ)
+    return out
+
+
+def setting_findings(environ: Mapping[str, str]) -> list[Finding]:
+    """Every knob whose value does not parse, one finding each (the startup hook stops at
+    the first: each is read alone here, so one typo does not hide the next)."""
+    from .._environ import KNOBS, Config
+
+    out: list[Finding] = []
+    for knob in KNOBS:
+        if knob.name not in environ:
+            continue
+        try:
+            cfg = Config.from_env({knob.name: environ[knob.name]})
+        except ValueError as err:
+            out.append(Finding(check="settings", status="fail", detail=str(err)))
+            continue
+        out += [Finding(check="settings", status="warn", detail=w) for w in cfg.warnings]
     return out
 
 
@@ -542,7 +561,7 @@ def machine_findings(machine: Any) -> list[Finding]:
     seen = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no accelerators"
     status = "info"
     detail = (
-        f"{len(machine.node_ids)} NUMA node(s), {len(with_cpus)} with CPUs; {seen}; this "
+        f"{_plural(len(machine.node_ids), 'NUMA node')}, {len(with_cpus)} with CPUs; {seen}; this "
         f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
     )
     if len(with_cpus) <= 1:
@@ -599,5 +618,5 @@ def lines(found: list[Finding]) -> list[str]:
     out = [f"{f.status.upper():5} {f.check:{width}}  {f.detail}" for f in found]
     fails = sum(f.status == "fail" for f in found)
     warns = sum(f.status == "warn" for f in found)
-    out += ["", f"{fails} problem(s), {warns} warning(s)"]
+    out += ["", f"{_plural(fails, 'problem')}, {_plural(warns, 'warning')}"]
     return out

@@ -334,7 +334,8 @@ def draw(pic: Picture) -> list[str]:
             out.append(f"  {box.header}")
             for group in box.groups:
                 what = f"L3 {fmt(group.cpus)}" if group.known else "cache domains unknown"
-                out.append(f"    {what} ({len(group.cores)} cores)")
+                n = len(group.cores)
+                out.append(f"    {what} ({n} core{'' if n == 1 else 's'})")
                 cores = group.cores
                 for i in range(0, len(cores), CORES_PER_ROW):
                     row = cores[i : i + CORES_PER_ROW]

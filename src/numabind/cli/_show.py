@@ -231,9 +231,16 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 
 def show_text(
-    machine: Machine, visible: Visible, plans: list[Plan], source: str, mode: str, memory: str
+    machine: Machine,
+    visible: Visible,
+    plans: list[Plan],
+    source: str,
+    mode: str,
+    memory: str,
+    this_machine: bool = True,
 ) -> list[str]:
-    """The text report, one line per item (the writer escapes each)."""
+    """The text report, one line per item (the writer escapes each).  ``this_machine``:
+    the machine ``doctor`` would read too (not an example or a capture)."""
     allowed = machine.allowed
     out = [f"numabind {__version__}: {machine.description}", ""]
     out.append(
@@ -253,8 +260,11 @@ def show_text(
         )
     out += _table(rows)
     out += notice_lines("problem", machine.warnings, "  ")
-    out += ["", f"Accelerators ({visible.source})"]
     accs = machine.all_accelerators
+    seen = visible.source
+    if accs and len(accs) != len(visible.devices):
+        seen = f"{plural(len(accs), 'accelerator')} on the PCI bus; visible: {seen}"
+    out += ["", f"Accelerators ({seen})"]
     inferred = False
     if accs:
         indices = {d.pci: i for i, d in enumerate(visible.devices)}
@@ -290,9 +300,10 @@ def show_text(
         groups.setdefault(d.label(), []).append(d.pci)
     for label, where in groups.items():
         more = f" and {len(where) - 4} more" if len(where) > 4 else ""
+        more_said = "; numabind doctor says more" if this_machine else ""
         out.append(
             f"  not handled: {len(where)} x {label} at {', '.join(where[:4])}{more} "
-            "(numabind knows no such vendor; numabind doctor says more)"
+            f"(numabind knows no such vendor{more_said})"
         )
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
@@ -497,7 +508,15 @@ def run_show(args: argparse.Namespace) -> int:
                 return OK
 
         def text() -> list[str]:
-            lines = show_text(machine, visible, plans, source, args.mode, args.memory)
+            lines = show_text(
+                machine,
+                visible,
+                plans,
+                source,
+                args.mode,
+                args.memory,
+                this_machine=args.input is None and args.example is None,
+            )
             lines += notice_lines("note", shell_notes) if shell_notes else []
             if this is not None:
                 lines += ["", f"This process (pid {os.getpid()}): {this['summary']}"]

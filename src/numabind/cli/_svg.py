@@ -175,7 +175,8 @@ def _cell(c: _Canvas, pic: Picture, cell: Cell, x: float, y: float) -> None:
 def _groups(c: _Canvas, pic: Picture, box: NodeBox, left: float) -> None:
     for group in box.groups:
         what = (
-            f"L3 / CCX: CPUs {_fmt(group.cpus)} ({len(group.cores)} cores)"
+            f"L3 / CCX: CPUs {_fmt(group.cpus)} ({len(group.cores)} "
+            f"core{'' if len(group.cores) == 1 else 's'})"
             if group.known
             else f"{len(group.cores)} cores (cache domains unknown)"
         )
