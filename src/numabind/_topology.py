@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from ._dra import DraDevice
     from ._sources import Source
 
 _UNSET: Any = object()
@@ -290,6 +291,13 @@ class Machine:
         if self._others is None:
             self._others = self.source.others()
         return self._others
+
+    @property
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        """The devices a Kubernetes pod's DRA device metadata lists for this container
+        (KEP-5304 files under /var/run/kubernetes.io/dra-device-attributes; empty
+        elsewhere): PCI address, NUMA node where the driver says one, driver."""
+        return self.source.dra_devices()
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the driver of ``vendor`` lists (NVIDIA: /proc/driver/nvidia/gpus,

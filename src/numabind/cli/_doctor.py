@@ -548,7 +548,7 @@ def _migration() -> Finding:
     return Finding(check="page migration", status="ok", detail="this process may move its pages")
 
 
-def machine_findings(machine: Any) -> list[Finding]:
+def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
     """Nodes, accelerators, accelerators not handled, NUMA balancing."""
     from .._sysfs import format_cpulist
 
@@ -583,6 +583,7 @@ def machine_findings(machine: Any) -> list[Finding]:
                     "planned as having no GPU (bind it with numabind run --node N)",
                 )
             )
+    out += cpuset_findings(machine, environ)
     balancing = machine.numa_balancing
     if balancing is not None:
         out.append(
@@ -598,6 +599,40 @@ def machine_findings(machine: Any) -> list[Finding]:
     return out
 
 
+def cpuset_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """Visible GPUs whose node has no CPU this process may use (a pod's or a job step's
+    cpuset on the other socket): their ranks would not be bound; the fix, in the words of
+    where this runs (numabind._advice)."""
+    from .._advice import cpuset_fix
+    from .._devices import resolve
+    from .._plan import describe_device, device_node
+    from .._sysfs import format_cpulist
+
+    env = os.environ if environ is None else environ
+    if len(machine.cpu_nodes) <= 1:
+        return []
+    allowed = machine.allowed
+    off: list[str] = []
+    for i, dev in enumerate(resolve(machine, env).devices):
+        node = device_node(machine, dev).node
+        found = machine.node(node) if node is not None else None
+        if found is not None and found.cpus and not found.cpus & allowed.cpus:
+            off.append(
+                f"{describe_device(dev, i)} is on node {node} (CPUs {format_cpulist(found.cpus)})"
+            )
+    if not off:
+        return []
+    return [
+        Finding(
+            check="cpuset",
+            status="fail",
+            detail=f"this process may use CPUs {format_cpulist(allowed.cpus) or 'none'} (from "
+            f"{allowed.source}), none of them on the node of {'; '.join(off)}: a rank there is "
+            f"not bound; {cpuset_fix(env, allowed)}",
+        )
+    ]
+
+
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
     """Every finding, interpreter first."""
     target = python or sys.executable
@@ -609,7 +644,7 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     found += environment_findings(environ)
     found += kernel_findings()
     if machine is not None:
-        found += machine_findings(machine)
+        found += machine_findings(machine, environ)
     return found
 
 

@@ -58,9 +58,14 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
 
 def gather_paths(root: Root) -> list[str]:
     """Every file the reader would open on this machine (``read_paths()``, expanded)."""
+    from .._dra import ROOT, paths
+
     cgroup = SysfsSource(root).allowed(frozenset()).directory
     out: list[str] = []
     for pattern in read_paths():
+        if pattern.startswith(ROOT):
+            out.extend(paths(root))  # a pod's DRA device metadata: numabind._dra walks it
+            continue
         out.extend(_expand(root, pattern, cgroup))
     return list(dict.fromkeys(out))
 

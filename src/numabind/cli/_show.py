@@ -238,9 +238,11 @@ def show_text(
     mode: str,
     memory: str,
     this_machine: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The text report, one line per item (the writer escapes each).  ``this_machine``:
-    the machine ``doctor`` would read too (not an example or a capture)."""
+    the machine ``doctor`` would read too (not an example or a capture); ``environ`` the
+    environment planned under (where it runs: the fix for a cpuset off the GPU's node)."""
     allowed = machine.allowed
     out = [f"numabind {__version__}: {machine.description}", ""]
     out.append(
@@ -329,6 +331,11 @@ def show_text(
             ]
         )
     out += _table(rows)
+    if any(p.skip == "cgroup" for p in plans):
+        from .._advice import cpuset_fix
+
+        fix = cpuset_fix(environ or {}, allowed)
+        out += ["", f"note: to bind the ranks skipped for the cgroup: {fix}"]
     line = balancing_line(machine, plans)
     if line:
         out += ["", f"note: {line}"]
@@ -516,6 +523,7 @@ def run_show(args: argparse.Namespace) -> int:
                 args.mode,
                 args.memory,
                 this_machine=args.input is None and args.example is None,
+                environ=environ,
             )
             lines += notice_lines("note", shell_notes) if shell_notes else []
             if this is not None:
