@@ -857,3 +857,37 @@ def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     env = clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="preferred")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stderr.count("set_mempolicy") == 1, r.stderr
+
+
+def test_item_16_docs_render_and_resolve() -> None:
+    """Gallery captions are commands a reader can type; every cross-reference resolves
+    (the docs stage builds with nitpicky on and -W); no docstring puts two literals
+    around a dot (``major``.``minor`` renders as backquotes); Request takes keywords,
+    says so without a stale version, and shows its fields."""
+    import inspect
+    import pydoc
+    import re
+
+    sys.path.insert(0, str(HERE.parent / "docs" / "_ext"))
+    import doc_examples
+    import numabind_gallery
+
+    lines = numabind_gallery.figure("x.png", ["--example", "gb200"], "GB200")
+    assert "``numabind show --example gb200 --svg FILE``: GB200" in "\n".join(lines)
+    conf = (HERE.parent / "docs" / "conf.py").read_text()
+    assert re.search(r"^nitpicky = True$", conf, re.MULTILINE)
+    for name, obj in doc_examples.docstring_objects():
+        doc = inspect.getdoc(obj) or ""
+        assert not re.search(r"``[^`]+``\.``", doc), name
+    with pytest.raises(TypeError, match="keyword arguments only") as info:
+        numabind.Request(0)  # type: ignore[misc]
+    assert "0.3;" not in str(info.value) and "will be removed" not in str(info.value)
+    signature = inspect.signature(numabind.Request)
+    assert list(signature.parameters)[:3] == ["local_rank", "local_world_size", "rank_source"]
+    assert {p.kind for p in signature.parameters.values()} == {inspect.Parameter.KEYWORD_ONLY}
+    assert "Request(*, local_rank: 'int | None', local_world_size" in pydoc.render_doc(
+        numabind.Request, renderer=pydoc.plaintext
+    )
+    api = (HERE.parent / "docs" / "api.rst").read_text()
+    for record in ("Accelerator", "Node", "Allowed", "Nic", "OtherDevice", "CpuInfo"):
+        assert f".. autoclass:: numabind._model.{record}" in api, record

@@ -204,11 +204,19 @@ def apply(
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
-    The stable call for a framework's worker that learns its GPU late::
+    The stable call for a framework's worker that learns its GPU late:
 
-        def worker(local_rank: int, ...):
-            numabind.apply(device=local_rank)   # or a PCI address / UUID
-            torch.cuda.set_device(local_rank)
+    .. example: run on two-nodes
+
+    ::
+
+        import numabind
+
+        def worker(local_rank: int) -> None:
+            binding = numabind.apply(device=local_rank)  # or a PCI address / UUID
+            print(binding)             # then torch.cuda.set_device(local_rank)
+
+        worker(1)
 
     ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve`` and
     ``smt`` choose the plan as in :func:`plan_for`.  Every thread's CPU mask is rebound

@@ -611,7 +611,13 @@ def host_buffer(
     pools, activation offload): the startup binding places what a rank's threads fault
     in, but a pool filled by one process for several GPUs, or by a thread bound
     elsewhere, lands wherever that thread runs.  Here the node is resolved and the pages
-    are placed by the range's own policy, whatever the calling thread's binding::
+    are placed by the range's own policy, whatever the calling thread's binding:
+
+    .. example: run on one-node
+
+    ::
+
+        import numabind
 
         with numabind.host_buffer(64 << 20, device=0) as buf:  # on GPU 0's node
             with buf.view() as view:                            # exactly 64 MiB
@@ -640,7 +646,7 @@ def host_buffer(
 
     ``register`` (default ``"auto"``) registers the populated buffer with the GPU driver
     (page-locked and mapped for DMA, visible to every context: CUDA's driver API or HIP by
-    ctypes, see :mod:`numabind._driver`) where a driver is present, and otherwise skips with
+    ctypes, see ``numabind._driver``) where a driver is present, and otherwise skips with
     one note (``registered`` False, ``register_reason`` why); ``True`` raises
     :class:`~numabind.RegistrationError` (nothing left mapped) when it cannot, ``False``
     never registers.  Registration needs ``populate`` (it would fault the pages in on the

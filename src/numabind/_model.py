@@ -54,17 +54,6 @@ def _restore(cls: type[R], values: dict[str, Any]) -> R:
     return cls(**values)
 
 
-def _warn_positional(cls: type) -> None:
-    import warnings
-
-    warnings.warn(
-        f"positional arguments to {cls.__name__}() are deprecated and will be removed in "
-        "numabind 0.3; pass every field by name",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
 class _RecordMeta(type):
     """Turn ``name: type [= default]`` annotations into slots, defaults and field order."""
 
@@ -87,34 +76,49 @@ class _RecordMeta(type):
         ns["_defaults"] = defaults
         return super().__new__(mcs, name, bases, ns)
 
+    @property
+    def __signature__(cls) -> Any:
+        """The keyword-only constructor, field by field (``help()``, ``inspect`` and the
+        API docs show it); built when asked, so the startup path never imports inspect."""
+        import inspect
+
+        hints: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            hints.update(getattr(klass, "__annotations__", {}))
+        defaults = getattr(cls, "_defaults", {})
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    n,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=defaults.get(n, inspect.Parameter.empty),
+                    annotation=hints.get(n, inspect.Parameter.empty),
+                )
+                for n in getattr(cls, "_fields", ())
+            ]
+        )
+
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)
 class Record(metaclass=_RecordMeta):
     """Base of the model's value objects: immutable once built, compared by value.
 
-    Construction is keyword-only.  A record listed in ``numabind.__all__`` sets
-    ``_positional`` and still accepts the old positional form, with a
-    ``DeprecationWarning`` (see the changelog).
+    Construction is keyword-only (the positional form ``Plan`` and ``Request`` accepted
+    in 0.2, deprecated there, was removed in 0.3).
     """
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]] = ()
     _defaults: ClassVar[dict[str, Any]] = {}
-    _positional: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self)
         fields = cls._fields
         if args:
-            if not cls._positional:
-                raise TypeError(f"{cls.__name__}() takes keyword arguments only")
-            if len(args) > len(fields):
-                raise TypeError(f"{cls.__name__}() takes at most {len(fields)} arguments")
-            _warn_positional(cls)
-            for n, v in zip(fields, args):
-                if n in kwargs:
-                    raise TypeError(f"{cls.__name__}() got multiple values for {n!r}")
-                kwargs[n] = v
+            raise TypeError(
+                f"{cls.__name__}() takes keyword arguments only (positional arguments were "
+                "removed in numabind 0.3)"
+            )
         defaults = cls._defaults
         for n in fields:
             if n in kwargs:
@@ -210,7 +214,7 @@ class CpuInfo(Record):
 class Accelerator(Record):
     """A compute accelerator on PCI.
 
-    ``vendor`` is the key of its entry in :data:`numabind._model.VENDORS`.
+    ``vendor`` is the key of its entry in ``numabind._model.VENDORS``.
     ``numa_node`` is None when the firmware does not say (sysfs ``-1``); ``local_cpus`` is
     the device's CPU locality from ``local_cpulist``/``local_cpus`` (None when unreadable).
     ``memory_node`` is the CPU-less node holding the GPU's own memory, where the driver

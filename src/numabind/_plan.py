@@ -64,7 +64,6 @@ fmt = _sysfs.format_cpulist
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    _positional = True
     local_rank: int | None
     local_world_size: int | None = None
     rank_source: str | None = None
@@ -198,7 +197,6 @@ class Plan(Record):
     ``n/rank``), where ``check`` counts a thread as on plan too.
     """
 
-    _positional = True
     local_rank: int | None
     rank_source: str | None = None
     local_world_size: int | None = None

@@ -22,7 +22,11 @@
   may have pinned the forking thread to one core); the pin-memory thread is put back on
   the rank's CPUs if it started elsewhere.
 
-One line for users::
+One line for users:
+
+.. example: run with torch
+
+::
 
     import numabind.torch; numabind.torch.install()
 
