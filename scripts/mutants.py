@@ -393,7 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "M43",
         "src/numabind/_children.py",
-        "                if err.errno != errno.EPERM:",
+        '                if err.errno != errno.EPERM and not getattr(_ENTERING, "on", False):',
         "                if False:",
         "child_binding says once when the memory policy is refused",
         ("tests/test_first_hour.py",),
@@ -538,6 +538,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         "check --job --store refuses a value longer than a record before reading it",
         ("tests/test_report.py",),
+    ),
+    M(
+        "M61",
+        "src/numabind/_sources.py",
+        "        if numa_node is None:  # a pod's DRA metadata may say (said in the warnings)",
+        "        if True:  # a pod's DRA metadata may say (said in the warnings)",
+        "sysfs wins over a pod's DRA metadata where it names a node",
+        ("tests/test_kubernetes.py",),
+    ),
+    M(
+        "M62",
+        "src/numabind/cli/__init__.py",
+        "    missing = cpus - online",
+        "    missing = frozenset()",
+        "run --cpus refuses CPUs the machine does not have",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M63",
+        "src/numabind/_apply.py",
+        "            or bool(self.plan.unmet)  # something asked for was not done: always said",
+        "            or False",
+        "what was asked and not done is said without NUMABIND_VERBOSE",
+        ("tests/test_first_hour.py",),
     ),
 )
 

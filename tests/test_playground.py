@@ -108,6 +108,8 @@ def test_show_example_honours_the_knobs_and_says_what_it_left_out() -> None:
     assert text.rstrip().splitlines()[-1] == "note: from this shell: NUMABIND_MODE=exclusive"
     r = cli("show", "--example", "dgx-h100", NUMABIND_MODE="sideways")
     assert r.returncode == 2 and "NUMABIND_MODE" in r.stderr and "sideways" in r.stderr
+    r = cli("show", "--example", "gb200", "--json", NUMABIND_SYSROOT="/nowhere")
+    assert json.loads(r.stdout)["notes"][-1].startswith("NUMABIND_SYSROOT of this shell not")
     plain = json.loads(cli("show", "--example", "dgx-h100", "--json").stdout)
     assert plain["notes"] == [] and {p["mode"] for p in plain["ranks"]} == {"node"}
 

@@ -40,9 +40,16 @@ from ._model import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Protocol
 
-    from ._sources import Root
+    class Root(Protocol):
+        """What is read here of a machine's file tree (numabind._sources.Root has it;
+        named by shape, so that the reader and this module do not import each other)."""
+
+        def read(self, path: str, cap: int = ...) -> str: ...
+        def listdir(self, path: str, cap: int = ...) -> list[str]: ...
+        def isdir(self, path: str) -> bool: ...
+
 
 ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 KINDS = ("resourceclaims", "resourceclaimtemplates")

@@ -314,8 +314,8 @@ class Machine:
         return self._kernel
 
     def kernel_at_least(self, major: int, minor: int) -> bool | None:
-        """Whether the kernel's release is at least ``major.minor`` (``(5, 15)``: Linux
-        5.15 or later); None when the release is unknown or does not parse."""
+        """Whether the kernel's release is at least version ``major``, ``minor`` (5, 15:
+        Linux 5.15 or later); None when the release is unknown or does not parse."""
         release = self.kernel_release
         if not release:
             return None

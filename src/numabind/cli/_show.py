@@ -409,6 +409,11 @@ def _open_machine(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
                     "processes (numabind gather --example NAME DIR, then NUMABIND_SYSROOT=DIR, "
                     "plans with them)"
                 )
+            if os.environ.get("NUMABIND_SYSROOT"):
+                notes.append(
+                    "NUMABIND_SYSROOT of this shell not applied: --example plans for the "
+                    "example, not for the machine that names"
+                )
             return machine, environ, notes
         if args.input is not None:
             machine = Machine.from_capture(args.input)
