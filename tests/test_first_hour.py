@@ -885,9 +885,8 @@ def test_item_16_docs_render_and_resolve() -> None:
     signature = inspect.signature(numabind.Request)
     assert list(signature.parameters)[:3] == ["local_rank", "local_world_size", "rank_source"]
     assert {p.kind for p in signature.parameters.values()} == {inspect.Parameter.KEYWORD_ONLY}
-    assert "Request(*, local_rank: 'int | None', local_world_size" in pydoc.render_doc(
-        numabind.Request, renderer=pydoc.plaintext
-    )
+    shown = pydoc.render_doc(numabind.Request, renderer=pydoc.plaintext)
+    assert "local_rank: 'int | None'" in shown and "mode: 'str' = 'node'" in shown
     api = (HERE.parent / "docs" / "api.rst").read_text()
     for record in ("Accelerator", "Node", "Allowed", "Nic", "OtherDevice", "CpuInfo"):
         assert f".. autoclass:: numabind._model.{record}" in api, record
