@@ -393,8 +393,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "M43",
         "src/numabind/_children.py",
-        "            if err.errno == errno.EPERM:\n                continue",
-        "            if False:\n                continue",
+        '            if err.errno == errno.EPERM or getattr(_ENTERING, "on", False):\n'
+        "                continue",
+        "            if True:\n                continue",
         "child_binding says once when the memory policy is refused",
         ("tests/test_first_hour.py",),
     ),
@@ -668,6 +669,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "        own = self.thread_plans.get(tid)\n        if False:",
         "check judges a thread bound to one device against that device's plan",
         ("tests/test_several_gpus.py",),
+    ),
+    M(
+        "M77",
+        "src/numabind/_sources.py",
+        "        if numa_node is None:  # a pod's DRA metadata may say (said in the warnings)",
+        "        if True:  # a pod's DRA metadata may say (said in the warnings)",
+        "sysfs wins over a pod's DRA metadata where it names a node",
+        ("tests/test_kubernetes.py",),
+    ),
+    M(
+        "M78",
+        "src/numabind/cli/__init__.py",
+        "    missing = cpus - online",
+        "    missing = frozenset()",
+        "run --cpus refuses CPUs the machine does not have",
+        ("tests/test_first_hour.py",),
+    ),
+    M(
+        "M79",
+        "src/numabind/_apply.py",
+        "            or bool(self.plan.unmet)  # something asked for was not done: always said",
+        "            or False",
+        "what was asked and not done is said without NUMABIND_VERBOSE",
+        ("tests/test_first_hour.py",),
     ),
 )
 

@@ -149,8 +149,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_capture",
         "_topology",
         "_examples",
+        "_dra",
     ),
-    "who am I": ("_environ", "_devices", "_nvml"),
+    "who am I": ("_environ", "_devices", "_nvml", "_advice"),
     "plan": ("_plan",),
     "bind": (
         "_kernel",
@@ -162,6 +163,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_guard",
         "_driver",
         "_memory",
+        "_limits",
     ),
     "entry points": (
         "_startup",

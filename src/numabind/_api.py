@@ -236,11 +236,19 @@ def apply(
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
-    The stable call for a framework's worker that learns its GPU late::
+    The stable call for a framework's worker that learns its GPU late:
 
-        def worker(local_rank: int, ...):
-            numabind.apply(device=local_rank)   # or a PCI address / UUID
-            torch.cuda.set_device(local_rank)
+    .. example: run on two-nodes
+
+    ::
+
+        import numabind
+
+        def worker(local_rank: int) -> None:
+            binding = numabind.apply(device=local_rank)  # or a PCI address / UUID
+            print(binding)             # then torch.cuda.set_device(local_rank)
+
+        worker(1)
 
     ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve``,
     ``smt`` and ``devices`` choose the plan as in :func:`plan_for`; a process that drives
@@ -335,12 +343,22 @@ def bind_thread(
     strict: bool | None = None,
 ) -> ThreadBinding:
     """Bind the *calling thread* to ``device``'s CPUs and memory: for a process that drives
-    several GPUs, one loader or launch thread per GPU::
+    several GPUs, one loader or launch thread per GPU:
+
+    .. example: run on two-nodes, env NUMABIND_MEMORY=none
+
+    ::
+
+        import threading
+
+        import numabind
 
         def loader(k: int) -> None:
-            with numabind.bind_thread(device=k):      # this thread on GPU k's node
-                pool = torch.empty(..., pin_memory=True)   # first touched there
-                ...
+            with numabind.bind_thread(device=k) as thread:  # this thread on GPU k's node
+                staging = bytearray(64 << 20)               # first touched there
+                print(thread)
+
+        threading.Thread(target=loader, args=(1,)).start()
 
     ``device`` is what :func:`apply` takes (an index among the visible devices, a PCI
     address or a UUID).  The thread gets exactly what the rank driving that device alone

@@ -143,13 +143,14 @@ class Binding:
 
     def worth_a_line(self, verbose: bool) -> bool:
         """Whether an entry point should print this binding: always for a failure, a
-        replaced CPU mask, a refused call or a warning (the rules promise one line saying
-        so), else only when ``verbose``."""
+        replaced CPU mask, a refused call, a warning or something asked for that the plan
+        could not do (the rules promise one line saying so), else only when ``verbose``."""
         return (
             self.failed
             or self.existing_action == "replaced"
             or bool(self.refused)
             or bool(self.warnings)
+            or bool(self.plan.unmet)  # something asked for was not done: always said
             or verbose
         )
 

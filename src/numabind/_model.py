@@ -76,13 +76,36 @@ class _RecordMeta(type):
         ns["_defaults"] = defaults
         return super().__new__(mcs, name, bases, ns)
 
+    @property
+    def __signature__(cls) -> Any:
+        """The keyword-only constructor, field by field (``help()``, ``inspect`` and the
+        API docs show it); built when asked, so the startup path never imports inspect."""
+        import inspect
+
+        hints: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            hints.update(getattr(klass, "__annotations__", {}))
+        defaults = getattr(cls, "_defaults", {})
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    n,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=defaults.get(n, inspect.Parameter.empty),
+                    annotation=hints.get(n, inspect.Parameter.empty),
+                )
+                for n in getattr(cls, "_fields", ())
+            ]
+        )
+
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)
 class Record(metaclass=_RecordMeta):
     """Base of the model's value objects: immutable once built, compared by value.
 
-    Construction is keyword-only (positional arguments, deprecated in 0.2, were removed
-    in 0.4: a field named at the call cannot be taken for another when a field is added).
+    Construction is keyword-only (the positional form ``Plan`` and ``Request`` accepted
+    in 0.2, deprecated there, was removed in 0.3: a field named at the call cannot be
+    taken for another when a field is added).
     """
 
     __slots__ = ()
@@ -93,7 +116,10 @@ class Record(metaclass=_RecordMeta):
         cls = type(self)
         fields = cls._fields
         if args:
-            raise TypeError(f"{cls.__name__}() takes keyword arguments only")
+            raise TypeError(
+                f"{cls.__name__}() takes keyword arguments only (positional arguments were "
+                "removed in numabind 0.3)"
+            )
         defaults = cls._defaults
         for n in fields:
             if n in kwargs:
@@ -189,7 +215,7 @@ class CpuInfo(Record):
 class Accelerator(Record):
     """A compute accelerator on PCI.
 
-    ``vendor`` is the key of its entry in :data:`numabind._model.VENDORS`.
+    ``vendor`` is the key of its entry in ``numabind._model.VENDORS``.
     ``numa_node`` is None when the firmware does not say (sysfs ``-1``); ``local_cpus`` is
     the device's CPU locality from ``local_cpulist``/``local_cpus`` (None when unreadable).
     ``memory_node`` is the CPU-less node holding the GPU's own memory, where the driver

@@ -211,11 +211,11 @@ def _plural(n: int, word: str) -> str:
 class Placement(Record):
     """*What* to place, kept apart from *where* it is applied: the part of a plan that the
     appliers read.  One placement is applied to the whole process
-    (:func:`numabind._apply.enter`), to the calling thread for a while
-    (:class:`numabind._pin.ThreadPin`), or to a range of memory
-    (:mod:`numabind._range`), and each applier reads only these fields, so that a new
-    decision (which NIC, which cores, which memory tier) is one field here and one reader
-    in the applier that owns its subject.
+    (``numabind._apply.enter``), to the calling thread for a while
+    (``numabind._pin.ThreadPin``, :func:`numabind.bind_thread`), or to a range of memory
+    (``numabind._range``, :func:`numabind.host_buffer`), and each applier reads only
+    these fields, so that a new decision (which NIC, which cores, which memory tier) is
+    one field here and one reader in the applier that owns its subject.
 
     ``cpus`` is the compute set; ``helpers`` the cores kept for helper threads and
     processes (``NUMABIND_RESERVE``); ``memory_policy`` over ``memory_nodes`` with
@@ -281,6 +281,9 @@ class Plan(Record):
     helpers: frozenset[int] = frozenset()
     reserve: Reserve = NO_RESERVE
     smt: str = "all"
+    # the notes that say something asked for (a reservation, a mode, the memory policy)
+    # was not done: the entry points print them whether or not NUMABIND_VERBOSE is set
+    unmet: tuple[str, ...] = ()
     # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
     # plan per device, each what the rank driving that device alone would get; the fields
     # above are their union
@@ -326,7 +329,7 @@ class Plan(Record):
             "node_how": self.node_how,
             "cpus": sorted(self.cpus),
             "memory_nodes": sorted(self.memory_nodes),
-            "memory_policy": self.memory_policy,
+            "memory_policy": self.memory_policy if self.bound else None,  # none applied
             "mode": self.mode,
             "status": self.status,
             "skip": self.skip,
@@ -383,9 +386,9 @@ class Plan(Record):
 
 def plan(machine: Machine, request: Request) -> Plan:
     """Plan one rank's binding: ``request`` (its rank, visible devices, mode and memory
-    policy) on ``machine``; for a request naming several ``devices``, their union (see
-    :func:`plan_devices`).  Pure and never raises (an odd machine is a skip with its
-    reason)."""
+    policy) on ``machine``; for a request naming several ``devices``, their union (each
+    device's share what the rank driving it alone would get: ``Plan.per_device``).  Pure
+    and never raises (an odd machine is a skip with its reason)."""
     if request.devices:
         return plan_devices(machine, request)
     try:
@@ -534,6 +537,11 @@ class _Planner:
         self.node: int | None = None
         self.how: NodeHow | None = None
         self.helpers: frozenset[int] = frozenset()
+        self.unmet: list[str] = []  # the notes that say what was asked and not done
+
+    def _not_done(self, note: str) -> None:
+        self.notes.append(note)
+        self.unmet.append(note)
 
     def skipped(self, kind: SkipKind, reason: str) -> Plan:
         r = self.r
@@ -608,6 +616,7 @@ class _Planner:
             helpers=self.helpers,
             reserve=r.reserve,
             smt=r.smt,
+            unmet=tuple(self.unmet),
         )
 
     def _check_request(self) -> tuple[Accelerator, ...]:
@@ -681,7 +690,7 @@ class _Planner:
                 )
             self.notes.append("node unknown: bound to the device's CPU locality instead")
             if self.r.reserve:
-                self.notes.append("no cores reserved: a reservation needs the device's node")
+                self._not_done("no cores reserved: a reservation needs the device's node")
             return cpus, None
         node = self.m.node(where.node)
         assert node is not None
@@ -695,7 +704,8 @@ class _Planner:
             )
         peers = where.peers
         reserved = self._reserve(where, allowed) if self.r.reserve else frozenset()
-        return MODES[self.r.mode](
+        before = len(self.notes)
+        found = MODES[self.r.mode](
             ModeInput(
                 machine=self.m,
                 node_id=where.node,
@@ -707,6 +717,8 @@ class _Planner:
             ),
             self.notes,
         )
+        self.unmet.extend(self.notes[before:])  # a mode's notes say what it could not do
+        return found
 
     def _reserve(self, where: _Place, allowed: frozenset[int]) -> frozenset[int]:
         """The CPUs ``NUMABIND_RESERVE`` keeps out of the compute sets on the nodes this
@@ -719,7 +731,7 @@ class _Planner:
         label = f"{n}/{scope}"
         ranks = where.peers[1] if where.peers else None
         if scope == "rank" and ranks is None:
-            self.notes.append(
+            self._not_done(
                 f"{label}: the number of local ranks on node {where.node} is "
                 "unknown; reserved for one"
             )
@@ -739,7 +751,7 @@ class _Planner:
             if need <= 0:
                 continue
             if need >= len(usable):
-                self.notes.append(
+                self._not_done(
                     f"no cores reserved: {label} would leave node {nid} "
                     f"({len(usable)} usable cores) no core to compute on"
                 )
@@ -850,9 +862,7 @@ class _Planner:
             mem &= allowed_mems
             self.notes.append(f"memory nodes {fmt(dropped)} are outside this process's cpuset.mems")
         if not mem:
-            self.notes.append(
-                "no memory node this process may use holds its CPUs: memory left alone"
-            )
+            self._not_done("no memory node this process may use holds its CPUs: memory left alone")
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
             policy, nodes, note = preferred_over(self.m, frozenset(mem), node_id)
@@ -1063,6 +1073,7 @@ def explicit(
         status="bound",
         reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
         notes=tuple(planner.notes),
+        unmet=tuple(planner.unmet),
     )
 
 
