@@ -44,6 +44,8 @@ def _plans(
     reserve: str = "",
     smt: str = "all",
 ) -> list[Plan]:
+    from numabind._environ import parse_reserve
+
     visible = resolve(m, {})
     return [
         plan(
@@ -54,7 +56,7 @@ def _plans(
                 rank_source="LOCAL_RANK",
                 visible=visible,
                 mode=mode,
-                reserve=reserve,
+                reserve=parse_reserve(reserve),
                 smt=smt,
                 priority=priority,
                 budget=False,

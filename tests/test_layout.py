@@ -149,8 +149,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_capture",
         "_topology",
         "_examples",
+        "_dra",
     ),
-    "who am I": ("_environ", "_devices", "_nvml"),
+    "who am I": ("_environ", "_devices", "_nvml", "_advice"),
     "plan": ("_plan", "_cache"),
     "bind": (
         "_kernel",
@@ -163,6 +164,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_handback",
         "_driver",
         "_memory",
+        "_limits",
     ),
     "entry points": (
         "_startup",

@@ -147,13 +147,14 @@ class Binding:
 
     def worth_a_line(self, verbose: bool) -> bool:
         """Whether an entry point should print this binding: always for a failure, a
-        replaced CPU mask, a refused call or a warning (the rules promise one line saying
-        so), else only when ``verbose``."""
+        replaced CPU mask, a refused call, a warning or something asked for that the plan
+        could not do (the rules promise one line saying so), else only when ``verbose``."""
         return (
             self.failed
             or self.existing_action == "replaced"
             or bool(self.refused)
             or bool(self.warnings)
+            or bool(self.plan.unmet)  # something asked for was not done: always said
             or verbose
         )
 
@@ -767,7 +768,9 @@ def decide(
     if enable == "force":
         return Decision(action="apply", rebind_inside=True)  # the plan, exactly
     if not existing.narrower or existing.current == plan_cpus:
-        return Decision(action="apply")  # nothing in place, or already the plan
+        # nothing in place, or already the plan; under respect a memory policy set for the
+        # process (numactl --membind) stays as well
+        return Decision(action="apply", memory_only_if_default=enable == "respect")
     if enable == "respect":
         return Decision(action="keep", memory_only_if_default=True)
     inside = node_cpus is not None and existing.current <= node_cpus

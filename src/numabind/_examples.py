@@ -63,6 +63,9 @@ class Spec:
     # per-CPU files that tell cores apart (numabind._model.KIND_FILES paths): path -> CPU
     # -> value, written under /sys/devices/system/cpu/cpuN/
     cpu_files: dict[str, dict[int, int]] = field(default_factory=dict)
+    cgroup_path: str = "/job/step"  # the process's cgroup (v2) where cgroup_cpus is set
+    files: dict[str, str] = field(default_factory=dict)  # more files: a pod's DRA metadata
+    masked_pci: tuple[str, ...] = ()  # devices whose sysfs entry is absent (a masked /sys)
 
 
 def _mask(cpus: Iterable[int]) -> str:
@@ -161,6 +164,9 @@ class _Tree:
 
     def gpu(self, g: Gpu) -> None:
         spec = self.spec
+        if g.bdf in spec.masked_pci:
+            self.driver_files(g)
+            return
         base = f"/sys/bus/pci/devices/{g.bdf}"
         if g.bridges:
             real = "/sys/devices/" + "/".join((*g.bridges, g.bdf))
@@ -179,6 +185,10 @@ class _Tree:
         self.w(f"{base}/local_cpus", _mask(local))
         if g.unique_id is not None:
             self.w(f"{base}/unique_id", g.unique_id)
+        self.driver_files(g)
+
+    def driver_files(self, g: Gpu) -> None:
+        spec = self.spec
         if g.vendor == 0x10DE and g.pci_class >> 16 == 3 and spec.proc_nvidia and g.driver:
             pbase = f"/proc/driver/nvidia/gpus/{g.bdf}"
             self.w(
@@ -199,8 +209,8 @@ class _Tree:
             self.w("/proc/sys/kernel/numa_balancing", str(spec.numa_balancing))
         self.w("/proc/self/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0")
         if spec.cgroup_cpus is not None:
-            self.w("/proc/self/cgroup", "0::/job/step")
-            d = "/sys/fs/cgroup/job/step"
+            self.w("/proc/self/cgroup", f"0::{spec.cgroup_path}")
+            d = f"/sys/fs/cgroup{spec.cgroup_path}"
             self.w(f"{d}/cpuset.cpus.effective", format_cpulist(spec.cgroup_cpus))
             mems = spec.cgroup_mems if spec.cgroup_mems is not None else self.node_ids
             self.w(f"{d}/cpuset.mems.effective", format_cpulist(mems))
@@ -210,6 +220,8 @@ class _Tree:
             self.w("/sys/fs/cgroup/cpuset.mems.effective", format_cpulist(self.node_ids))
         if spec.environ is not None:
             self.w("/numabind-env.json", json.dumps({"environ": spec.environ}))
+        for path, text in spec.files.items():
+            self.files[path] = text
 
 
 def build(spec: Spec) -> _Tree:
@@ -484,6 +496,64 @@ def sst_bf(high: int = 6) -> Spec:
     )
 
 
+DRA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+KUBEPODS = "/kubepods.slice/kubepods-pod0d1c.slice/cri-containerd-7e3a.scope"
+
+
+def dra_metadata(
+    driver: str,
+    claim: str,
+    request: str,
+    devices: Sequence[tuple[str, str, int | None]],
+    *,
+    kind: str = "resourceclaimtemplates",
+    versions: Sequence[str] = ("v1alpha1",),
+    numa_attribute: str = "numaNode",
+) -> tuple[str, str]:
+    """One KEP-5304 device metadata file, as a DRA driver writes it into a container:
+    (its path, its text).  ``devices`` are (name, PCI address, NUMA node or None); the
+    metadata is written once per API version, newest first, as the protocol says."""
+    attrs = []
+    for name, pci, node in devices:
+        a: dict[str, object] = {
+            "resource.kubernetes.io/pciBusID": {"string": pci},
+            "uuid": {"string": f"GPU-{abs(hash(pci)) % 10**8:08d}-0000-0000-0000-000000000000"},
+        }
+        if node is not None:
+            a[numa_attribute] = {"int": node}
+        attrs.append({"driver": driver, "pool": "node-1", "name": name, "attributes": a})
+    objects = [
+        {
+            "kind": "DeviceMetadata",
+            "apiVersion": f"metadata.resource.k8s.io/{v}",
+            "metadata": {"name": f"{claim}-x7k2", "namespace": "default", "uid": "c7e7b22e",
+                         "generation": 1},
+            "podClaimName": claim,
+            "requests": [{"name": request, "devices": attrs}],
+        }
+        for v in versions
+    ]  # fmt: skip
+    path = f"{DRA_ROOT}/{kind}/{claim}/{request}/{driver}-metadata.json"
+    return path, "\n".join(json.dumps(o, indent=1) for o in objects) + "\n"
+
+
+def k8s_pod() -> Spec:
+    """A Kubernetes pod on a DGX H100 whose DRA claim got GPUs 4 and 5 (node 1) while the
+    kubelet gave it CPUs 0-7 of node 0 (no static CPU manager, no topology alignment): the
+    driver's /proc list is not mounted, the DRA device metadata says which GPUs are the
+    pod's, and no rank can be bound next to its GPU."""
+    spec = dgx_h100(filler_pci=16)
+    for g in spec.gpus[:8]:
+        g.driver = False
+    spec.cgroup_cpus = list(range(0, 8))
+    spec.cgroup_path = KUBEPODS
+    path, text = dra_metadata(
+        "gpu.nvidia.com", "gpus", "gpu", [("gpu-4", DGX_BDFS[4], 1), ("gpu-5", DGX_BDFS[5], 1)]
+    )
+    spec.files = {path: text}
+    return spec
+
+
 EXAMPLES = {
     "dgx-h100": dgx_h100,
     "dgx-b300": dgx_b300,
@@ -491,6 +561,7 @@ EXAMPLES = {
     "mi300x": mi300x,
     "nps4": nps4,
     "container": container_2_of_8,
+    "k8s-pod": k8s_pod,
     "two-nodes": two_nodes,
     "one-node": one_node,
 }

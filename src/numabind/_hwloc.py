@@ -267,6 +267,11 @@ class HwlocSource(Source):
         self._walk(machine, [], _Context())
         self._distances = self._read_distances(root)
         self._kinds = self._read_kinds(root)
+        # hwloc 2 records NVLink bandwidths (its NVML backend) as a heterogeneous matrix;
+        # show --matrix says it carries them rather than read them
+        self.nvlink = any(
+            d.get("name") == "NVLinkBandwidth" for d in root.findall("distances2hetero")
+        )
 
     def _mask(
         self, obj: _El | None, attr: str, limit: int = _sysfs.MAX_CPUS

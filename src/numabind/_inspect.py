@@ -590,9 +590,7 @@ def check_pid(
     base["thread_settings"] = settings
     base["host_buffers"] = check_buffers(pid, entry, notes)
     if not expected.bound:
-        if expected.problem:
-            cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
-            problems.append(f"{cause}: {expected.reason}")
+        _why_skipped(expected, env, machine, problems, notes)
         return ProcessCheck(
             ok=not problems,
             status="skipped",
@@ -690,6 +688,25 @@ def _escaped_text(
         text += f" (its device {own[0]}: CPUs {fmt(own[1])})"
     who = binder_of(name)
     return text + (f", re-pinned by {who}? (its name says so)" if who else "")
+
+
+def _why_skipped(
+    expected: PlanView,
+    env: Mapping[str, str] | OSError,
+    machine: Machine,
+    problems: list[str],
+    notes: list[str],
+) -> None:
+    """A plan that does not bind: its problem, and for a cpuset off the GPU's node the fix
+    where the process runs (Kubernetes, Slurm: numabind._advice)."""
+    if expected.problem:
+        cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
+        problems.append(f"{cause}: {expected.reason}")
+    if expected.skip == "cgroup":
+        from ._advice import cpuset_fix
+
+        own: Mapping[str, str] = {} if isinstance(env, OSError) else env
+        notes.append(f"to bind it: {cpuset_fix(own, machine.allowed)}")
 
 
 def _judge(

@@ -18,6 +18,7 @@ from . import _sysfs
 from ._model import (
     BY_KEY,
     MODE_NAMES,
+    NO_RESERVE,
     POLICIES,
     PRIORITY_ROLES,
     RESERVE_SCOPES,
@@ -25,6 +26,7 @@ from ._model import (
     USER_POLICIES,
     Accelerator,
     Record,
+    Reserve,
 )
 
 # The planner turns an exception it did not foresee into a skip with the reason: a
@@ -65,7 +67,6 @@ fmt = _sysfs.format_cpulist
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    _positional = True
     local_rank: int | None
     local_world_size: int | None = None
     rank_source: str | None = None
@@ -80,7 +81,7 @@ class Request(Record):
     # the startup hook asks for it only with NUMABIND_THREADS set, and reads their files
     # only then
     budget: bool = True
-    reserve: str = ""  # NUMABIND_RESERVE in canonical form: "" or "n/node", "n/rank"
+    reserve: Reserve = NO_RESERVE  # NUMABIND_RESERVE, parsed
     smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
     # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
     # union is planned (see plan_devices); empty: one device, picked by rank or argument
@@ -96,7 +97,7 @@ def request_for(
     mode: str,
     memory: str,
     *,
-    reserve: str = "",
+    reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     priority: str = "off",
 ) -> Request:
@@ -115,6 +116,24 @@ def request_for(
         size_source=info.size_source,
         notes=info.notes,
     )
+
+
+def with_devices(
+    request: Request,
+    machine: Machine,
+    specs: str | tuple[int | str, ...],
+    source: str,
+) -> Request:
+    """``request`` for a process that asks to drive several devices (``specs``: ``all`` or
+    what :func:`numabind._devices.find_devices` takes; ``source`` names who asked, for the
+    plan's line): the devices found, or the problem that refuses them all."""
+    from ._devices import Visible, find_devices
+
+    visible = request.visible or Visible(devices=(), vendor=None, source="no device resolved")
+    devices, why = find_devices(specs, visible, machine)
+    if why is not None:
+        return request.replace(problem=f"{source}: {why}")
+    return request.replace(devices=devices, rank_source=source)
 
 
 class NodeChoice(Record):
@@ -202,11 +221,11 @@ def _plural(n: int, word: str) -> str:
 class Placement(Record):
     """*What* to place, kept apart from *where* it is applied: the part of a plan that the
     appliers read.  One placement is applied to the whole process
-    (:func:`numabind._apply.enter`), to the calling thread for a while
-    (:class:`numabind._pin.ThreadPin`), or to a range of memory
-    (:mod:`numabind._range`), and each applier reads only these fields, so that a new
-    decision (which NIC, which cores, which memory tier) is one field here and one reader
-    in the applier that owns its subject.
+    (``numabind._apply.enter``), to the calling thread for a while
+    (``numabind._pin.ThreadPin``, :func:`numabind.bind_thread`), or to a range of memory
+    (``numabind._range``, :func:`numabind.host_buffer`), and each applier reads only
+    these fields, so that a new decision (which NIC, which cores, which memory tier) is
+    one field here and one reader in the applier that owns its subject.
 
     ``cpus`` is the compute set; ``helpers`` the cores kept for helper threads and
     processes (``NUMABIND_RESERVE``); ``memory_policy`` over ``memory_nodes`` with
@@ -254,7 +273,6 @@ class Plan(Record):
     ``n/rank``), where ``check`` counts a thread as on plan too.
     """
 
-    _positional = True
     local_rank: int | None
     rank_source: str | None = None
     local_world_size: int | None = None
@@ -274,8 +292,11 @@ class Plan(Record):
     node_how: NodeHow | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()
-    reserve: str = ""
+    reserve: Reserve = NO_RESERVE
     smt: str = "all"
+    # the notes that say something asked for (a reservation, a mode, the memory policy)
+    # was not done: the entry points print them whether or not NUMABIND_VERBOSE is set
+    unmet: tuple[str, ...] = ()
     # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
     # plan per device, each what the rank driving that device alone would get; the fields
     # above are their union
@@ -328,7 +349,7 @@ class Plan(Record):
             "node_how": self.node_how,
             "cpus": sorted(self.cpus),
             "memory_nodes": sorted(self.memory_nodes),
-            "memory_policy": self.memory_policy,
+            "memory_policy": self.memory_policy if self.bound else None,  # none applied
             "mode": self.mode,
             "status": self.status,
             "skip": self.skip,
@@ -337,7 +358,7 @@ class Plan(Record):
             "problem": self.problem,
             "threads": self.threads,
             "helpers": sorted(self.helpers),
-            "reserve": self.reserve,
+            "reserve": str(self.reserve),
             "smt": self.smt,
             "per_device": [p.to_dict() for p in self.per_device],
             "priority": self.priority,
@@ -388,9 +409,9 @@ class Plan(Record):
 
 def plan(machine: Machine, request: Request) -> Plan:
     """Plan one rank's binding: ``request`` (its rank, visible devices, mode and memory
-    policy) on ``machine``; for a request naming several ``devices``, their union (see
-    :func:`plan_devices`).  Pure and never raises (an odd machine is a skip with its
-    reason)."""
+    policy) on ``machine``; for a request naming several ``devices``, their union (each
+    device's share what the rank driving it alone would get: ``Plan.per_device``).  Pure
+    and never raises (an odd machine is a skip with its reason)."""
     if request.devices:
         return plan_devices(machine, request)
     try:
@@ -540,6 +561,12 @@ class _Planner:
         self.node: int | None = None
         self.how: NodeHow | None = None
         self.helpers: frozenset[int] = frozenset()
+        self.reserved: frozenset[int] = frozenset()  # every rank's reserved cores here
+        self.unmet: list[str] = []  # the notes that say what was asked and not done
+
+    def _not_done(self, note: str) -> None:
+        self.notes.append(note)
+        self.unmet.append(note)
 
     def skipped(self, kind: SkipKind, reason: str) -> Plan:
         r = self.r
@@ -628,6 +655,7 @@ class _Planner:
             priority=r.priority,
             priority_cpus=prio,
             main_cpus=main,
+            unmet=tuple(self.unmet),
         )
 
     def _check_request(self) -> tuple[Accelerator, ...]:
@@ -651,7 +679,7 @@ class _Planner:
                 "bad-input",
                 f"unknown priority role {r.priority!r} (use one of {', '.join(PRIORITY_ROLES)})",
             )
-        if r.reserve and reserve_parts(r.reserve) is None:
+        if not isinstance(r.reserve, Reserve) or r.reserve.scope not in RESERVE_SCOPES:
             raise _Skip("bad-input", f"unknown reservation {r.reserve!r} (use n, n/node or n/rank)")
         if r.problem:
             raise _Skip("bad-input", r.problem)
@@ -708,7 +736,7 @@ class _Planner:
                 )
             self.notes.append("node unknown: bound to the device's CPU locality instead")
             if self.r.reserve:
-                self.notes.append("no cores reserved: a reservation needs the device's node")
+                self._not_done("no cores reserved: a reservation needs the device's node")
             return cpus, None
         node = self.m.node(where.node)
         assert node is not None
@@ -722,7 +750,9 @@ class _Planner:
             )
         peers = where.peers
         reserved = self._reserve(where, allowed) if self.r.reserve else frozenset()
-        return MODES[self.r.mode](
+        self.reserved = reserved
+        before = len(self.notes)
+        found = MODES[self.r.mode](
             ModeInput(
                 machine=self.m,
                 node_id=where.node,
@@ -734,6 +764,8 @@ class _Planner:
             ),
             self.notes,
         )
+        self.unmet.extend(self.notes[before:])  # a mode's notes say what it could not do
+        return found
 
     def _priority(
         self, where: _Place, cpus: frozenset[int], sharers: int | None
@@ -774,7 +806,7 @@ class _Planner:
             if node is not None:
                 pool |= node.cpus & allowed
                 fast |= self.m.priority_cpus(nid)
-        pool -= self.helpers if r.reserve else frozenset()
+        pool -= self.reserved  # every rank's reserved cores, not only this rank's share
         where_text = f"node{'s' if len(nodes) > 1 else ''} {fmt(nodes)}"
         prio = frozenset(fast & pool)
         if not prio:
@@ -854,13 +886,11 @@ class _Planner:
         towards its reservation; the rest are taken from the end of the node's core list.
         A reservation that would leave a node no core is dropped, with one note."""
         assert where.node is not None
-        parsed = reserve_parts(self.r.reserve)
-        assert parsed is not None  # checked with the request
-        n, scope = parsed
+        n, scope = self.r.reserve.count, self.r.reserve.scope  # checked with the request
         label = f"{n}/{scope}"
         ranks = where.peers[1] if where.peers else None
         if scope == "rank" and ranks is None:
-            self.notes.append(
+            self._not_done(
                 f"{label}: the number of local ranks on node {where.node} is "
                 "unknown; reserved for one"
             )
@@ -880,7 +910,7 @@ class _Planner:
             if need <= 0:
                 continue
             if need >= len(usable):
-                self.notes.append(
+                self._not_done(
                     f"no cores reserved: {label} would leave node {nid} "
                     f"({len(usable)} usable cores) no core to compute on"
                 )
@@ -1000,9 +1030,7 @@ class _Planner:
             mem &= allowed_mems
             self.notes.append(f"memory nodes {fmt(dropped)} are outside this process's cpuset.mems")
         if not mem:
-            self.notes.append(
-                "no memory node this process may use holds its CPUs: memory left alone"
-            )
+            self._not_done("no memory node this process may use holds its CPUs: memory left alone")
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
             policy, nodes, note = preferred_over(self.m, frozenset(mem), node_id)
@@ -1043,16 +1071,6 @@ def package_nodes(machine: Machine, node_id: int) -> frozenset[int] | None:
     if pkg is None:
         return None
     return frozenset(n.id for n in machine.cpu_nodes if machine.package_of(min(n.cpus)) == pkg)
-
-
-def reserve_parts(text: str) -> tuple[int, str] | None:
-    """``(n, "node"|"rank")`` of a reservation as ``_environ.parse_reserve`` writes it
-    (``n/node``, ``n/rank``; a bare ``n`` is per node), None when it is not one."""
-    count, sep, scope = text.partition("/")
-    scope = scope if sep else "node"  # a bare count is per node
-    if not (scope in RESERVE_SCOPES and count.isascii() and count.isdigit() and 0 < len(count) < 6):
-        return None
-    return int(count), scope
 
 
 def one_per_core(machine: Machine, cpus: frozenset[int]) -> frozenset[int]:
@@ -1223,6 +1241,7 @@ def explicit(
         status="bound",
         reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
         notes=tuple(planner.notes),
+        unmet=tuple(planner.unmet),
     )
 
 

@@ -49,10 +49,15 @@ from ._model import (
 )
 from ._sysfs import normalize_pci, pci_sort_key
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._dra import DraDevice
+
 SYS_NODE = "/sys/devices/system/node"
 SYS_CPU = "/sys/devices/system/cpu"
 SYS_PCI = "/sys/bus/pci/devices"
 SYS_INFINIBAND = "/sys/class/infiniband"
+DRA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"  # numabind._dra.ROOT
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 
 
@@ -148,6 +153,7 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
         *(f"{SYS_CPU}/{{cpu}}/{k.path}" for k in KIND_FILES),
+        f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_map",
         f"{SYS_PCI}/{{bdf}}/vendor",
         f"{SYS_PCI}/{{bdf}}/device",
         f"{SYS_PCI}/{{bdf}}/class",
@@ -162,6 +168,7 @@ def read_paths() -> tuple[str, ...]:
             for name in (v.driver_info_file, v.driver_numa_file)
             if name
         ),
+        f"{DRA_ROOT}/{{kind}}/{{claim}}/{{request}}/{{driver}}-metadata.json",
         "/proc/self/cgroup",
         "/proc/self/cpuset",
         "/proc/self/mounts",
@@ -182,6 +189,8 @@ class Source:
         self.budget = _sysfs.Budget(self.description)
         # the environment a capture recorded with its machine (numabind gather), if any
         self.environ: dict[str, str] | None = None
+        # whether the files carry NVLink bandwidths (an hwloc export's NVLinkBandwidth)
+        self.nvlink = False
 
     def warn(self, message: str) -> None:
         if message not in self.warnings and len(self.warnings) < 50:
@@ -258,6 +267,11 @@ class Source:
         the driver publishes no such list (or it is absent)."""
         return None
 
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        """The devices the DRA device metadata (KEP-5304, :mod:`numabind._dra`) lists for
+        this container; empty outside a pod that has it."""
+        return ()
+
     def kernel_release(self) -> str | None:
         return None
 
@@ -281,6 +295,7 @@ class SysfsSource(Source):
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._cpu_limit: int | None = None
         self._node_limit: int | None = None
+        self._dra: dict[str, DraDevice] | None = None
         # identical lists (every CPU of a core, of an L3, every GPU of a node) are parsed
         # once: what a list costs is charged to the budget only the first time
         self._lists: dict[tuple[str, bool], frozenset[int]] = {}
@@ -421,6 +436,8 @@ class SysfsSource(Source):
             if level is None or kind == "Instruction" or level <= best:
                 continue
             shared = self.cpulist(f"{base}/{index}/shared_cpu_list")
+            if shared is None:  # older kernels and some captures have only the mask
+                shared = self.cpumask(f"{base}/{index}/shared_cpu_map")
             if shared is None:
                 continue
             cache, best = shared | {cpu}, level
@@ -428,6 +445,9 @@ class SysfsSource(Source):
 
     # --- what this process may use
     def allowed(self, online: frozenset[int]) -> Allowed:
+        # the pod's DRA allocation is read with its cpuset, before any plan copies the
+        # machine's warnings: where it disagrees with sysfs is said in every plan
+        self._dra_devices()
         return cpuset(self.root, online)
 
     # --- which cores are faster
@@ -464,6 +484,45 @@ class SysfsSource(Source):
                 return kinds_from(values, kind.path, tuple(looked))
         return CoreKinds(levels=((0, online),), looked=tuple(looked))
 
+    # --- the DRA device metadata of a Kubernetes pod
+    def _dra_devices(self) -> dict[str, DraDevice]:
+        if self._dra is None:
+            from ._dra import read
+
+            devices, problems = read(self.root)
+            for line in problems:
+                self.warn(line)
+            self._dra = {d.pci: d for d in devices}
+            for dev in devices:
+                self._compare(dev)
+        return self._dra
+
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        return tuple(self._dra_devices().values())
+
+    def _compare(self, dev: DraDevice) -> None:
+        """Say where the metadata and sysfs disagree, and where the metadata fills in."""
+        base = f"{SYS_PCI}/{dev.pci}"
+        said = f"the DRA device metadata ({dev.where}, {dev.driver})"
+        if not self.root.isdir(base):
+            where = f"node {dev.numa_node}" if dev.numa_node is not None else "node not given"
+            self.warn(f"{dev.pci}: not in sysfs ({base} is absent or masked); {where} from {said}")
+            return
+        node = _sysfs.parse_int(self._read(f"{base}/numa_node"))
+        if node is not None and not 0 <= node < self.node_limit:
+            node = None
+        if dev.numa_node is None or dev.numa_node == node:
+            return
+        if node is None:
+            self.warn(
+                f"{dev.pci}: sysfs numa_node is -1 (unknown); node {dev.numa_node} from {said}"
+            )
+        else:
+            self.warn(
+                f"{dev.pci}: {said} says NUMA node {dev.numa_node}, sysfs numa_node {node}: "
+                "numabind follows sysfs (the kernel's own answer)"
+            )
+
     # --- accelerators
     def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
         found: list[Accelerator] = []
@@ -480,6 +539,16 @@ class SysfsSource(Source):
                     )
                     break
                 found.append(acc)
+        have = {a.pci for a in found}
+        for dev in self._dra_devices().values():  # sysfs masked: the pod's metadata lists it
+            if dev.pci in have or dev.vendor is None or len(found) >= _sysfs.MAX_ACCELERATORS:
+                continue
+            if not self.root.isdir(f"{SYS_PCI}/{dev.pci}"):
+                found.append(
+                    Accelerator(
+                        pci=dev.pci, vendor=dev.vendor, numa_node=dev.numa_node, read="located"
+                    )
+                )
         found.sort(key=lambda a: pci_sort_key(a.pci))
         return tuple(found)
 
@@ -560,6 +629,10 @@ class SysfsSource(Source):
         numa_node = _sysfs.parse_int(self._read(f"{base}/numa_node"))
         if numa_node is not None and not 0 <= numa_node < self.node_limit:
             numa_node = None  # -1: the firmware does not say
+        if numa_node is None:  # a pod's DRA metadata may say (said in the warnings)
+            dra = self._dra_devices().get(acc.pci)
+            if dra is not None and dra.numa_node is not None and dra.numa_node < self.node_limit:
+                numa_node = dra.numa_node
         local = None
         if numa_node is None:
             local = self.cpulist(f"{base}/local_cpulist")

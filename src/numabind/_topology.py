@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from ._dra import DraDevice
     from ._sources import Source
 
 _UNSET: Any = object()
@@ -48,6 +49,18 @@ class Machine:
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._kernel: str | None = _UNSET
         self._balancing: int | None = _UNSET
+
+    def __repr__(self) -> str:
+        """Where the machine was read from, its nodes and CPUs (two small reads), and its
+        accelerators once they were listed (listing them reads every PCI function)."""
+        parts = [
+            repr(self.description),
+            f"nodes {format_cpulist(self.node_ids) or '-'}",
+            f"CPUs {format_cpulist(self.online_cpus) or '-'}",
+        ]
+        if self._accelerators is not None:
+            parts.append(f"{len(self._accelerators)} accelerators")
+        return f"<Machine {', '.join(parts)}>"
 
     @classmethod
     def from_root(cls, root: str = "/") -> Machine:
@@ -84,7 +97,13 @@ class Machine:
     def here(cls) -> Machine:
         """This machine, as every entry point reads it: ``/``, or the directory
         ``NUMABIND_SYSROOT`` names where its rules allow (ignored under ``python -I``/``-E``,
-        and for root unless root owns the whole path).  Use it as a context manager::
+        and for root unless root owns the whole path).  Use it as a context manager:
+
+        .. example: run
+
+        ::
+
+            import numabind
 
             with numabind.Machine.here() as machine:
                 print(machine.cpu_nodes)
@@ -339,6 +358,13 @@ class Machine:
             self._others = self.source.others()
         return self._others
 
+    @property
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        """The devices a Kubernetes pod's DRA device metadata lists for this container
+        (KEP-5304 files under /var/run/kubernetes.io/dra-device-attributes; empty
+        elsewhere): PCI address, NUMA node where the driver says one, driver."""
+        return self.source.dra_devices()
+
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the driver of ``vendor`` lists (NVIDIA: /proc/driver/nvidia/gpus,
         only the GPUs mounted into this container), or None when there is no such list."""
@@ -354,7 +380,8 @@ class Machine:
         return self._kernel
 
     def kernel_at_least(self, major: int, minor: int) -> bool | None:
-        """Whether the kernel is at least ``major``.``minor``; None when unknown."""
+        """Whether the kernel's release is at least version ``major``, ``minor`` (5, 15:
+        Linux 5.15 or later); None when the release is unknown or does not parse."""
         release = self.kernel_release
         if not release:
             return None

@@ -132,6 +132,10 @@ class Probe(Record):
     numabind_error: str | None
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _text(value: Any, cap: int = 4096) -> str | None:
     return value[:cap] if isinstance(value, str) else None
 
@@ -417,7 +421,7 @@ def _sitecustomize(p: Probe, site_form: bool) -> list[Finding]:
 
 def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Trigger variables, ``NUMABIND=0`` and settings that do not parse, here."""
-    from .._environ import TRIGGER_VARIABLES, Config, detect
+    from .._environ import TRIGGER_VARIABLES, detect
 
     out: list[Finding] = []
     switch = environ.get("NUMABIND", "").strip().lower()
@@ -448,10 +452,25 @@ def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
                 "LOCAL_RANK, SLURM_LOCALID, ... in each rank)",
             )
         )
-    try:
-        Config.from_env(environ)
-    except ValueError as err:
-        out.append(Finding(check="settings", status="fail", detail=str(err)))
+    out += setting_findings(environ)
+    return out
+
+
+def setting_findings(environ: Mapping[str, str]) -> list[Finding]:
+    """Every knob whose value does not parse, one finding each (the startup hook stops at
+    the first: each is read alone here, so one typo does not hide the next)."""
+    from .._environ import KNOBS, Config
+
+    out: list[Finding] = []
+    for knob in KNOBS:
+        if knob.name not in environ:
+            continue
+        try:
+            cfg = Config.from_env({knob.name: environ[knob.name]})
+        except ValueError as err:
+            out.append(Finding(check="settings", status="fail", detail=str(err)))
+            continue
+        out += [Finding(check="settings", status="warn", detail=w) for w in cfg.warnings]
     return out
 
 
@@ -539,7 +558,7 @@ def _migration() -> Finding:
     return Finding(check="page migration", status="ok", detail="this process may move its pages")
 
 
-def machine_findings(machine: Any) -> list[Finding]:
+def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
     """Nodes, accelerators, accelerators not handled, NUMA balancing."""
     from .._sysfs import format_cpulist
 
@@ -552,7 +571,7 @@ def machine_findings(machine: Any) -> list[Finding]:
     seen = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no accelerators"
     status = "info"
     detail = (
-        f"{len(machine.node_ids)} NUMA node(s), {len(with_cpus)} with CPUs; {seen}; this "
+        f"{_plural(len(machine.node_ids), 'NUMA node')}, {len(with_cpus)} with CPUs; {seen}; this "
         f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
     )
     if len(with_cpus) <= 1:
@@ -574,6 +593,7 @@ def machine_findings(machine: Any) -> list[Finding]:
                     "planned as having no GPU (bind it with numabind run --node N)",
                 )
             )
+    out += cpuset_findings(machine, environ)
     balancing = machine.numa_balancing
     if balancing is not None:
         out.append(
@@ -589,6 +609,40 @@ def machine_findings(machine: Any) -> list[Finding]:
     return out
 
 
+def cpuset_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """Visible GPUs whose node has no CPU this process may use (a pod's or a job step's
+    cpuset on the other socket): their ranks would not be bound; the fix, in the words of
+    where this runs (numabind._advice)."""
+    from .._advice import cpuset_fix
+    from .._devices import resolve
+    from .._plan import describe_device, device_node
+    from .._sysfs import format_cpulist
+
+    env = os.environ if environ is None else environ
+    if len(machine.cpu_nodes) <= 1:
+        return []
+    allowed = machine.allowed
+    off: list[str] = []
+    for i, dev in enumerate(resolve(machine, env).devices):
+        node = device_node(machine, dev).node
+        found = machine.node(node) if node is not None else None
+        if found is not None and found.cpus and not found.cpus & allowed.cpus:
+            off.append(
+                f"{describe_device(dev, i)} is on node {node} (CPUs {format_cpulist(found.cpus)})"
+            )
+    if not off:
+        return []
+    return [
+        Finding(
+            check="cpuset",
+            status="fail",
+            detail=f"this process may use CPUs {format_cpulist(allowed.cpus) or 'none'} (from "
+            f"{allowed.source}), none of them on the node of {'; '.join(off)}: a rank there is "
+            f"not bound; {cpuset_fix(env, allowed)}",
+        )
+    ]
+
+
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
     """Every finding, interpreter first."""
     target = python or sys.executable
@@ -600,7 +654,7 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     found += environment_findings(environ)
     found += kernel_findings()
     if machine is not None:
-        found += machine_findings(machine)
+        found += machine_findings(machine, environ)
         found += cores_findings(machine, environ)
     return found
 
@@ -641,5 +695,5 @@ def lines(found: list[Finding]) -> list[str]:
     out = [f"{f.status.upper():5} {f.check:{width}}  {f.detail}" for f in found]
     fails = sum(f.status == "fail" for f in found)
     warns = sum(f.status == "warn" for f in found)
-    out += ["", f"{fails} problem(s), {warns} warning(s)"]
+    out += ["", f"{_plural(fails, 'problem')}, {_plural(warns, 'warning')}"]
     return out

@@ -58,9 +58,14 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
 
 def gather_paths(root: Root) -> list[str]:
     """Every file the reader would open on this machine (``read_paths()``, expanded)."""
+    from .._dra import ROOT, paths
+
     cgroup = SysfsSource(root).allowed(frozenset()).directory
     out: list[str] = []
     for pattern in read_paths():
+        if pattern.startswith(ROOT):
+            out.extend(paths(root))  # a pod's DRA device metadata: numabind._dra walks it
+            continue
         out.extend(_expand(root, pattern, cgroup))
     return list(dict.fromkeys(out))
 
@@ -89,7 +94,19 @@ def _through(path: str, links: Mapping[str, str]) -> str:
     return path
 
 
-def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
+def tar_mode(path: str) -> str:
+    """The compression a tarball's name asks for (``tar -a``'s rule): none for ``.tar``,
+    bzip2 and xz by their suffixes, gzip otherwise (``-`` included)."""
+    if path.endswith(".tar"):
+        return "w"
+    if path.endswith((".tar.bz2", ".tbz2", ".tbz")):
+        return "w:bz2"
+    if path.endswith((".tar.xz", ".txz")):
+        return "w:xz"
+    return "w:gz"
+
+
+def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str], mode: str = "w:gz") -> int:
     import os
     import tarfile  # writing what numabind made itself: no input is parsed here
 
@@ -97,7 +114,7 @@ def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
     prefix = "numabind-capture"
     now = int(time.time())
     links = pci_links(root)
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+    with tarfile.open(fileobj=out, mode=mode) as tar:  # type: ignore[call-overload]
         for link, real in links.items():
             info = tarfile.TarInfo(prefix + link)
             info.type = tarfile.SYMTYPE
@@ -123,17 +140,20 @@ def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
     return count
 
 
-def gather(out: OutputFile, environ: Mapping[str, str], root_path: str = "/") -> int:
+def gather(
+    out: OutputFile, environ: Mapping[str, str], root_path: str = "/", root: Root | None = None
+) -> int:
     """Write a tarball of the files numabind reads, plus the rank/device environment, to
-    ``out`` (the one way a command writes a file: never through a link).  Returns how
-    many files it holds."""
+    ``out`` (the one way a command writes a file: never through a link), compressed as
+    its name says (:func:`tar_mode`).  ``root`` reads another tree than ``root_path``'s
+    (an example machine).  Returns how many files it holds."""
     from .._roots import for_path
 
-    root = for_path(root_path)
+    tree = root if root is not None else for_path(root_path)
     buf = io.BytesIO()
     try:
-        n = _write_tar(buf, root, environ)
+        n = _write_tar(buf, tree, environ, tar_mode(out.path))
     finally:
-        root.close()
+        tree.close()
     out.write(buf.getvalue())
     return n

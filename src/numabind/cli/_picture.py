@@ -31,7 +31,14 @@ PALETTE = (
     "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
     "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26",
 )  # fmt: skip
-SYMBOLS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789#$%&+=?@^~<>[]{}|/\\!;:"
+# the rank sets' letters: none of the marks the drawing uses for something else (x: not
+# allowed, r: reserved, .: free, *: a core shared by sets, ?: a set beyond these letters)
+MARKS = "xr.*?"
+SYMBOLS = "".join(
+    c
+    for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789#$%&+=@^~<>[]{}|/\\!;:"
+    if c not in MARKS
+)
 DISALLOWED = "#d9d9d9"
 FREE = "#ffffff"
 RESERVED = "#6b6b6b"  # NUMABIND_RESERVE: the system's and the helpers' cores
@@ -48,7 +55,7 @@ def colour(i: int) -> str:
 
 
 def symbol(i: int) -> str:
-    return SYMBOLS[i] if i < len(SYMBOLS) else "*"
+    return SYMBOLS[i] if i < len(SYMBOLS) else "?"
 
 
 def ranks_text(ranks: frozenset[int]) -> str:
@@ -270,7 +277,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
 
 def _roles_text(plans: list[Plan]) -> str:
     """``, reserve 2/node, smt 1`` where the plans were made with core roles."""
-    out = "".join(f", reserve {r}" for r in sorted({p.reserve for p in plans if p.reserve}))
+    out = "".join(f", reserve {r}" for r in sorted({str(p.reserve) for p in plans if p.reserve}))
     out += "".join(f", priority {r}" for r in sorted({p.priority for p in plans}) if r != "off")
     return out + (", smt 1" if any(p.smt == "1" for p in plans) else "")
 
@@ -320,12 +327,14 @@ def _core_symbol(pic: Picture, core: Core) -> str:
     first = core.cells[0]
     if not first.allowed:
         return "x"
-    kinds = {cell.ranks for cell in core.cells if cell.allowed}
+    # the sets planned onto the core's threads; a thread planned for no one (the second
+    # thread of a core under NUMABIND_SMT=1) does not make the core a shared one
+    kinds = {cell.ranks for cell in core.cells if cell.allowed and cell.ranks}
     if len(kinds) > 1:
         return "*"
-    if not first.ranks:
+    if not kinds:
         return "r" if any(cell.reserved for cell in core.cells) else "."
-    found = pic.set_of(first.ranks)
+    found = pic.set_of(next(iter(kinds)))
     return found.symbol if found is not None else "?"
 
 
@@ -345,7 +354,8 @@ def draw(pic: Picture) -> list[str]:
             out.append(f"  {box.header}")
             for group in box.groups:
                 what = f"L3 {fmt(group.cpus)}" if group.known else "cache domains unknown"
-                out.append(f"    {what} ({len(group.cores)} cores)")
+                n = len(group.cores)
+                out.append(f"    {what} ({n} core{'' if n == 1 else 's'})")
                 cores = group.cores
                 for i in range(0, len(cores), CORES_PER_ROW):
                     row = cores[i : i + CORES_PER_ROW]
@@ -399,6 +409,8 @@ def legend(pic: Picture, text: bool) -> list[str]:
         )
     if text:
         lines.append("*  a core whose threads are planned for different ranks")
+        if len(pic.sets) > len(SYMBOLS):
+            lines.append(f"?  a rank set beyond the {len(SYMBOLS)} letters (see each rank's line)")
         lines.append(
             f"each character is one core (its {pic.smt} SMT threads with it)"
             if pic.smt > 1

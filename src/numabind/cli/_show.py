@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import Allowed, CoreKinds, Node, OtherDevice, Record
+from .._model import NO_RESERVE, Allowed, CoreKinds, Node, OtherDevice, Record, Reserve
 from .._plan import Plan, Request, device_node, plan
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -40,7 +40,7 @@ def plans_for(
     nproc: int | None,
     mode: str,
     memory: str,
-    reserve: str = "",
+    reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     priority: str = "off",
 ) -> tuple[Visible, list[Plan], str]:
@@ -180,6 +180,7 @@ class ShowReport(Record):
     not_handled: tuple[OtherDevice, ...] = ()
     this_process: dict[str, Any] | None = None
     core_kinds: CoreKinds = CoreKinds()
+    notes: tuple[str, ...] = ()  # which of this shell's variables applied, which did not
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -234,9 +235,18 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 
 def show_text(
-    machine: Machine, visible: Visible, plans: list[Plan], source: str, mode: str, memory: str
+    machine: Machine,
+    visible: Visible,
+    plans: list[Plan],
+    source: str,
+    mode: str,
+    memory: str,
+    this_machine: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The text report, one line per item (the writer escapes each)."""
+    """The text report, one line per item (the writer escapes each).  ``this_machine``:
+    the machine ``doctor`` would read too (not an example or a capture); ``environ`` the
+    environment planned under (where it runs: the fix for a cpuset off the GPU's node)."""
     allowed = machine.allowed
     out = [f"numabind {__version__}: {machine.description}", ""]
     out.append(
@@ -257,8 +267,11 @@ def show_text(
     out += _table(rows)
     out += kinds_lines(machine)
     out += notice_lines("problem", machine.warnings, "  ")
-    out += ["", f"Accelerators ({visible.source})"]
     accs = machine.all_accelerators
+    seen = visible.source
+    if accs and len(accs) != len(visible.devices):
+        seen = f"{plural(len(accs), 'accelerator')} on the PCI bus; visible: {seen}"
+    out += ["", f"Accelerators ({seen})"]
     inferred = False
     if accs:
         indices = {d.pci: i for i, d in enumerate(visible.devices)}
@@ -294,9 +307,10 @@ def show_text(
         groups.setdefault(d.label(), []).append(d.pci)
     for label, where in groups.items():
         more = f" and {len(where) - 4} more" if len(where) > 4 else ""
+        more_said = "; numabind doctor says more" if this_machine else ""
         out.append(
             f"  not handled: {len(where)} x {label} at {', '.join(where[:4])}{more} "
-            "(numabind knows no such vendor; numabind doctor says more)"
+            f"(numabind knows no such vendor{more_said})"
         )
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
@@ -325,6 +339,11 @@ def show_text(
             ]
         )
     out += _table(rows)
+    if any(p.skip == "cgroup" for p in plans):
+        from .._advice import cpuset_fix
+
+        fix = cpuset_fix(environ or {}, allowed)
+        out += ["", f"note: to bind the ranks skipped for the cgroup: {fix}"]
     line = balancing_line(machine, plans)
     if line:
         out += ["", f"note: {line}"]
@@ -381,25 +400,73 @@ def _memory_cell(p: Plan) -> str:
     return p.memory_policy
 
 
-def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The machine ``show`` plans for and the environment it is planned under: an
-    example sees itself, a capture its recorded variables, a live machine ours."""
+# the knobs that shape a plan: what show takes from this shell for any machine
+PLAN_KNOBS = ("NUMABIND_MODE", "NUMABIND_MEMORY", "NUMABIND_RESERVE", "NUMABIND_SMT")
+
+
+def _open_machine(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    """The machine ``show`` plans for, the environment it is planned under, and the notes
+    that say which of this shell's variables were applied and which were not.  The
+    planning knobs (:data:`PLAN_KNOBS`) of this shell apply to every machine; an example
+    has no rank or device variables of its own (this shell's are not its), a capture
+    that recorded some plans with those."""
     from .._topology import Machine
 
     if args.input is not None and args.example is not None:
         raise UsageError("numabind show: --input and --example are exclusive; give one")
     try:
         if args.example is not None:
-            return Machine.from_example(args.example), {}
+            machine = Machine.from_example(args.example)
+            environ, notes = _with_knobs({}, "the example")
+            left = _rank_variables(os.environ)
+            if left:
+                notes.append(
+                    f"{', '.join(left)} of this shell not applied: an example machine has no "
+                    "processes (numabind gather --example NAME DIR, then NUMABIND_SYSROOT=DIR, "
+                    "plans with them)"
+                )
+            if os.environ.get("NUMABIND_SYSROOT"):
+                notes.append(
+                    "NUMABIND_SYSROOT of this shell not applied: --example plans for the "
+                    "example, not for the machine that names"
+                )
+            return machine, environ, notes
         if args.input is not None:
             machine = Machine.from_capture(args.input)
             recorded = machine.recorded_environ
-            return machine, (recorded if recorded is not None else os.environ)
+            if recorded is None:
+                return machine, os.environ, []
+            environ, notes = _with_knobs(recorded, "the capture")
+            return machine, environ, notes
         from .._cache import here
 
-        return here(), os.environ  # through the node's cache (the CPUs' kinds are slow)
+        return here(), os.environ, []  # through the node's cache (the CPUs' kinds are slow)
     except (CaptureError, ValueError) as err:
         raise UsageError(f"numabind show: {err}") from err
+
+
+def _with_knobs(base: Mapping[str, str], what: str) -> tuple[dict[str, str], list[str]]:
+    """``base`` with this shell's planning knobs on top, and one note naming them (and
+    any value of ``base`` they replace)."""
+    environ = dict(base)
+    applied = []
+    for name in PLAN_KNOBS:
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        was = environ.get(name)
+        replaced = f" (not {what}'s {was!r})" if was is not None and was != value else ""
+        applied.append(f"{name}={_sysfs.clean_line(value, 40)}{replaced}")
+        environ[name] = value
+    notes = [f"from this shell: {', '.join(applied)}"] if applied else []
+    return environ, notes
+
+
+def _rank_variables(environ: Mapping[str, str]) -> list[str]:
+    """The rank, size and device-visibility variables set in ``environ``."""
+    from .._capture import RECORDED_VARIABLES
+
+    return [v for v in RECORDED_VARIABLES if v in environ and v not in PLAN_KNOBS]
 
 
 def _emit(
@@ -442,7 +509,7 @@ def run_show(args: argparse.Namespace) -> int:
         ),
         "show",
     )
-    machine, environ = _open_machine(args)
+    machine, environ, shell_notes = _open_machine(args)
     try:
         try:
             cfg = Config.from_env(environ)
@@ -467,7 +534,7 @@ def run_show(args: argparse.Namespace) -> int:
             args.smt,
             args.priority,
         )
-        report = show_data(machine, visible, plans)
+        report = show_data(machine, visible, plans).replace(notes=tuple(shell_notes))
         this = None if args.input or args.example else this_process(machine, environ, plans)
         if this is not None:
             report = report.replace(this_process=this)
@@ -479,7 +546,17 @@ def run_show(args: argparse.Namespace) -> int:
                 return OK
 
         def text() -> list[str]:
-            lines = show_text(machine, visible, plans, source, args.mode, args.memory)
+            lines = show_text(
+                machine,
+                visible,
+                plans,
+                source,
+                args.mode,
+                args.memory,
+                this_machine=args.input is None and args.example is None,
+                environ=environ,
+            )
+            lines += notice_lines("note", shell_notes) if shell_notes else []
             if this is not None:
                 lines += ["", f"This process (pid {os.getpid()}): {this['summary']}"]
             return lines
