@@ -317,7 +317,10 @@ def _code_files() -> "tuple[str, ...]":
         if entry and os.path.isfile(os.path.join(entry, "numabind", "__init__.py")):
             pkg = os.path.join(entry, "numabind")
             break
-    names = ("__init__", "_cache", "_plan", "_sources", "_topology", "_devices", "_model", "_hwloc")
+    names = (
+        *("__init__", "_cache", "_plan", "_sources", "_topology", "_devices", "_model"),
+        *("_hwloc", "_dra", "_sysfs"),
+    )
     here = (os.path.abspath(__file__), os.path.abspath(start.__file__))
     return (*here, *(os.path.join(pkg, f"{n}.py") for n in names if pkg))
 
@@ -518,6 +521,9 @@ class _Machine:
                 (pci, int(node) if node.isdigit() else None, label.replace("_", " "), uuid)
             )
         self.vendors = quick.get("vendors", [[]])[0]
+        # set by the planner: every rank's reserved cores here, and this rank's helpers
+        self.reserved: frozenset[int] = frozenset()
+        self.helpers: frozenset[int] = frozenset()
 
     def one(self, name: str, node: int) -> "list[str] | None":
         for t in self.q.get(name, []):
@@ -690,6 +696,7 @@ def plan(
         "reason": reason,
         "priority_cpus": prio,
         "main_cpus": main,
+        "helpers": m.helpers,
     }
 
 
@@ -744,25 +751,81 @@ def _mode_cpus(
     devs: "list[tuple[str, int | None, str, str]]",
     one_node: bool,
 ) -> "tuple[frozenset[int], frozenset[int] | None, tuple[int, int] | None]":
-    """numabind._plan's modes (node, socket, exclusive): (the rank's CPUs, its package's
-    nodes in socket mode, its peers on that package)."""
+    """numabind._plan's modes (node, socket, exclusive), less the reserved cores: (the
+    rank's CPUs, its package's nodes in socket mode, its peers on that package)."""
     base = m.nodes[node] & m.allowed
     if not base:
         raise Handover("the cgroup forbids every CPU of the device's node")
     mode = cfg["mode"]
+    pkg = m.package_nodes(node) if mode == "socket" else None
+    reserved: frozenset[int] = frozenset()
+    if cfg["reserve"]:
+        reserved, m.helpers = _reserve(m, cfg, node, peers, pkg)
+    m.reserved = reserved
+    base -= reserved
     if mode == "socket":
-        pkg = m.package_nodes(node)
         if pkg is None:
             return base, None, None
         if not devs:
             raise Handover("a CPU-only job in socket mode")
         others = (m.nodes.get(n, frozenset()) & m.allowed for n in pkg if n != node)
-        return frozenset(base.union(*others)), pkg, _peers(rank, size, devs, pkg, one_node)
-    if mode == "exclusive" and peers is not None:
-        cores = m.groups("cores", node)
-        if len(cores) >= peers[1]:
-            return _split(cores, peers[0], peers[1]), None, None
+        cpus = frozenset(base.union(*others)) - reserved
+        return cpus, pkg, _peers(rank, size, devs, pkg, one_node)
+    if mode == "exclusive":
+        # what the planner's exclusive mode cannot do it says in a line: the full path's
+        if peers is None:
+            raise Handover("exclusive mode without the ranks that share the node")
+        cores = _within(m.groups("cores", node), base)
+        if len(cores) < peers[1]:
+            raise Handover("exclusive mode with fewer cores than ranks")
+        return _split(cores, peers[0], peers[1]), None, None
     return base, None, None
+
+
+def _reserve(
+    m: _Machine,
+    cfg: "dict[str, str]",
+    node: int,
+    peers: "tuple[int, int] | None",
+    pkg: "frozenset[int] | None",
+) -> "tuple[frozenset[int], frozenset[int]]":
+    """numabind._plan's _reserve: (the cores NUMABIND_RESERVE keeps out of the compute sets
+    on the nodes the mode draws from, this rank's helper set)."""
+    count, _, scope = cfg["reserve"].partition("/")
+    n = int(count)
+    ranks = peers[1] if peers else None
+    if scope == "rank" and ranks is None:
+        raise Handover("a reservation per rank without the ranks that share the node")
+    want = n * ranks if scope == "rank" and ranks else n
+    nodes = [node, *sorted((pkg or frozenset()) - {node})] if cfg["mode"] == "socket" else [node]
+    out: set[int] = set()
+    mine: list[frozenset[int]] = []
+    for nid in nodes:
+        if not m.nodes.get(nid):
+            continue
+        cores = m.groups("node-cores", nid)
+        usable = [c & m.allowed for c in cores if c & m.allowed]
+        need = want - (len(cores) - len(usable))
+        if need <= 0:
+            continue
+        if need >= len(usable):
+            raise Handover("a reservation that would leave a node no core")
+        if cfg["priority"] != "off":
+            fast = m.priority(nid)
+            usable = [c for c in usable if c & fast] + [c for c in usable if not c & fast]
+        taken = usable[len(usable) - need :]
+        if nid == node:
+            mine = taken
+        for core in taken:
+            out |= core
+    if not out:
+        return frozenset(), frozenset()
+    helpers = frozenset(out)
+    if scope == "rank" and ranks is not None and peers and mine:
+        position = peers[0]
+        share = mine[position * n : (position + 1) * n] if len(mine) >= n * ranks else mine
+        helpers = frozenset().union(*share)
+    return frozenset(out), helpers
 
 
 def _priority(
@@ -790,7 +853,7 @@ def _priority(
         fast |= here
         if here:
             prio_groups += m.groups("prio-cores", n)
-    prio = frozenset(fast & pool)
+    prio = frozenset(fast & (pool - m.reserved))
     if not prio:
         return cpus, frozenset(), frozenset()
     cores = sorted(_within(prio_groups, prio), key=min)
@@ -961,6 +1024,7 @@ def _entry(
         "memory_nodes": nodes or p["memory_nodes"],
         "mode": p["mode"],
         "reason": p["reason"],
+        "helpers": p["helpers"],
         "priority_cpus": p["priority_cpus"],
         "main_thread": main_thread,
         "main_cpus": p["main_cpus"] if main_thread is not None else frozenset(),
@@ -1187,7 +1251,7 @@ def bind_rank(
             # rank of the node) and the fast path plans from what it derived
             from numabind._cache import fill, wants
 
-            want = wants(cfg["mode"], cfg["smt"], cfg["priority"])
+            want = wants(cfg["mode"], cfg["smt"], cfg["priority"], cfg["reserve"])
             quick, _, origin = fill(env, sysroot, want)
         start.machine_origin = origin
         m = _Machine(quick)

@@ -119,7 +119,7 @@ _FAST_KNOBS: "dict[str, tuple[str, ...] | None]" = {
     "NUMABIND_MEMORY": ("", "preferred", "bind", "interleave", "local", "none"),
     "NUMABIND_SMT": ("", "all", "1"),
     "NUMABIND_PRIORITY": ("", "off", "rank", "main"),
-    "NUMABIND_RESERVE": ("", "0", "none", *_FALSE),
+    "NUMABIND_RESERVE": None,  # n, n/node, n/rank: _reserve
     "NUMABIND_DEVICES": ("",),
     "NUMABIND_STRICT": _TRUE + _FALSE,
     "NUMABIND_THREADS": _FALSE,
@@ -188,16 +188,35 @@ def _config(env: "Env") -> "dict[str, str]":
         cfg[name] = value
     if cfg.get("NUMABIND_CACHE") in ("0", "off", "no", "false"):
         raise Handover("NUMABIND_CACHE=0")
+    reserve = _reserve(cfg.get("NUMABIND_RESERVE"))
     return {
         "enable": cfg.get("NUMABIND") or "auto",
         "mode": cfg.get("NUMABIND_MODE") or "node",
         "memory": cfg.get("NUMABIND_MEMORY") or "preferred",
         "smt": cfg.get("NUMABIND_SMT") or "all",
         "priority": cfg.get("NUMABIND_PRIORITY") or "off",
+        "reserve": reserve,
         "guard": "0" if cfg.get("NUMABIND_GUARD", "1") in _FALSE else "1",
         "state": get("NUMABIND_STATE", "") or "",
         "main_cpus": get("NUMABIND_MAIN_CPUS", "") or "",
     }
+
+
+MAX_RESERVE = 4096  # numabind._environ.MAX_RESERVE
+
+
+def _reserve(value: "str | None") -> str:
+    """numabind._environ.parse_reserve, as its canonical text (``2/node``, ``1/rank``, or
+    "" for none); a value it refuses is the full path's to say."""
+    if value is None or value in ("", *_FALSE, "none"):
+        return ""
+    count, sep, scope = value.partition("/")
+    scope = scope.strip() if sep else "node"
+    count = count.strip()
+    ok = count.isascii() and count.isdigit() and len(count) < 6 and int(count) <= MAX_RESERVE
+    if scope not in ("node", "rank") or not ok:
+        raise Handover(f"NUMABIND_RESERVE={value[:40]!r}")
+    return f"{int(count)}/{scope}" if int(count) else ""
 
 
 def _count(raw: str) -> "int | None":
@@ -264,7 +283,8 @@ def _launcher(argv: "list[str] | None") -> bool:
 def state_key(source: str, rank: int, env: "Env", cfg: "dict[str, str]") -> str:
     """numabind._startup.state_key and roles_key, for what the fast path decides."""
     visible = ",".join(f"{v}={env[v][:200]}" for v in _VISIBILITY if v in env).replace("#", "")
-    roles = "" if cfg["smt"] == "all" else f"|reserve=|smt={cfg['smt']}"
+    reserve, smt = cfg["reserve"], cfg["smt"]
+    roles = "" if not reserve and smt == "all" else f"|reserve={reserve}|smt={smt}"
     roles += f"|priority={cfg['priority']}" if cfg["priority"] != "off" else ""
     return f"{source}={rank}|{visible}|{cfg['mode']}|{cfg['memory']}{roles}"
 

@@ -82,7 +82,19 @@ def test_the_code_files_of_the_key_are_the_modules_that_derive_the_machine() -> 
     files = {Path(p).stem for p in fast._code_files()}
     assert {"_numabind_start", "_numabind_fast", "__init__", "_cache", "_plan"} <= files
     assert {"_sources", "_topology"} <= files
-    assert {"_devices", "_model", "_hwloc"} <= files
+    assert {"_devices", "_model", "_hwloc", "_dra", "_sysfs"} <= files
+
+
+def test_every_source_method_is_a_fact_the_cache_holds() -> None:
+    """A fact a branch adds to Source (a method) is one row of _cache.FACTS: without it
+    the cache would answer the base class's nothing."""
+    from numabind._sources import Source
+
+    methods = {n for n, v in vars(Source).items() if callable(v) and not n.startswith("_")}
+    derived = {"warn", "close", "cpu_info"}  # not answers, or built of other answers
+    assert methods - derived == set(_cache.BY_METHOD)
+    for name in _cache.BY_METHOD:
+        assert name in vars(_cache.Recording), name
 
 
 def test_cpu_lists_are_numabinds() -> None:
@@ -124,6 +136,7 @@ def quick_of(m: Machine, want: frozenset[str]) -> dict[str, list[list[str]]]:
 FIELDS = (
     "local_rank", "rank_source", "local_world_size", "device_index", "numa_node", "cpus",
     "memory_policy", "memory_nodes", "mode", "reason", "priority_cpus", "main_cpus",
+    "helpers",
 )  # fmt: skip
 
 
@@ -143,6 +156,8 @@ def compare(m: Machine, env: dict[str, str], quick: dict[str, list[list[str]]]) 
         return None
     if not full.bound:
         return f"fast bound, full skipped: {full.reason}"
+    if full.unmet:  # the full path says those in a line: the fast path must hand them over
+        return f"fast bound silently, full says {full.unmet}"
     got = {k: mine[k] for k in FIELDS}
     want = {k: getattr(full, k) for k in FIELDS}
     if mine["device"] != (full.device.pci if full.device else ""):
@@ -173,6 +188,18 @@ def machines() -> Iterator[tuple[str, Machine]]:
         yield capture, Machine.from_capture(str(DATA / capture))
 
 
+def _reservations() -> Iterator[dict[str, str]]:
+    for reserve in ("1", "2/node", "1/rank", "3/rank", "64", "0"):
+        for mode in ("node", "socket", "exclusive"):
+            for priority in ("off", "rank", "main"):
+                for rank, size in ((0, None), (1, "4"), (5, "8")):
+                    env = {"LOCAL_RANK": str(rank), "NUMABIND_MODE": mode,
+                           "NUMABIND_RESERVE": reserve, "NUMABIND_PRIORITY": priority}  # fmt: skip
+                    if size is not None:
+                        env["LOCAL_WORLD_SIZE"] = size
+                    yield env
+
+
 def environments(devices: int) -> Iterator[dict[str, str]]:
     sizes = [None, str(max(devices, 1)), "8", "two"]
     for priority in ("off", "rank", "main"):
@@ -189,6 +216,7 @@ def environments(devices: int) -> Iterator[dict[str, str]]:
                             if size is not None:
                                 env["LOCAL_WORLD_SIZE"] = size
                             yield env
+    yield from _reservations()
     for visible in ("1,0", "3", "GPU-00000002", "GPU-0000000", "7,6,5,4", "0,0", "9", ""):
         for rank in range(4):
             yield {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "4",
@@ -200,8 +228,9 @@ def environments(devices: int) -> Iterator[dict[str, str]]:
 
 def test_every_fast_plan_is_the_planners() -> None:
     """Tens of thousands of plans: the fast path's equal the planner's, field by field,
-    or it hands the rank over.  And it hands over only a small share of them (it is the
-    common cases it is for)."""
+    or it hands the rank over; what the planner could not do (a line says it) it always
+    hands over.  And of the ranks the planner binds without a word it hands over only a
+    small share (it is the common cases it is for)."""
     wrong: list[str] = []
     decided = handed = 0
     for name, m in machines():
@@ -218,9 +247,14 @@ def test_every_fast_plan_is_the_planners() -> None:
                 fast.plan(fast._Machine(quick), env, start._config(env), *start._rank(env)[:3])
                 decided += 1
             except start.Handover:
-                handed += 1
+                try:
+                    full = full_plan(m, env)
+                except Exception:
+                    continue
+                # a rank the full path binds without a word is what the fast path is for
+                handed += full.bound and not full.unmet
     assert not wrong, "\n".join(wrong[:20]) + f"\n({len(wrong)} in all)"
-    assert decided > 10000 and handed < decided / 4, (decided, handed)
+    assert decided > 10000 and handed < decided / 10, (decided, handed)
 
 
 def test_the_fast_path_hands_over_what_it_does_not_decide() -> None:
@@ -292,8 +326,8 @@ def _two_core_nodes(tmp: Path) -> str:
         {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "NUMABIND_MEMORY": "bind"},
         {"LOCAL_RANK": "0", "NUMABIND_MEMORY": "local"},
         {
-            "LOCAL_RANK": "3",
-            "LOCAL_WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
             "NUMABIND_MODE": "exclusive",
             "NUMABIND_MEMORY": "none",
         },

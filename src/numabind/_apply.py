@@ -1096,7 +1096,7 @@ def _replan(record: dict[str, object]) -> Plan:
     environ = dict(env) if isinstance(env, dict) else dict(os.environ)
     cfg = Config.from_env(environ)
     info = detect(environ, getattr(sys, "orig_argv", None))
-    opened = open_machine(cfg.sysroot, environ, wants(cfg.mode, cfg.smt, cfg.priority))
+    opened = open_machine(cfg.sysroot, environ, wants(cfg.mode, cfg.smt, cfg.priority, cfg.reserve))
     m = opened.machine
     try:
         visible = None

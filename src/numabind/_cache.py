@@ -42,6 +42,7 @@ import sys
 import _numabind_fast as fast
 
 from . import _sysfs
+from ._dra import DraDevice
 from ._model import (
     BY_KEY,
     POLICIES,
@@ -49,7 +50,6 @@ from ._model import (
     Accelerator,
     Allowed,
     CoreKinds,
-    CpuInfo,
     Nic,
     Node,
     OtherDevice,
@@ -94,6 +94,7 @@ class Fact(Record):
 
     method: str
     argkey: Callable[..., str] | None = None
+    records: tuple[type[Record], ...] = ()  # the record classes its answers hold
 
 
 def _node_key(node_id: int, online: object, ids: object, full: bool = True) -> str:
@@ -117,26 +118,29 @@ def _text_key(value: str) -> str:
 FACTS: tuple[Fact, ...] = (
     Fact(method="online_cpus"),
     Fact(method="node_ids"),
-    Fact(method="node", argkey=_node_key),
+    Fact(method="node", argkey=_node_key, records=(Node,)),
     Fact(method="cpu_package", argkey=_cpu_key),
     Fact(method="cpu_siblings", argkey=_cpu_key),
     Fact(method="cpu_cache", argkey=_cpu_key),
-    Fact(method="allowed"),
-    Fact(method="core_kinds"),
-    Fact(method="accelerators", argkey=lambda detail=False: str(int(bool(detail)))),
-    Fact(method="accelerator", argkey=_acc_key),
-    Fact(method="locate", argkey=_text_key),  # by PCI address, for a brief reading
+    Fact(method="allowed", records=(Allowed,)),
+    Fact(method="core_kinds", records=(CoreKinds,)),
+    Fact(
+        method="accelerators",
+        argkey=lambda detail=False: str(int(bool(detail))),
+        records=(Accelerator,),
+    ),
+    Fact(method="accelerator", argkey=_acc_key, records=(Accelerator,)),
+    Fact(method="locate", argkey=lambda acc: _escape(acc.pci), records=(Accelerator,)),
     Fact(method="pci_path", argkey=_text_key),
-    Fact(method="nics"),
-    Fact(method="others"),
+    Fact(method="nics", records=(Nic,)),
+    Fact(method="others", records=(OtherDevice,)),
     Fact(method="driver_gpus", argkey=_text_key),
+    Fact(method="dra_devices", records=(DraDevice,)),
     Fact(method="kernel_release"),
     Fact(method="numa_balancing"),
 )
 BY_METHOD = {f.method: f for f in FACTS}
-_RECORDS: dict[str, type[Record]] = {
-    cls.__name__: cls for cls in (Node, Accelerator, Allowed, CoreKinds, CpuInfo, Nic, OtherDevice)
-}
+_RECORDS: dict[str, type[Record]] = {cls.__name__: cls for f in FACTS for cls in f.records}
 
 
 # --- values as text ------------------------------------------------------------------------------
@@ -286,65 +290,32 @@ class Recording(Source):
             answers[key] = call()
         return answers[key]  # type: ignore[return-value]  # what call() gave, kept
 
-    def online_cpus(self) -> frozenset[int]:
-        return self._ask("online_cpus", "-", self.inner.online_cpus)
-
-    def node_ids(self) -> tuple[int, ...]:
-        return self._ask("node_ids", "-", self.inner.node_ids)
-
-    def node(
-        self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...], full: bool = True
-    ) -> Node:
-        key = _node_key(node_id, online, all_ids, full)
-        return self._ask("node", key, lambda: self.inner.node(node_id, online, all_ids, full))
-
-    def cpu_package(self, cpu: int) -> int | None:
-        return self._ask("cpu_package", str(cpu), lambda: self.inner.cpu_package(cpu))
-
-    def cpu_siblings(self, cpu: int) -> frozenset[int]:
-        return self._ask("cpu_siblings", str(cpu), lambda: self.inner.cpu_siblings(cpu))
-
-    def cpu_cache(self, cpu: int) -> frozenset[int] | None:
-        return self._ask("cpu_cache", str(cpu), lambda: self.inner.cpu_cache(cpu))
-
-    def allowed(self, online: frozenset[int]) -> Allowed:
-        return self._ask("allowed", "-", lambda: self.inner.allowed(online))
-
-    def core_kinds(self, online: frozenset[int]) -> CoreKinds:
-        return self._ask("core_kinds", "-", lambda: self.inner.core_kinds(online))
-
-    def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
-        return self._ask("accelerators", str(int(detail)), lambda: self.inner.accelerators(detail))
-
-    def accelerator(self, bdf: str, detail: bool = False) -> Accelerator | None:
-        key = _acc_key(bdf, detail)
-        return self._ask("accelerator", key, lambda: self.inner.accelerator(bdf, detail))
-
     def locate(self, acc: Accelerator) -> Accelerator:
         if acc.read != "id":
             return acc
         return self._ask("locate", _escape(acc.pci), lambda: self.inner.locate(acc))
 
-    def pci_path(self, bdf: str) -> tuple[str, ...] | None:
-        return self._ask("pci_path", _escape(bdf), lambda: self.inner.pci_path(bdf))
-
-    def nics(self) -> tuple[Nic, ...]:
-        return self._ask("nics", "-", self.inner.nics)
-
-    def others(self) -> tuple[OtherDevice, ...]:
-        return self._ask("others", "-", self.inner.others)
-
-    def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
-        return self._ask("driver_gpus", _escape(vendor), lambda: self.inner.driver_gpus(vendor))
-
-    def kernel_release(self) -> str | None:
-        return self._ask("kernel_release", "-", self.inner.kernel_release)
-
-    def numa_balancing(self) -> int | None:
-        return self._ask("numa_balancing", "-", self.inner.numa_balancing)
-
     def close(self) -> None:
         self.inner.close()
+
+
+def _recorded(fact: Fact) -> Callable[..., object]:
+    """The :class:`Recording` method of ``fact``: the inner source's answer, kept under
+    the method's name and the call's argkey."""
+    name, argkey = fact.method, fact.argkey
+
+    def ask(self: Recording, *args: object, **kwargs: object) -> object:
+        key = argkey(*args, **kwargs) if argkey is not None else "-"
+        return self._ask(name, key, lambda: getattr(self.inner, name)(*args, **kwargs))
+
+    ask.__name__ = ask.__qualname__ = name
+    ask.__doc__ = f"``{name}`` of the inner source, recorded."
+    return ask
+
+
+for _fact in FACTS:  # one row of FACTS is one recorded method
+    if _fact.method not in Recording.__dict__:
+        setattr(Recording, _fact.method, _recorded(_fact))
 
 
 class Cached(Recording):
@@ -408,11 +379,12 @@ class Cached(Recording):
 # --- the quick facts: what a rank needs to plan, by the planner's own rules --------------------
 
 
-def wants(mode: str, smt: str, priority: str) -> frozenset[str]:
-    """The optional quick facts a rank planning in ``mode`` with ``smt`` and ``priority``
-    needs: ``cores`` (exclusive mode, SMT 1, priority roles), ``kinds`` (priority roles)."""
+def wants(mode: str, smt: str, priority: str, reserve: object = "") -> frozenset[str]:
+    """The optional quick facts a rank planning in ``mode`` with ``smt``, ``priority`` and
+    ``reserve`` needs: ``cores`` (exclusive mode, SMT 1, a reservation, priority roles),
+    ``kinds`` (priority roles)."""
     out: set[str] = set()
-    if mode == "exclusive" or smt == "1" or priority in ("rank", "main"):
+    if mode == "exclusive" or smt == "1" or priority in ("rank", "main") or reserve:
         out.add("cores")
     if priority in ("rank", "main"):
         out.add("kinds")
@@ -466,6 +438,8 @@ def derive(machine: Machine, want: frozenset[str]) -> list[str]:
         for n in nodes:
             cores = groups(n.cpus & allowed.cpus, machine.siblings_of)
             lines.append(f"cores {n.id} " + " ".join(fmt(g) for g in cores))
+            whole = groups(n.cpus, machine.siblings_of)  # what a reservation counts from
+            lines.append(f"node-cores {n.id} " + " ".join(fmt(g) for g in whole))
     if "kinds" in want:
         lines.append(f"kinds {int(machine.core_kinds.distinct)}")
         for n in nodes:

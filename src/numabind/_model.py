@@ -313,7 +313,7 @@ class CoreKinds(Record):
     """How the machine's CPUs differ in speed, and which file said so.
 
     ``levels`` are (value, CPUs) pairs, fastest first: the distinct values of ``source``
-    (a :data:`KIND_FILES` path, or :data:`HWLOC_KINDS`) with the CPUs that have each.  A
+    (a ``KIND_FILES`` path, or ``HWLOC_KINDS``) with the CPUs that have each.  A
     machine whose files do not tell its CPUs apart has one level and no ``source``: one
     kind, said once rather than guessed.  ``looked`` lists what was read to decide, for
     the line that says so."""

@@ -188,7 +188,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     if cfg.cache:
         from ._cache import open_machine, wants
 
-        opened = open_machine(cfg.sysroot, env, wants(cfg.mode, cfg.smt, cfg.priority))
+        opened = open_machine(cfg.sysroot, env, wants(cfg.mode, cfg.smt, cfg.priority, cfg.reserve))
         machine, origin = opened.machine, opened.origin
     else:
         from ._topology import Machine
