@@ -149,9 +149,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_capture",
         "_topology",
         "_examples",
+        "_rdma",
     ),
     "who am I": ("_environ", "_devices", "_nvml"),
-    "plan": ("_plan",),
+    "plan": ("_plan", "_nics"),
     "bind": (
         "_kernel",
         "_pin",
