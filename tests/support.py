@@ -31,6 +31,11 @@ _DROPPED = (
     "PYTHONPATH",
     "PYTHONSTARTUP",
     "PYTHONDEVMODE",
+    "UCX_",
+    "NVSHMEM_",
+    "NCCL_",
+    "UCCL_",
+    "MC_MS_",
 )
 
 

@@ -163,6 +163,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_guard",
         "_driver",
         "_memory",
+        "_transports",
     ),
     "entry points": (
         "_startup",
