@@ -19,12 +19,12 @@ import sys
 
 from . import _kernel
 from ._apply import Binding, ThreadBinding, bound_plan, enter
-from ._devices import find_device, find_devices, resolve
+from ._devices import find_device, resolve
 from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
-from ._model import MODE_NAMES, NIC_MODES, SMT_LEVELS, USER_POLICIES, Record
-from ._plan import Plan, plan, request_for
+from ._model import MODE_NAMES, NIC_MODES, SMT_LEVELS, USER_POLICIES, Record, Reserve
+from ._plan import Plan, plan, request_for, with_devices
 from ._topology import Machine
 
 MEMORY_POLICIES = USER_POLICIES
@@ -65,8 +65,9 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str | N
     return value
 
 
-def _check_reserve(value: object) -> str | None:
-    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none)."""
+def _check_reserve(value: object) -> Reserve | None:
+    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none; None:
+    the configuration's)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -231,7 +232,7 @@ def _plan(
     memory: str | None,
     local_world_size: int | None,
     source: str = "device argument",
-    roles: tuple[str | None, str | None] = (None, None),
+    roles: tuple[Reserve | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
     nics: bool | None = None,
 ) -> Plan:
@@ -277,11 +278,8 @@ def _plan(
     )
     wanted = devices if devices is not None else (cfg.devices or None)
     if wanted is not None and device is None:
-        several, why = find_devices(wanted, visible, m)
         what = "devices argument" if devices is not None else "NUMABIND_DEVICES"
-        if why is not None:
-            return plan(m, request.replace(problem=f"{what}: {why}"))
-        return plan(m, request.replace(devices=several, rank_source=what))
+        return plan(m, with_devices(request, m, wanted, what))
     return plan(m, request.replace(device=chosen))
 
 
@@ -350,7 +348,7 @@ def bind(
     report: bool = True,
     prefix: str = "",
     source: str = "device argument",
-    roles: tuple[str | None, str | None] = (None, None),
+    roles: tuple[Reserve | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
 ) -> Binding:
     """Plan this process's binding from ``os.environ`` and enter it through the one
@@ -439,11 +437,10 @@ def bind_thread(
         from ._errors import BindingError
 
         raise BindingError(str(binding))
-    if not binding.ok and p.bound:
-        binding_line = str(binding)
+    if (p.bound and not binding.ok) or (not p.bound and p.problem):
         from ._output import say
 
-        say(binding_line)
+        say(str(binding))  # asked for and not done: one line (a benign skip says nothing)
     return binding
 
 
@@ -453,7 +450,7 @@ def _thread_plan(
     device: int | str,
     mode: str | None,
     memory: str | None,
-    roles: tuple[str | None, str | None],
+    roles: tuple[Reserve | None, str | None],
 ) -> Plan:
     """Device ``device``'s plan for one thread: its share of the process's multi-device
     plan where there is one and nothing was changed, else what its own rank would get."""

@@ -43,6 +43,7 @@ from ._model import (
     MODE_NAMES,
     NIC_MODES,
     NIC_TRANSPORTS,
+    NO_RESERVE,
     OMP_PLACES_VALUES,
     RANK_VARIABLE_NAMES,
     RANK_VARIABLES,
@@ -51,6 +52,7 @@ from ._model import (
     USER_POLICIES,
     WORKER_PLACEMENTS,
     Record,
+    Reserve,
 )
 from ._sysfs import redirect, short
 
@@ -334,14 +336,14 @@ def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
     raise _invalid(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
 
 
-def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> str:
-    """``n``, ``n/node`` or ``n/rank`` (n physical cores, 0 for none), as the canonical
-    ``n/node`` / ``n/rank`` or ``""`` for no reservation."""
+def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> Reserve:
+    """``n``, ``n/node`` or ``n/rank`` (n physical cores; 0, empty, ``off`` or ``none``
+    for none) as a :class:`~numabind._model.Reserve`: the one parser of a reservation."""
     if raw is None:
-        return ""
+        return NO_RESERVE
     value = raw.strip().lower()
     if value in ("", *FALSE, "none"):
-        return ""
+        return NO_RESERVE
     count, sep, scope = value.partition("/")
     scope = scope.strip() if sep else "node"
     count = count.strip()
@@ -352,7 +354,7 @@ def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> str:
         and len(count) < 6
         and int(count) <= MAX_RESERVE
     ):
-        return f"{int(count)}/{scope}" if int(count) else ""
+        return Reserve(count=int(count), scope=scope) if int(count) else NO_RESERVE
     raise _invalid(
         f"{name}={short(raw)} is not n, n/node or n/rank (n physical cores, 0 to {MAX_RESERVE})"
     )
@@ -431,7 +433,7 @@ class Config(Record):
     enable: str = "auto"
     mode: str = "node"
     memory: str = "preferred"
-    reserve: str = ""  # "" or the canonical "n/node" / "n/rank"
+    reserve: Reserve = NO_RESERVE
     smt: str = "all"
     devices: str = ""  # "", "all" or a comma list of device tokens
     nic: str = ""  # "" or the transports NUMABIND_NIC names, comma-joined in table order
@@ -498,11 +500,6 @@ class Config(Record):
                 value = knob.default in TRUE if knob.kind == "flag" else knob.default
             values[knob.field] = value
         return cls(**values, warnings=tuple(warnings), notes=tuple(notes))
-
-
-def config_from_env(environ: Mapping[str, str]) -> Config:
-    """``Config.from_env(environ)`` (the name older callers use)."""
-    return Config.from_env(environ)
 
 
 def registry_base(environ: Mapping[str, str]) -> str:

@@ -43,7 +43,7 @@ from . import _kernel, _sysfs
 from ._errors import ConfigError, DriverError, NumabindError, RegistrationError
 from ._model import Record
 from ._pin import pin_cpus
-from ._range import Mover, where
+from ._range import Mover, moved_onto, where
 from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
@@ -764,7 +764,6 @@ def bind_range(
     if left_out:
         notes.append(f"{left_out} bytes at the edges are not whole pages: left as they are")
     before = where(start, end - start)
-    off_before = sum(n for k, n in before.items() if k is not None and k not in nodes)
     mover = Mover(nodes, kpolicy, spread=True)
     mover.bind(start, end, "the range", move=move)
     not_moved: dict[str, int] = {}
@@ -772,7 +771,7 @@ def bind_range(
         mover.leftovers(start, end)
         not_moved = dict(mover.not_moved)
     after = where(start, end - start)
-    off_after = sum(n for k, n in after.items() if k is not None and k not in nodes)
+    moved, off_after = moved_onto(before, after, nodes)
     if move and off_after and not not_moved:
         not_moved["unknown"] = off_after
     return RangeBinding(
@@ -781,7 +780,7 @@ def bind_range(
         left_out=left_out,
         nodes=nodes,
         policy=kpolicy,
-        moved=max(off_before - off_after, 0),
+        moved=moved,
         not_moved=not_moved,
         placement=after,
         notes=tuple(notes),

@@ -18,6 +18,7 @@ from . import _sysfs
 from ._model import (
     BY_KEY,
     MODE_NAMES,
+    NO_RESERVE,
     POLICIES,
     RESERVE_SCOPES,
     SMT_LEVELS,
@@ -25,6 +26,7 @@ from ._model import (
     Accelerator,
     NicChoice,
     Record,
+    Reserve,
 )
 
 # The planner turns an exception it did not foresee into a skip with the reason: a
@@ -65,7 +67,6 @@ fmt = _sysfs.format_cpulist
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    _positional = True
     local_rank: int | None
     local_world_size: int | None = None
     rank_source: str | None = None
@@ -80,7 +81,7 @@ class Request(Record):
     # the startup hook asks for it only with NUMABIND_THREADS set, and reads their files
     # only then
     budget: bool = True
-    reserve: str = ""  # NUMABIND_RESERVE in canonical form: "" or "n/node", "n/rank"
+    reserve: Reserve = NO_RESERVE  # NUMABIND_RESERVE, parsed
     smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
     # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
     # union is planned (see plan_devices); empty: one device, picked by rank or argument
@@ -98,7 +99,7 @@ def request_for(
     mode: str,
     memory: str,
     *,
-    reserve: str = "",
+    reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     nic_mode: str = "",
     nic_min_rate: str = "auto",
@@ -119,6 +120,24 @@ def request_for(
         size_source=info.size_source,
         notes=info.notes,
     )
+
+
+def with_devices(
+    request: Request,
+    machine: Machine,
+    specs: str | tuple[int | str, ...],
+    source: str,
+) -> Request:
+    """``request`` for a process that asks to drive several devices (``specs``: ``all`` or
+    what :func:`numabind._devices.find_devices` takes; ``source`` names who asked, for the
+    plan's line): the devices found, or the problem that refuses them all."""
+    from ._devices import Visible, find_devices
+
+    visible = request.visible or Visible(devices=(), vendor=None, source="no device resolved")
+    devices, why = find_devices(specs, visible, machine)
+    if why is not None:
+        return request.replace(problem=f"{source}: {why}")
+    return request.replace(devices=devices, rank_source=source)
 
 
 class NodeChoice(Record):
@@ -254,7 +273,6 @@ class Plan(Record):
     ``n/rank``), where ``check`` counts a thread as on plan too.
     """
 
-    _positional = True
     local_rank: int | None
     rank_source: str | None = None
     local_world_size: int | None = None
@@ -274,7 +292,7 @@ class Plan(Record):
     node_how: NodeHow | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()
-    reserve: str = ""
+    reserve: Reserve = NO_RESERVE
     smt: str = "all"
     # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
     # plan per device, each what the rank driving that device alone would get; the fields
@@ -335,7 +353,7 @@ class Plan(Record):
             "problem": self.problem,
             "threads": self.threads,
             "helpers": sorted(self.helpers),
-            "reserve": self.reserve,
+            "reserve": str(self.reserve),
             "smt": self.smt,
             "per_device": [p.to_dict() for p in self.per_device],
             "nics": [n.to_dict() for n in self.nics],
@@ -675,7 +693,7 @@ class _Planner:
             raise _Skip(
                 "bad-input", f"unknown SMT level {r.smt!r} (use one of {', '.join(SMT_LEVELS)})"
             )
-        if r.reserve and reserve_parts(r.reserve) is None:
+        if not isinstance(r.reserve, Reserve) or r.reserve.scope not in RESERVE_SCOPES:
             raise _Skip("bad-input", f"unknown reservation {r.reserve!r} (use n, n/node or n/rank)")
         if r.problem:
             raise _Skip("bad-input", r.problem)
@@ -764,9 +782,7 @@ class _Planner:
         towards its reservation; the rest are taken from the end of the node's core list.
         A reservation that would leave a node no core is dropped, with one note."""
         assert where.node is not None
-        parsed = reserve_parts(self.r.reserve)
-        assert parsed is not None  # checked with the request
-        n, scope = parsed
+        n, scope = self.r.reserve.count, self.r.reserve.scope  # checked with the request
         label = f"{n}/{scope}"
         ranks = where.peers[1] if where.peers else None
         if scope == "rank" and ranks is None:
@@ -944,16 +960,6 @@ def package_nodes(machine: Machine, node_id: int) -> frozenset[int] | None:
     if pkg is None:
         return None
     return frozenset(n.id for n in machine.cpu_nodes if machine.package_of(min(n.cpus)) == pkg)
-
-
-def reserve_parts(text: str) -> tuple[int, str] | None:
-    """``(n, "node"|"rank")`` of a reservation as ``_environ.parse_reserve`` writes it
-    (``n/node``, ``n/rank``; a bare ``n`` is per node), None when it is not one."""
-    count, sep, scope = text.partition("/")
-    scope = scope if sep else "node"  # a bare count is per node
-    if not (scope in RESERVE_SCOPES and count.isascii() and count.isdigit() and 0 < len(count) < 6):
-        return None
-    return int(count), scope
 
 
 def one_per_core(machine: Machine, cpus: frozenset[int]) -> frozenset[int]:

@@ -155,7 +155,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     """Plan and bind a rank found in the environment (the hook's work after its checks)."""
     from ._apply import enter
-    from ._plan import nothing_to_bind, plan, request_for
+    from ._plan import nothing_to_bind, plan, request_for, with_devices
     from ._topology import Machine
 
     global last
@@ -178,15 +178,8 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             nic_mode=cfg.nic_mode if cfg.nic else "",
             nic_min_rate=cfg.nic_min_rate,
         )
-        if cfg.devices and visible is not None:
-            from ._devices import find_devices
-
-            devices, why = find_devices(cfg.devices, visible, machine)
-            request = request.replace(
-                devices=devices,
-                rank_source="NUMABIND_DEVICES" if devices else request.rank_source,
-                problem=f"NUMABIND_DEVICES: {why}" if why else request.problem,
-            )
+        if cfg.devices and visible is not None and request.problem is None:
+            request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")
         p = plan(machine, request.replace(budget=cfg.threads != "off"))
         # strict mode here is an exit before user code, after the binding's own line
         binding = enter(p, machine, cfg, environ=env, strict=False, threads="env", report=False)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import multiprocessing as _stdlib_mp
 
 from ._errors import IntegrationError
+from ._model import VENDORS
 from ._output import say
 
 TYPE_CHECKING = False
@@ -63,12 +64,12 @@ if TYPE_CHECKING:
 
 TESTED_TORCH = ("2.13",)  # major.minor versions whose internals the tests run against
 _installed: dict[str, Any] = {}
-# (module, attribute, device type) of every function that selects a device for the process
-SELECTORS = (
-    ("torch.cuda", "set_device", "cuda"),
-    ("torch.accelerator", "set_device_index", None),
-    ("torch.accelerator", "set_device_idx", None),
-    ("torch.xpu", "set_device", "xpu"),
+# (module, attribute) of every function that selects a device for the process: each
+# vendor's torch module (numabind._model.VENDORS) and torch's device-neutral ones
+SELECTORS: tuple[tuple[str, str], ...] = (
+    *((m, "set_device") for m in dict.fromkeys(v.torch_module for v in VENDORS if v.torch_module)),
+    ("torch.accelerator", "set_device_index"),
+    ("torch.accelerator", "set_device_idx"),
 )
 _selected: dict[str, Any] = {}  # the first selection's node, once made
 _seen: set[int] = set()  # device indices already handled (the selectors' fast path)
@@ -313,7 +314,7 @@ def install_set_device() -> None:
     import importlib
 
     found = 0
-    for mod_name, attr, _kind in SELECTORS:
+    for mod_name, attr in SELECTORS:
         try:
             module = importlib.import_module(mod_name)
         except ImportError:
@@ -327,7 +328,7 @@ def install_set_device() -> None:
         raise TorchIntegrationError(
             f"numabind.torch cannot hook device selection in torch {torch.__version__} "
             f"(tested: {', '.join(TESTED_TORCH)}): none of "
-            + ", ".join(f"{m}.{a}" for m, a, _ in SELECTORS)
+            + ", ".join(f"{m}.{a}" for m, a in SELECTORS)
             + " exists"
         )
 

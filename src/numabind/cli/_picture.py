@@ -294,7 +294,7 @@ def _nic_lines(machine: Machine, plans: list[Plan]) -> dict[int, tuple[GpuLine, 
 
 def _roles_text(plans: list[Plan]) -> str:
     """``, reserve 2/node, smt 1`` where the plans were made with core roles."""
-    out = "".join(f", reserve {r}" for r in sorted({p.reserve for p in plans if p.reserve}))
+    out = "".join(f", reserve {r}" for r in sorted({str(p.reserve) for p in plans if p.reserve}))
     return out + (", smt 1" if any(p.smt == "1" for p in plans) else "")
 
 

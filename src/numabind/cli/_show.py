@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import Allowed, NicPort, Node, OtherDevice, Record
+from .._model import NO_RESERVE, Allowed, NicPort, Node, OtherDevice, Record, Reserve
 from .._plan import Plan, Request, device_node, plan
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -40,7 +40,7 @@ def plans_for(
     nproc: int | None,
     mode: str,
     memory: str,
-    reserve: str = "",
+    reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     nic_mode: str = "",
     nic_min_rate: str = "auto",
