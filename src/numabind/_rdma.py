@@ -122,19 +122,51 @@ def _ports(tree: Tree, dev: str, warn: Callable[[str], None]) -> tuple[NicPort, 
 
 
 class _Iface:
-    """What the files of one network interface say (bond master, member, speed)."""
+    """What the files of one network interface say (bond master, member, speed): one
+    listing tells which of them exist, and only those are read."""
 
-    __slots__ = ("member", "members", "name", "speed")
+    __slots__ = ("_speed", "_tree", "member", "members", "name")
 
     def __init__(self, tree: Tree, name: str) -> None:
         self.name = name
-        slaves = tree.opt(f"{SYS_NET}/{name}/bonding/slaves", 4096)
+        self._tree = tree
+        self._speed: float | bool | None = False  # False: not read yet
+        here = set(tree.listdir(f"{SYS_NET}/{name}", 512))
+        slaves = tree.opt(f"{SYS_NET}/{name}/bonding/slaves", 4096) if "bonding" in here else None
         names = [clean_name(s, 15) for s in (slaves or "").split()[:MAX_MEMBERS]]
         self.members: tuple[str, ...] | None = (
             tuple(n for n in names if n) if slaves is not None else None
         )
-        self.member = tree.opt(f"{SYS_NET}/{name}/bonding_slave/state", 256) is not None
-        self.speed = link_speed(tree.opt(f"{SYS_NET}/{name}/speed", 256))
+        self.member = "bonding_slave" in here and (
+            tree.opt(f"{SYS_NET}/{name}/bonding_slave/state", 256) is not None
+        )
+
+    @property
+    def speed(self) -> float | None:
+        """Its speed in Gb/s, read when first asked (a bond's, or a port without a rate)."""
+        if self._speed is False:
+            self._speed = link_speed(self._tree.opt(f"{SYS_NET}/{self.name}/speed", 256))
+        assert not isinstance(self._speed, bool)
+        return self._speed
+
+
+def _bond_of(
+    found: list[tuple[str, str, tuple[NicPort, ...], list[str]]],
+    facts: dict[str, _Iface],
+    bonds: dict[str, tuple[str, ...]],
+) -> dict[str, str | None]:
+    """Which bond each device belongs to: the bond master among its interfaces, or the
+    bond whose member list holds one of its interfaces ("a bond" when none says which)."""
+    owner: dict[str, str | None] = {}
+    for name, _, _, ifaces in found:
+        master = next((i for i in ifaces if i in bonds), None)
+        if master is None:
+            enslaved = [i for i in ifaces if facts[i].member]
+            master = next((b for b, m in bonds.items() for i in enslaved if i in m), None)
+            if master is None and enslaved:
+                master = "a bond"
+        owner[name] = master
+    return owner
 
 
 def read(
@@ -168,18 +200,8 @@ def read(
         for i in ifaces:
             if i not in facts:
                 facts[i] = _Iface(tree, i)
-    # which bond each device belongs to: the bond master among its interfaces, or the bond
-    # whose member list holds one of its interfaces
     bonds = {i: f.members for i, f in facts.items() if f.members is not None}
-    owner: dict[str, str | None] = {}
-    for name, _, _, ifaces in found:
-        master = next((i for i in ifaces if i in bonds), None)
-        if master is None:
-            enslaved = [i for i in ifaces if facts[i].member]
-            master = next((b for b, m in bonds.items() for i in enslaved if i in m), None)
-            if master is None and enslaved:
-                master = "a bond"
-        owner[name] = master
+    owner = _bond_of(found, facts, bonds)
     carriers: dict[str, list[str]] = {}
     for name, master in owner.items():
         if master is not None:
@@ -188,8 +210,10 @@ def read(
     for name, bdf, ports, ifaces in found:
         master = owner[name]
         is_bond = master is not None and master in bonds and len(carriers[master]) == 1
-        speeds = [s for s in (facts[i].speed for i in ifaces) if s is not None]
         speed = facts[master].speed if is_bond and master in facts else None
+        speeds = []
+        if speed is None and (not ports or any(p.rate is None for p in ports)):
+            speeds = [s for s in (facts[i].speed for i in ifaces) if s is not None]
         node = _sysfs.parse_int(tree.opt(f"{SYS_PCI}/{bdf}/numa_node", 64))
         out.append(
             Nic(
