@@ -417,3 +417,22 @@ def test_show_has_the_adapters_the_column_the_picture_and_the_json() -> None:
         env=clean_env(NUMABIND_NIC_MODE="exclusive", NUMABIND_NIC_MIN_RATE="0"),
     )
     assert json.loads(exclusive.stdout)["ranks"][0]["nics"][0]["name"] == "mlx5_0"
+
+
+def test_nics_for_names_a_gpu_like_plan_for_and_refuses_what_is_not_there() -> None:
+    import numabind
+
+    m = Machine.from_example("dgx-a100")
+    assert [n.label for n in numabind.nics_for(1, machine=m, environ={})] == ["mlx5_1:1"]
+    assert numabind.nics_for("0000:87:00.0", machine=m, environ={})[0].name == "mlx5_6"
+    assert numabind.nics_for(machine=m, environ={"LOCAL_RANK": "7"})[0].name == "mlx5_9"
+    assert numabind.nics_for(local_rank=2, machine=m, environ={})[0].name == "mlx5_2"
+    assert numabind.nics_for(synth._uuid(3), machine=m, environ={})[0].name == "mlx5_3"
+    one = Machine.from_example("nics-one-socket")
+    assert numabind.nics_for(4, machine=one, environ={}, min_rate=0)[0].name == "mlx5_5"
+    assert numabind.nics_for(4, machine=one, environ={})[0].name == "mlx5_0"
+    for bad in ({"device": 99}, {"device": "GPU-nope"}, {"mode": "fair"}, {"min_rate": "fast"}):
+        with pytest.raises(numabind.ConfigError):
+            numabind.nics_for(machine=m, environ={"LOCAL_RANK": "0"}, **bad)  # type: ignore[arg-type]
+    with pytest.raises(numabind.ConfigError, match="no GPU"):
+        numabind.nics_for(machine=m, environ={})
