@@ -150,9 +150,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_topology",
         "_examples",
         "_dra",
+        "_rdma",
     ),
     "who am I": ("_environ", "_devices", "_nvml", "_advice"),
-    "plan": ("_plan",),
+    "plan": ("_plan", "_nics"),
     "bind": (
         "_kernel",
         "_pin",
@@ -164,6 +165,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_driver",
         "_memory",
         "_limits",
+        "_transports",
     ),
     "entry points": (
         "_startup",
