@@ -90,6 +90,29 @@ def test_what_the_file_lacks_is_read_added_and_kept(tmp_path: Path, base: Path) 
     assert again.machine.core_kinds == Machine.from_root(root).core_kinds
 
 
+@pytest.mark.parametrize("example", ["dgx-a100", "p4d", "k8s-pod"])
+def test_the_facts_other_readers_add_are_kept_too(tmp_path: Path, base: Path, example: str) -> None:
+    """The RDMA adapters (ports, rates in Gb/s, bonds), the plain interfaces beside them
+    and a pod's DRA device list: asked once, added to the file, then answered from it
+    exactly as the live reader answers."""
+    from numabind._examples import EXAMPLES
+
+    root = synth.write(EXAMPLES[example](), str(tmp_path / example))
+    env = _env(base)
+    cores = frozenset({"cores"})
+    _cache.open_machine(root, env, cores).machine.source.close()
+    first = _cache.open_machine(root, env, cores).machine
+    asked = (first.nics, first.ethernet, first.dra_devices)
+    first.source.close()  # what the file lacked is written back
+    again = _cache.open_machine(root, env, cores)  # and the rewritten file kept the cores
+    assert again.origin == "cache", again.origin
+    cached, live = again.machine, Machine.from_root(root)
+    assert (cached.nics, cached.ethernet, cached.dra_devices) == asked
+    assert asked == (live.nics, live.ethernet, live.dra_devices)
+    assert isinstance(cached.source, _cache.Cached) and cached.source.misses == 0
+    assert example != "k8s-pod" or cached.dra_devices, "the pod's list is in the file"
+
+
 def test_the_cache_is_off_with_numabind_cache_0(tmp_path: Path, base: Path) -> None:
     root = synth.write(synth.two_nodes(), str(tmp_path / "two"))
     off = _cache.open_machine(root, _env(base, NUMABIND_CACHE="0"))

@@ -150,9 +150,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_topology",
         "_examples",
         "_dra",
+        "_rdma",
     ),
     "who am I": ("_environ", "_devices", "_nvml", "_advice"),
-    "plan": ("_plan", "_cache"),
+    "plan": ("_plan", "_cache", "_nics"),
     "bind": (
         "_kernel",
         "_pin",
@@ -165,6 +166,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_driver",
         "_memory",
         "_limits",
+        "_transports",
     ),
     "entry points": (
         "_startup",

@@ -51,6 +51,7 @@ from ._model import (
     Allowed,
     CoreKinds,
     Nic,
+    NicPort,
     Node,
     OtherDevice,
     Record,
@@ -113,6 +114,10 @@ def _text_key(value: str) -> str:
     return _escape(value)
 
 
+def _sets_key(*sets: frozenset[str]) -> str:
+    return _escape(repr([sorted(s) for s in sets]))
+
+
 # Every answer the machine layer asks for.  A new fact a branch adds to Source (memory
 # tiers, NICs read only when asked) is one row here, and the cache holds it.
 FACTS: tuple[Fact, ...] = (
@@ -132,7 +137,8 @@ FACTS: tuple[Fact, ...] = (
     Fact(method="accelerator", argkey=_acc_key, records=(Accelerator,)),
     Fact(method="locate", argkey=lambda acc: _escape(acc.pci), records=(Accelerator,)),
     Fact(method="pci_path", argkey=_text_key),
-    Fact(method="nics", records=(Nic,)),
+    Fact(method="nics", records=(Nic, NicPort)),
+    Fact(method="ethernet", argkey=_sets_key, records=(Nic, NicPort)),
     Fact(method="others", records=(OtherDevice,)),
     Fact(method="driver_gpus", argkey=_text_key),
     Fact(method="dra_devices", records=(DraDevice,)),
@@ -175,14 +181,16 @@ def _unescape(text: str) -> str:
 
 
 def encode(value: object) -> str:
-    """A value an answer holds (None, bool, int, str, a set of ints, a tuple, a record) as
-    space-separated tokens; :func:`decode` reads them back."""
+    """A value an answer holds (None, bool, int, float, str, a set of ints, a tuple, a
+    record) as space-separated tokens; :func:`decode` reads them back."""
     if value is None:
         return "~"
     if isinstance(value, bool):
         return "T" if value else "F"
     if isinstance(value, int):
         return f"i{value}"
+    if isinstance(value, float):
+        return f"f{value!r}"
     if isinstance(value, str):
         return "s" + _escape(value)
     if isinstance(value, frozenset):
@@ -226,6 +234,8 @@ def decode(tokens: Tokens) -> object:
         return token == "T"
     if head == "i":
         return int(rest)
+    if head == "f":
+        return float(rest)
     if head == "s":
         return _unescape(rest)
     if head == "c":
@@ -365,15 +375,16 @@ class Cached(Recording):
 
     def close(self) -> None:
         """Release the machine; where this reading asked it for facts the file did not
-        hold, write the file again with them (so the next rank, or show, has them)."""
-        if self._live is not None:
-            self._live.close()
+        hold, write the file again with them (so the next rank, or show, has them), before
+        the machine's files are let go (the key's cpuset files are read again)."""
         if self.misses and self._keep is not None:
             keep, self._keep = self._keep, None
             try:
                 keep(self)
             except Exception:
                 pass  # the cache is an optimisation: a failure to extend it is nothing
+        if self._live is not None:
+            self._live.close()
 
 
 # --- the quick facts: what a rank needs to plan, by the planner's own rules --------------------
@@ -686,30 +697,37 @@ def _live(sysroot: str) -> Source:
     return Machine.from_root(sysroot).source
 
 
-def from_file(data: bytes, sysroot: str, environ: Mapping[str, str] | None = None) -> Machine:
+def from_file(
+    data: bytes,
+    sysroot: str,
+    environ: Mapping[str, str] | None = None,
+    quick: dict[str, list[list[str]]] | None = None,
+) -> Machine:
     """The machine of a cache file's record (``ValueError`` when it is out of place);
-    with ``environ``, closing it writes back what it had to read."""
+    with ``environ``, closing it writes back what it had to read (with the optional quick
+    facts the file had: ``quick``)."""
+    had = frozenset(n for n in ("cores", "kinds") if quick and n in quick)
     from ._topology import Machine
 
     memo, extra = parse_record(data)
-    env = extra.get("environ")
-    environ = dict(e.split("=", 1) for e in env) if isinstance(env, tuple) else None
+    recorded = extra.get("environ")  # the source's own (a capture's recorded variables)
+    source_env = dict(e.split("=", 1) for e in recorded) if isinstance(recorded, tuple) else None
     warnings = extra.get("warnings", ())
     description = extra.get("description", "live system")
     keep = None
     if environ is not None:
-        env = environ
+        process_env = environ  # where this process's cache directory is
 
         def keep(source: Cached) -> None:
             from ._topology import Machine
 
-            write(env, sysroot, Machine(source), frozenset())
+            write(process_env, sysroot, Machine(source), had)
 
     source = Cached(
         memo,
         str(description),
         lambda: _live(sysroot),
-        environ,
+        source_env,
         [str(w) for w in warnings] if isinstance(warnings, tuple) else [],
         keep,
     )
@@ -744,7 +762,7 @@ def open_machine(
     found = lookup(environ, sysroot)
     if found.quick is not None and _quick_has(found.quick, want):
         try:
-            machine = from_file(found.data, sysroot, environ)
+            machine = from_file(found.data, sysroot, environ, found.quick)
             return Opened(machine=machine, origin="cache", path=found.path, quick=found.quick)
         except (ValueError, TypeError, UnicodeDecodeError) as err:
             found = Lookup(why=f"{found.path} refused: a damaged record ({err})")
@@ -770,7 +788,7 @@ def _read_under_lock(
             found = lookup(environ, sysroot)
             if found.quick is not None and _quick_has(found.quick, want):
                 try:
-                    machine = from_file(found.data, sysroot, environ)
+                    machine = from_file(found.data, sysroot, environ, found.quick)
                     return Opened(
                         machine=machine, origin="cache", path=found.path, quick=found.quick
                     )
@@ -784,7 +802,7 @@ def _read_under_lock(
         found = lookup(environ, sysroot)  # the rank before us may have written it meanwhile
         if found.quick is not None and _quick_has(found.quick, want):
             try:
-                machine = from_file(found.data, sysroot, environ)
+                machine = from_file(found.data, sysroot, environ, found.quick)
                 return Opened(machine=machine, origin="cache", path=found.path, quick=found.quick)
             except (ValueError, TypeError, UnicodeDecodeError):
                 pass

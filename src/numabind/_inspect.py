@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._kernel import Region
+    from ._model import NicChoice
     from ._plan import Plan
     from ._registry import Entry, Scan
     from ._topology import Machine
@@ -91,11 +92,12 @@ class PlanView(Record):
     priority_cpus: frozenset[int] = frozenset()
     main_thread: int | None = None
     main_cpus: frozenset[int] = frozenset()
+    nics: tuple[NicChoice, ...] = ()  # the RDMA adapter ports planned for it
 
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
-        sets = ("thread_plans", "priority_cpus", "main_cpus")
+        sets = ("thread_plans", "priority_cpus", "main_cpus", "nics")
         return cls(**{k: d[k] for k in cls._fields if k in d and k not in sets}).replace(
             cpus=p.cpus,
             memory_nodes=p.memory_nodes,
@@ -103,6 +105,7 @@ class PlanView(Record):
             helpers=p.helpers,
             priority_cpus=p.priority_cpus,
             main_cpus=p.main_cpus,
+            nics=p.nics,
         )
 
     @classmethod
@@ -127,6 +130,7 @@ class PlanView(Record):
             priority_cpus=e.priority_cpus,
             main_thread=e.main_thread,
             main_cpus=e.main_cpus,
+            nics=e.nics,
         )
 
     def allowed_for(self, tid: int, main: int | None) -> frozenset[int]:
@@ -349,6 +353,12 @@ class ProcessCheck(Record):
     # where the machine the rank planned from came from (its registry entry): "sysfs",
     # "cache", or "sysfs (cache: why not)"; "" when it did not say
     machine: str = ""
+    # the RDMA adapter ports chosen for its GPU, and the transport variables it runs with
+    # (what numabind set, from its registry entry, and the rest of its initial
+    # environment); nic_set names those numabind set
+    nics: tuple[NicChoice, ...] = ()
+    nic_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
+    nic_set: tuple[str, ...] = ()
 
 
 class NodeFacts(Record):
@@ -412,6 +422,8 @@ def expected_plan(
         reserve=cfg.reserve,
         smt=cfg.smt,
         priority=cfg.priority,
+        nic_mode=cfg.nic_mode,
+        nic_min_rate=cfg.nic_min_rate,
     )
     p = plan(machine, request)
     return PlanView.of_plan(p), source, None
@@ -426,6 +438,52 @@ def _thread_settings(entry: Entry | None, env: Mapping[str, str] | OSError) -> d
     if isinstance(env, OSError):
         return {}
     return {k: env[k] for k in _SETTINGS if k in env}
+
+
+def nic_facts(
+    machine: Machine,
+    expected: PlanView,
+    entry: Entry | None,
+    env: Mapping[str, str] | OSError,
+    notes: list[str],
+) -> dict[str, Any]:
+    """The RDMA adapters of a rank (its plan's, else the machine's choice for its GPU) and
+    the transport variables it runs with; a variable that names an adapter farther than
+    the nearest, or none that may be used, is a ``warning:`` note."""
+    gpu = machine.accelerator(expected.device_pci) if expected.device_pci else None
+    if gpu is None:
+        return {}
+    from . import _transports
+    from ._nics import assign, same_vendor
+    from ._plan import device_node
+
+    chosen = expected.nics
+    if not chosen:
+        found = assign(machine, same_vendor(machine, gpu), lambda d: device_node(machine, d).node)
+        chosen = found.per_device.get(gpu.pci, ())
+    ours = dict(entry.nic_env) if entry is not None else {}
+    settings = dict(ours)
+    if not isinstance(env, OSError):
+        for var in _transports.VARIABLES:
+            if var.name in env and var.name not in settings:
+                settings[var.name] = _sysfs.clean_line(env[var.name], _transports.MAX_VALUE)
+    who = f"GPU {expected.device_index}" if expected.device_index is not None else f"GPU {gpu.pci}"
+    for name, value in settings.items():
+        if name in ours:
+            continue  # numabind's own choice
+        why = _transports.judge(
+            machine, gpu, who, name, value, chosen, lambda d: device_node(machine, d).node
+        )
+        if why:
+            notes.append(f"warning: {why}")
+    if "NVSHMEM_HCA_LIST" in settings and settings.get(
+        "NVSHMEM_ENABLE_NIC_PE_MAPPING", ""
+    ).strip().lower() not in ("1", "y", "yes", "t", "true"):
+        notes.append(
+            "warning: NVSHMEM_HCA_LIST is set without NVSHMEM_ENABLE_NIC_PE_MAPPING=1: NVSHMEM "
+            "ignores the list and picks by its own distance"
+        )
+    return {"nics": chosen, "nic_settings": settings, "nic_set": tuple(sorted(ours))}
 
 
 def initial_environ(pid: int) -> Mapping[str, str] | OSError:
@@ -588,6 +646,7 @@ def check_pid(
         )
     settings = _thread_settings(entry, env)
     base["thread_settings"] = settings
+    base.update(nic_facts(machine, expected, entry, env, notes))
     base["host_buffers"] = check_buffers(pid, entry, notes)
     if not expected.bound:
         _why_skipped(expected, env, machine, problems, notes)

@@ -262,15 +262,79 @@ class Accelerator(Record):
         return self.name or f"{self.vendor_id or 0:04x}:{self.device_id or 0:04x}"
 
 
+class NicPort(Record):
+    """One port of an RDMA adapter (``/sys/class/infiniband/<dev>/ports/<n>``): its state as
+    the kernel names it (``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``), its rate in Gb/s, its
+    link layer (``InfiniBand``; ``Ethernet`` for RoCE) and the network interface its RoCE
+    addresses belong to.  None where the source does not say (an hwloc export has states
+    but no rates)."""
+
+    number: int
+    state: str | None = None
+    rate: float | None = None
+    link_layer: str | None = None
+    netdev: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """The port passes traffic (only ``ACTIVE`` does: ``INIT``/``ARMED`` have no
+        subnet manager yet, ``DOWN`` no link)."""
+        return self.state == "ACTIVE"
+
+
 class Nic(Record):
     """A network adapter a rank may use for RDMA (``show --matrix`` places it beside the
     GPUs): its PCI address, its RDMA device name where the kernel or hwloc gives one, and
-    its locality."""
+    its locality.
+
+    ``kind`` says what it is: ``rdma`` (an RDMA device: what transports are told to use),
+    ``pci`` (a network function seen by its PCI class only, no RDMA device readable) or
+    ``netdev`` (a plain network interface on PCI without RDMA: listed, never chosen).
+    ``bond`` names the bond an RDMA device carries (RoCE LAG: ``mlx5_bond_0`` over
+    ``bond0``, whose ``members`` are the bonded interfaces); ``member_of`` the bond an
+    adapter's own interface is enslaved to (its bond is the adapter; it is never offered
+    alone).  ``speed`` is its interface's speed in Gb/s (a bond's: what the bond reports,
+    which an RDMA port of a bond may understate)."""
 
     pci: str
     name: str | None = None
     numa_node: int | None = None
     local_cpus: frozenset[int] | None = None
+    kind: str = "rdma"
+    ports: tuple[NicPort, ...] = ()
+    netdevs: tuple[str, ...] = ()
+    bond: str | None = None
+    members: tuple[str, ...] = ()
+    member_of: str | None = None
+    speed: float | None = None
+
+
+class NicChoice(Record):
+    """An RDMA adapter port chosen for a rank (``Plan.nics``, :func:`numabind.nics_for`):
+    the device and port as transports name them (``mlx5_0`` port ``1``: UCX's
+    ``mlx5_0:1``), its PCI address, its relation to the rank's GPU in ``nvidia-smi topo
+    -m`` terms (``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``; a trailing ``*`` when the PCI
+    tree was not readable and only the NUMA nodes told), its rate in Gb/s (None:
+    unknown), its link layer, and how many of the machine's GPUs were given it."""
+
+    name: str
+    port: int
+    pci: str
+    relation: str
+    rate: float | None = None
+    link_layer: str | None = None
+    sharing: int = 1
+
+    @property
+    def label(self) -> str:
+        """``mlx5_0:1``: device and port, as UCX and NVSHMEM write them."""
+        return f"{self.name}:{self.port}"
+
+
+# the transports NUMABIND_NIC may name (their variables: numabind._transports.TRANSPORTS)
+NIC_TRANSPORTS: tuple[str, ...] = ("ucx", "nvshmem", "nixl", "uccl", "mooncake", "nccl")
+# NUMABIND_NIC_MODE: how ranks share the adapters nearest to their GPUs
+NIC_MODES: tuple[str, ...] = ("nearest", "exclusive")
 
 
 # --- vocabulary: core kinds (which cores are faster: NUMABIND_PRIORITY) -------------------------

@@ -25,6 +25,7 @@ from ._model import (
     SMT_LEVELS,
     USER_POLICIES,
     Accelerator,
+    NicChoice,
     Record,
     Reserve,
 )
@@ -89,6 +90,11 @@ class Request(Record):
     # NUMABIND_PRIORITY: "off", "rank" (the compute set is the rank's share of its node's
     # priority cores) or "main" (only the calling thread goes on one)
     priority: str = "off"
+    # the RDMA adapters for the device's ranks (numabind._nics): "" plans none (the
+    # startup hook asks only with NUMABIND_NIC set, and reads no adapter otherwise),
+    # else NUMABIND_NIC_MODE's word; nic_min_rate is NUMABIND_NIC_MIN_RATE
+    nic_mode: str = ""
+    nic_min_rate: str = "auto"
 
 
 def request_for(
@@ -100,12 +106,16 @@ def request_for(
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     priority: str = "off",
+    nic_mode: str = "",
+    nic_min_rate: str = "auto",
 ) -> Request:
     """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
     return Request(
         reserve=reserve,
         smt=smt,
         priority=priority,
+        nic_mode=nic_mode,
+        nic_min_rate=nic_min_rate,
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         rank_source=info.rank_source,
@@ -242,6 +252,9 @@ class Placement(Record):
     # NUMABIND_PRIORITY=main: the calling thread's CPUs (one priority core), where they
     # differ from the compute set; threads and children it starts get ``cpus`` back
     main_cpus: frozenset[int] = frozenset()
+    # the RDMA adapter ports for the process's device(s) (numabind._nics): the process
+    # applier tells the transports NUMABIND_NIC names (numabind._transports)
+    nics: tuple[NicChoice, ...] = ()
 
     @property
     def sets_memory(self) -> bool:
@@ -307,6 +320,9 @@ class Plan(Record):
     priority: str = "off"
     priority_cpus: frozenset[int] = frozenset()
     main_cpus: frozenset[int] = frozenset()
+    # the RDMA adapter ports for this rank's GPU, primary first (Request.nic_mode): the
+    # nearest, shared fairly over the machine's GPUs (numabind._nics)
+    nics: tuple[NicChoice, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -315,10 +331,12 @@ class Plan(Record):
 
     @property
     def placement(self) -> Placement:
-        """What this plan places (empty for a plan that skips)."""
+        """What this plan places (for a plan that skips: its NICs only, which do not
+        depend on binding CPUs: a one-node machine still has a nearest adapter)."""
         if not self.bound:
-            return Placement()
+            return Placement(nics=self.nics)
         return Placement(
+            nics=self.nics,
             cpus=self.cpus,
             helpers=self.helpers,
             memory_policy=self.memory_policy,
@@ -364,6 +382,7 @@ class Plan(Record):
             "priority": self.priority,
             "priority_cpus": sorted(self.priority_cpus),
             "main_cpus": sorted(self.main_cpus),
+            "nics": [n.to_dict() for n in self.nics],
         }
 
     def who(self) -> str:
@@ -413,9 +432,9 @@ def plan(machine: Machine, request: Request) -> Plan:
     device's share what the rank driving it alone would get: ``Plan.per_device``).  Pure
     and never raises (an odd machine is a skip with its reason)."""
     if request.devices:
-        return plan_devices(machine, request)
+        return _with_nics(machine, request, plan_devices(machine, request))
     try:
-        return _Planner(machine, request).run()
+        return _with_nics(machine, request, _Planner(machine, request).run())
     except Exception as err:  # a capture we did not foresee must not break a process
         if RAISE:
             raise
@@ -424,6 +443,54 @@ def plan(machine: Machine, request: Request) -> Plan:
             f"numabind could not plan on this machine ({type(err).__name__}: "
             f"{_sysfs.clean_line(str(err), 200)})",
         )
+
+
+def _with_nics(machine: Machine, request: Request, p: Plan) -> Plan:
+    """``p`` with the adapters of its device's ranks (``Request.nic_mode``): the GPU's share
+    of the machine-wide fair assignment, split among the local ranks that drive the same
+    GPU; a process bound to several devices takes the union of theirs.  A failure here is
+    a note, never a change to the CPU and memory plan."""
+    if not request.nic_mode:
+        return p
+    if p.per_device:
+        union = tuple(dict.fromkeys(n for sub in p.per_device for n in sub.nics))
+        return p.replace(nics=union)
+    if p.device is None:
+        return p
+    try:
+        from ._nics import assign, same_vendor, share_of
+
+        found = assign(
+            machine,
+            same_vendor(machine, p.device),
+            lambda d: device_node(machine, d).node,
+            request.nic_mode,
+            request.nic_min_rate,
+        )
+    except Exception as err:
+        if RAISE:
+            raise
+        why = f"{type(err).__name__}: {_sysfs.clean_line(str(err), 200)}"
+        return p.replace(notes=(*p.notes, f"RDMA adapters not chosen ({why})"))
+    mine = found.per_device.get(p.device.pci, ())
+    notes = list(p.notes)
+    if not found.units:
+        if machine.nics:
+            why = "; ".join(f"{r.nic.name or r.nic.pci}: {r.why}" for r in found.refused[:4])
+            notes.append(f"no RDMA adapter may be offered ({why})")
+        return p.replace(notes=tuple(notes))
+    size, index = p.local_world_size, p.device_index
+    visible = request.visible.devices if request.visible is not None else ()
+    if size and visible and index is not None and p.local_rank is not None and size > 1:
+        n = len(visible)
+        count = size // n + (1 if index < size % n else 0)
+        mine = share_of(mine, p.local_rank // n, count)
+    if mine and mine[0].relation.rstrip("*") == "SYS":
+        notes.append(
+            f"no RDMA adapter is nearer than SYS to {describe_device(p.device, index)}: "
+            f"{mine[0].label} is across the socket interconnect"
+        )
+    return p.replace(nics=mine, notes=tuple(notes))
 
 
 PER_DEVICE = "per-device"  # the rank source of one device's share of a multi-device plan

@@ -58,6 +58,10 @@ SYS_CPU = "/sys/devices/system/cpu"
 SYS_PCI = "/sys/bus/pci/devices"
 SYS_INFINIBAND = "/sys/class/infiniband"
 DRA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"  # numabind._dra.ROOT
+SYS_NET = "/sys/class/net"
+# what numabind._rdma reads of an RDMA port and of a network interface (gather copies them)
+RDMA_PORT_FILES = ("state", "rate", "link_layer", "gid_attrs/ndevs/0")
+NETDEV_FILES = ("speed", "operstate", "bonding/slaves", "bonding_slave/state")
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 
 
@@ -133,8 +137,9 @@ class LiveRoot(Root):
 
 def read_paths() -> tuple[str, ...]:
     """Every file the reader opens, as patterns: ``{node}``, ``{cpu}``, ``{index}``,
-    ``{bdf}`` and ``{driver}`` are listed directories, ``{cgroup}`` is the cpuset directory
-    found.  ``gather`` copies these."""
+    ``{bdf}``, ``{driver}``, ``{ibdev}``, ``{port}``, ``{fnetdev}`` (an RDMA device's PCI
+    function's interfaces) and ``{netdev}`` are listed directories, ``{cgroup}`` is the
+    cpuset directory found.  ``gather`` copies these."""
     return (
         f"{SYS_CPU}/online",
         f"{SYS_CPU}/present",
@@ -160,6 +165,9 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_PCI}/{{bdf}}/numa_node",
         f"{SYS_PCI}/{{bdf}}/local_cpulist",
         f"{SYS_PCI}/{{bdf}}/local_cpus",
+        *(f"{SYS_INFINIBAND}/{{ibdev}}/ports/{{port}}/{name}" for name in RDMA_PORT_FILES),
+        f"{SYS_INFINIBAND}/{{ibdev}}/device/net/{{fnetdev}}/operstate",
+        *(f"{SYS_NET}/{{netdev}}/{name}" for name in NETDEV_FILES),
         *(f"{SYS_PCI}/{{bdf}}/{v.uuid_file}" for v in VENDORS if v.uuid_file),
         *(
             f"{v.driver_dir}/{{driver}}/{name}"
@@ -255,7 +263,13 @@ class Source:
         return None
 
     def nics(self) -> tuple[Nic, ...]:
-        """The RDMA-capable network adapters (``show --matrix``)."""
+        """The RDMA-capable network adapters (``show --matrix``, the NIC choice)."""
+        return ()
+
+    def ethernet(self, taken: frozenset[str], bonded: frozenset[str]) -> tuple[Nic, ...]:
+        """Network interfaces on PCI functions that carry no RDMA device (``taken``: the
+        PCI addresses of those that do; ``bonded``: members of a bond an RDMA device
+        carries): listed by ``show``, never chosen."""
         return ()
 
     def others(self) -> tuple[OtherDevice, ...]:
@@ -681,34 +695,38 @@ class SysfsSource(Source):
         return tuple(parts[hosts[0] : -1])
 
     def nics(self) -> tuple[Nic, ...]:
-        """RDMA devices the kernel names (/sys/class/infiniband), else PCI functions of
-        class InfiniBand or a Mellanox/NVIDIA network function."""
+        """RDMA devices the kernel names (/sys/class/infiniband: :mod:`numabind._rdma`),
+        else PCI functions of class InfiniBand or a Mellanox/NVIDIA network function."""
+        from . import _rdma  # only a rank that asks for NICs (or show, check) loads it
+
+        found = _rdma.read(self.root, self.node_limit, self.cpulist, self.warn)
+        if found:
+            return found
         named: dict[str, str] = {}
-        for name in self.root.listdir(SYS_INFINIBAND, _sysfs.MAX_ACCELERATORS):
-            real = self.root.realpath(f"{SYS_INFINIBAND}/{name}/device")
-            bdf = real.rsplit("/", 1)[-1] if real else None
-            if bdf and normalize_pci(bdf) == bdf:
-                named.setdefault(bdf, name)
-        if not named:
-            for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
-                if normalize_pci(bdf) != bdf or len(named) >= _sysfs.MAX_ACCELERATORS:
-                    continue
-                cls = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/class")) or 0
-                vendor = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/vendor"))
-                if cls >> 8 == 0x0207 or (cls >> 16 == 0x02 and vendor == 0x15B3):
-                    named[bdf] = ""
+        for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
+            if normalize_pci(bdf) != bdf or len(named) >= _sysfs.MAX_ACCELERATORS:
+                continue
+            cls = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/class")) or 0
+            vendor = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/vendor"))
+            if cls >> 8 == 0x0207 or (cls >> 16 == 0x02 and vendor == 0x15B3):
+                named[bdf] = ""
         out = []
-        for bdf, name in sorted(named.items(), key=lambda kv: pci_sort_key(kv[0])):
+        for bdf in sorted(named, key=pci_sort_key):
             node = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/numa_node"))
             out.append(
                 Nic(
                     pci=bdf,
-                    name=_sysfs.clean_line(name, 64) or None,
                     numa_node=node if node is not None and 0 <= node < self.node_limit else None,
                     local_cpus=self.cpulist(f"{SYS_PCI}/{bdf}/local_cpulist"),
+                    kind="pci",
                 )
             )
         return tuple(out)
+
+    def ethernet(self, taken: frozenset[str], bonded: frozenset[str]) -> tuple[Nic, ...]:
+        from . import _rdma
+
+        return _rdma.interfaces(self.root, taken | bonded, self.node_limit)
 
     def others(self) -> tuple[OtherDevice, ...]:
         out: list[OtherDevice] = []

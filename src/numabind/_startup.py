@@ -68,11 +68,13 @@ def state_key(
 
 
 def roles_key(cfg: Config) -> str:
-    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_DEVICES add
+    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_DEVICES /
+    NUMABIND_NIC add
     (empty by default, so that keys recorded by an older numabind still match)."""
     key = "" if not cfg.reserve and cfg.smt == "all" else f"|reserve={cfg.reserve}|smt={cfg.smt}"
     key += f"|priority={cfg.priority}" if cfg.priority != "off" else ""
-    return key + (f"|devices={cfg.devices[:200]}" if cfg.devices else "")
+    key += f"|devices={cfg.devices[:200]}" if cfg.devices else ""
+    return key + (f"|nic={cfg.nic}|{cfg.nic_mode}|{cfg.nic_min_rate}" if cfg.nic else "")
 
 
 def record_state(binding: Binding, info: RankInfo, mode: str, memory: str, roles: str = "") -> None:
@@ -196,7 +198,10 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         machine, origin = Machine.from_root(cfg.sysroot), "sysfs (NUMABIND_CACHE=0)"
     try:
         visible = None
-        if info.problem is None and not nothing_to_bind(machine, cfg.mode, cfg.priority):
+        # a one-node machine has nothing to bind, but a rank that asks for NICs still
+        # needs its device (and a rank that does not never reads an adapter)
+        nothing = nothing_to_bind(machine, cfg.mode, cfg.priority)
+        if info.problem is None and (cfg.nic or not nothing):
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
@@ -208,6 +213,8 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             reserve=cfg.reserve,
             smt=cfg.smt,
             priority=cfg.priority,
+            nic_mode=cfg.nic_mode if cfg.nic else "",
+            nic_min_rate=cfg.nic_min_rate,
         )
         if cfg.devices and visible is not None and request.problem is None:
             request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")

@@ -352,6 +352,17 @@ class Machine:
             self._nics = self.source.nics()
         return self._nics
 
+    @property
+    def ethernet(self) -> tuple[Nic, ...]:
+        """Network interfaces on PCI functions that carry no RDMA device (``kind``
+        ``netdev``): ``show`` and ``doctor`` list them; no transport is told to use one."""
+        found: tuple[Nic, ...] | None = self.__dict__.get("_ethernet")
+        if found is None:
+            bonded = frozenset(m for n in self.nics for m in n.members)
+            found = self.source.ethernet(frozenset(n.pci for n in self.nics), bonded)
+            self.__dict__["_ethernet"] = found
+        return found
+
     def others(self) -> tuple[OtherDevice, ...]:
         """Compute-class PCI functions of vendors numabind has no row for (``doctor``)."""
         if self._others is None:

@@ -53,11 +53,26 @@ def process_lines(r: ProcessCheck) -> list[str]:
         where = "no plan"
     verdict = "UNKNOWN" if r.status == "unknown" else ("OK" if r.ok else "OFF PLAN")
     lines = [f"{verdict:8} {who}: {where}"]
+    if r.nics or r.nic_settings:
+        lines.append(f"         nics: {nic_text(r)}")
     lines += [f"         - {problem}" for problem in r.problems]
     lines += [f"         note: {note}" for note in r.notes]
     if len(r.roles) > 1 or any(g.on_plan is False for g in r.roles):
         lines.append("         roles: " + "; ".join(g.text() for g in r.roles))
     return lines
+
+
+def nic_text(r: ProcessCheck) -> str:
+    """``mlx5_0:1 (PIX, 400 Gb/s); UCX_NET_DEVICES=mlx5_0:1 (numabind)``: the adapters
+    chosen for the rank's GPU and the transport variables it runs with, who set each."""
+    chosen = ", ".join(
+        f"{n.label} ({n.relation}" + (f", {n.rate:g} Gb/s)" if n.rate else ")") for n in r.nics
+    )
+    shown = [
+        f"{k}={v} ({'numabind' if k in r.nic_set else 'set before numabind'})"
+        for k, v in sorted(r.nic_settings.items())
+    ]
+    return "; ".join([chosen or "no RDMA adapter chosen", *shown])
 
 
 def exit_status(report: CheckReport, named: bool) -> int:

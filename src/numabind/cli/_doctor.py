@@ -594,6 +594,7 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
                 )
             )
     out += cpuset_findings(machine, environ)
+    out += nic_findings(machine)
     balancing = machine.numa_balancing
     if balancing is not None:
         out.append(
@@ -641,6 +642,48 @@ def cpuset_findings(machine: Any, environ: Mapping[str, str] | None = None) -> l
             f"not bound; {cpuset_fix(env, allowed)}",
         )
     ]
+
+
+def nic_findings(machine: Any) -> list[Finding]:
+    """The RDMA adapters: what may be offered, what is listed and never chosen and why,
+    and each GPU with no adapter nearer than SYS (its ranks' RDMA traffic crosses the
+    socket interconnect whatever they are told)."""
+    from .._nics import assign, offered, same_vendor
+    from .._plan import describe_device, device_node
+
+    gpus = machine.accelerators
+    units, refused = offered(machine)
+    if not units and not refused:
+        if gpus:
+            out = [Finding(check="rdma adapters", status="info", detail="none found")]
+            return out
+        return []
+    shown = ", ".join(
+        f"{u.nic.name}:{u.port.number}" + (f" ({u.rate:g} Gb/s)" if u.rate else "")
+        for u in units[:16]
+    )
+    detail = f"{len(units)} port(s) may be offered: {shown or 'none'}"
+    if refused:
+        detail += "; never chosen: " + "; ".join(
+            f"{r.nic.name or r.nic.pci}: {r.why}" for r in refused[:8]
+        )
+    out = [Finding(check="rdma adapters", status="info" if units else "warn", detail=detail)]
+    if units and gpus:
+        found = assign(
+            machine, same_vendor(machine, gpus[0]), lambda d: device_node(machine, d).node
+        )
+        for i, g in enumerate(gpus):
+            mine = found.per_device.get(g.pci, ())
+            if mine and mine[0].relation.rstrip("*") == "SYS":
+                out.append(
+                    Finding(
+                        check="nic distance",
+                        status="warn",
+                        detail=f"{describe_device(g, i)}: no RDMA adapter nearer than SYS "
+                        f"(its nearest, {mine[0].label}, is across the socket interconnect)",
+                    )
+                )
+    return out
 
 
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:

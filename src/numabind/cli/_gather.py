@@ -15,12 +15,12 @@ import time
 
 from .._capture import ENV_FILE, RECORDED_VARIABLES
 from .._model import VENDORS
-from .._sources import SysfsSource, read_paths
+from .._sources import SYS_INFINIBAND, SYS_NET, SysfsSource, read_paths
 from ._common import OutputFile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
     from typing import IO
 
     from .._sources import Root
@@ -37,6 +37,8 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
         "{cpu}": ("/sys/devices/system/cpu", "cpu"),
         "{bdf}": ("/sys/bus/pci/devices", ""),
         "{driver}": (VENDORS[0].driver_dir or "", ""),
+        "{ibdev}": (SYS_INFINIBAND, ""),
+        "{netdev}": (SYS_NET, ""),
     }
     head, _, rest = pattern.partition("{")
     if not rest:
@@ -44,16 +46,37 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
         return
     key = "{" + rest.split("}", 1)[0] + "}"
     tail = rest.split("}", 1)[1]
-    if key == "{index}":
+    if key in _LISTED_HERE:  # a directory of the path before it: cache indexes, ports, ...
         base = head.rstrip("/")
-        for idx in root.listdir(base, 64):
-            if idx.startswith("index"):
-                yield from _expand(root, f"{base}/{idx}{tail}", cgroup)
+        keep = _LISTED_HERE[key]
+        for name in root.listdir(base, 64):
+            if keep(name):
+                yield from _expand(root, f"{base}/{name}{tail}", cgroup)
         return
     base, prefix = fields[key]
     for name in root.listdir(base):
         if not prefix or (name.startswith(prefix) and name[len(prefix) :].isdigit()):
             yield from _expand(root, f"{base}/{name}{tail}", cgroup)
+
+
+def _is_index(name: str) -> bool:
+    return name.startswith("index")
+
+
+def _is_port(name: str) -> bool:
+    return name.isascii() and name.isdigit() and len(name) < 4
+
+
+def _is_name(name: str) -> bool:
+    return "/" not in name and name not in (".", "..")
+
+
+# the pattern fields that list the directory the path has reached, and which names count
+_LISTED_HERE: dict[str, Callable[[str], bool]] = {
+    "{index}": _is_index,
+    "{port}": _is_port,
+    "{fnetdev}": _is_name,
+}
 
 
 def gather_paths(root: Root) -> list[str]:
@@ -71,14 +94,15 @@ def gather_paths(root: Root) -> list[str]:
 
 
 def pci_links(root: Root) -> dict[str, str]:
-    """The links that place each PCI device in the PCI tree (``/sys/bus/pci/devices/<bdf>``
-    and ``/sys/class/infiniband/<name>/device``) -> where they lead: ``show --matrix`` on
-    the capture needs them."""
-    from .._sources import SYS_INFINIBAND, SYS_PCI
+    """The links that place each PCI device in the PCI tree (``/sys/bus/pci/devices/<bdf>``,
+    ``/sys/class/infiniband/<name>/device`` and ``/sys/class/net/<name>/device``) -> where
+    they lead: ``show --matrix`` and the NIC choice on the capture need them."""
+    from .._sources import SYS_PCI
 
     links: dict[str, str] = {}
     candidates = [f"{SYS_PCI}/{bdf}" for bdf in root.listdir(SYS_PCI)]
     candidates += [f"{SYS_INFINIBAND}/{n}/device" for n in root.listdir(SYS_INFINIBAND, 64)]
+    candidates += [f"{SYS_NET}/{n}/device" for n in root.listdir(SYS_NET, 1024)]
     for path in candidates:
         real = root.realpath(path)
         if real and real != path and real.startswith("/sys/devices/"):

@@ -20,10 +20,12 @@ SYS   between NUMA nodes (the socket interconnect: UPI, Infinity Fabric)
 The tree comes from where ``/sys/bus/pci/devices/<address>`` leads (live sysfs and
 directory or tarball captures that keep the links), or from an hwloc XML export's bridges.
 A device whose place is unknown gets NODE or SYS from the nodes alone, marked ``*``.
+:func:`numabind._nics.path_class` is the rule, the same one the NIC choice uses.
 """
 
 from __future__ import annotations
 
+from .._nics import path_class
 from .._plan import describe_device, device_node
 from .._sysfs import format_cpulist
 
@@ -41,28 +43,6 @@ LEGEND = (
     "SYS  = between NUMA nodes (the socket interconnect)",
     "*    = the PCI tree is not in the machine's files: told from the NUMA nodes alone",
 )
-
-
-def path_class(
-    a: tuple[str, ...] | None,
-    b: tuple[str, ...] | None,
-    node_a: int | None,
-    node_b: int | None,
-) -> str:
-    """The class of the path between two devices with bridge paths ``a`` and ``b`` (host
-    bridge first) on NUMA nodes ``node_a`` and ``node_b``."""
-    if not a or not b or a[0] != b[0]:
-        tree = bool(a and b)
-        kind = "SYS" if node_a is None or node_b is None else "NODE" if node_a == node_b else "SYS"
-        return kind if tree else kind + "*"
-    common = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        common += 1
-    if common == 1:
-        return "PHB"
-    return "PIX" if len(a) - common <= 1 and len(b) - common <= 1 else "PXB"
 
 
 def _label(kind: str, i: int) -> str:

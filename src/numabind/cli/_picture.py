@@ -95,6 +95,7 @@ class NodeBox(Record):
     groups: tuple[CacheGroup, ...]
     gpus: tuple[GpuLine, ...]
     ranks: tuple[tuple[int, str], ...]  # (rank, its line)
+    nics: tuple[GpuLine, ...] = ()  # the RDMA adapters on the node, with the ranks given each
 
 
 class RankSet(Record):
@@ -212,6 +213,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
     accs = machine.all_accelerators
     hbm = {a.memory_node: a for a in accs if a.memory_node is not None}
     sets = _rank_sets(owner)
+    nics_here = _nic_lines(machine, plans) if any(p.nics for p in plans) else {}
     packages: dict[int | None, list[NodeBox]] = {}
     sizes = {n.id: n.memory_bytes for n in machine.nodes}
     for n in machine.nodes:
@@ -237,7 +239,8 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
             (
                 p.local_rank or 0,
                 f"rank {p.local_rank}: CPUs {fmt(p.cpus)}, memory {p.memory_text()}"
-                + (f", main thread on {fmt(p.main_cpus)}" if p.main_cpus else ""),
+                + (f", main thread on {fmt(p.main_cpus)}" if p.main_cpus else "")
+                + "".join(f", NIC {c.label} ({c.relation})" for c in p.nics),
             )
             for p in plans
             if p.bound and p.numa_node == n.id
@@ -249,6 +252,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
                 groups=_groups(machine, n.cpus, owner, reserved, priority) if n.cpus else (),
                 gpus=gpus,
                 ranks=lines,
+                nics=nics_here.get(n.id, ()),
             )
         )
     ordered = sorted(packages.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
@@ -273,6 +277,38 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         kinds_source=machine.core_kinds.source if priority else "",
         main=frozenset().union(*(p.main_cpus for p in plans if p.bound)),
     )
+
+
+def _nic_lines(machine: Machine, plans: list[Plan]) -> dict[int, tuple[GpuLine, ...]]:
+    """Per node, a line for each RDMA adapter on it: the ranks given it, or why it is
+    never chosen (drawn only for plans that carry NICs: ``show`` makes those)."""
+    from .._nics import nic_node, offered
+
+    units, refused = offered(machine)
+    out: dict[int, list[GpuLine]] = {}
+    for nic in machine.nics:
+        node = nic_node(machine, nic)
+        if node is None:
+            continue
+        ranks = frozenset(
+            p.local_rank
+            for p in plans
+            if p.local_rank is not None
+            and any(c.pci == nic.pci and c.name == nic.name for c in p.nics)
+        )
+        rate = max((u.rate or 0 for u in units if u.nic == nic), default=0)
+        text = f"NIC {nic.name or 'network adapter'} ({nic.pci}" + (
+            f", {rate:g} Gb/s)" if rate else ")"
+        )
+        why = next((r.why for r in refused if r.nic == nic), None)
+        if ranks:
+            text += f": {ranks_text(ranks)}"
+        elif why is not None and not any(u.nic == nic for u in units):
+            text += f": never chosen ({why})"
+        else:
+            text += ": no rank"
+        out.setdefault(node, []).append(GpuLine(text=text, ranks=ranks))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def _roles_text(plans: list[Plan]) -> str:
@@ -366,6 +402,7 @@ def draw(pic: Picture) -> list[str]:
                         under = "".join(_priority_symbol(pic, c) for c in row)
                         out.append(f"      {under}  priority cores")
             out += [f"    {g.text}" for g in box.gpus]
+            out += [f"    {g.text}" for g in box.nics]
             out += [f"    {line}" for _, line in box.ranks]
     if pic.unplaced:
         out += ["", "accelerators whose node is unknown"]

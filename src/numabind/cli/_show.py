@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import NO_RESERVE, Allowed, CoreKinds, Node, OtherDevice, Record, Reserve
+from .._model import NO_RESERVE, Allowed, CoreKinds, NicPort, Node, OtherDevice, Record, Reserve
 from .._plan import Plan, Request, device_node, plan
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -43,8 +43,11 @@ def plans_for(
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     priority: str = "off",
+    nic_mode: str = "",
+    nic_min_rate: str = "auto",
 ) -> tuple[Visible, list[Plan], str]:
-    """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
+    """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them (with
+    each rank's RDMA adapters for a ``nic_mode``: ``show`` asks for them)."""
     from .._devices import resolve
     from .._environ import detect
 
@@ -74,6 +77,8 @@ def plans_for(
                 priority=priority,
                 size_source=source,
                 notes=info.notes if r == 0 else (),
+                nic_mode=nic_mode,
+                nic_min_rate=nic_min_rate,
             ),
         )
         for r in range(count)
@@ -164,6 +169,74 @@ class VisibleRow(Record):
     notes: tuple[str, ...]
 
 
+class NicRow(Record):
+    """One network adapter of the machine as ``show`` reports it: what it is, its ports,
+    which of them may be offered (``offered``: port numbers), the GPUs given it (their PCI
+    addresses), and why it is never chosen when it is not (``never``)."""
+
+    name: str | None
+    pci: str
+    kind: str
+    numa_node: int | None
+    ports: tuple[NicPort, ...]
+    netdevs: tuple[str, ...]
+    bond: str | None
+    members: tuple[str, ...]
+    member_of: str | None
+    speed: float | None
+    offered: tuple[int, ...]
+    given_to: tuple[str, ...]
+    never: str | None
+
+
+def nic_rows(machine: Machine, mode: str = "nearest", min_rate: str = "auto") -> list[NicRow]:
+    """Every network adapter: the RDMA ones with the machine-wide choice, then the plain
+    interfaces (never chosen)."""
+    from .._nics import assign, same_vendor
+
+    gpus = machine.accelerators
+    if gpus:
+        found = assign(
+            machine,
+            same_vendor(machine, gpus[0]),
+            lambda d: device_node(machine, d).node,
+            mode,
+            min_rate,
+        )
+        units, refused, per = found.units, found.refused, found.per_device
+    else:
+        from .._nics import offered
+
+        units_list, refused_list = offered(machine, min_rate)
+        units, refused, per = tuple(units_list), tuple(refused_list), {}
+    rows = []
+    for n in (*machine.nics, *machine.ethernet):
+        ports = tuple(u.port.number for u in units if u.nic == n)
+        whys = [r.why for r in refused if r.nic == n]
+        given = tuple(
+            pci for pci, cs in per.items() if any(c.name == n.name and c.pci == n.pci for c in cs)
+        )
+        never = None if ports else ("; ".join(whys) or "no RDMA device")
+        rows.append(
+            NicRow(
+                name=n.name,
+                pci=n.pci,
+                kind=n.kind,
+                numa_node=n.numa_node,
+                ports=n.ports,
+                netdevs=n.netdevs,
+                bond=n.bond,
+                members=n.members,
+                member_of=n.member_of,
+                speed=n.speed,
+                offered=ports,
+                given_to=given,
+                never=never,
+            )
+        )
+    return rows
+
+
 class ShowReport(Record):
     """What ``numabind show --json`` prints (docs/cli.rst documents every key)."""
 
@@ -181,6 +254,7 @@ class ShowReport(Record):
     this_process: dict[str, Any] | None = None
     core_kinds: CoreKinds = CoreKinds()
     notes: tuple[str, ...] = ()  # which of this shell's variables applied, which did not
+    nics: tuple[NicRow, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -189,7 +263,9 @@ class ShowReport(Record):
         return d
 
 
-def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowReport:
+def show_data(
+    machine: Machine, visible: Visible, plans: list[Plan], nics: list[NicRow] | None = None
+) -> ShowReport:
     indices = {d.pci: i for i, d in enumerate(visible.devices)}
     devices = []
     for acc in machine.all_accelerators:
@@ -222,6 +298,7 @@ def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowRepo
         ranks=tuple(plans),
         not_handled=machine.others(),
         core_kinds=machine.core_kinds,
+        nics=tuple(nics or ()),
     )
 
 
@@ -243,6 +320,7 @@ def show_text(
     memory: str,
     this_machine: bool = True,
     environ: Mapping[str, str] | None = None,
+    nics: list[NicRow] | None = None,
 ) -> list[str]:
     """The text report, one line per item (the writer escapes each).  ``this_machine``:
     the machine ``doctor`` would read too (not an example or a capture); ``environ`` the
@@ -312,6 +390,7 @@ def show_text(
             f"  not handled: {len(where)} x {label} at {', '.join(where[:4])}{more} "
             f"(numabind knows no such vendor{more_said})"
         )
+    out += nic_lines(visible, nics or [])
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
     roles += ", smt 1" if first and first.smt == "1" else ""
@@ -322,8 +401,10 @@ def show_text(
     ]
     helpers = any(p.helpers for p in plans)
     mains = any(p.main_cpus for p in plans)
+    with_nics = any(p.nics for p in plans)
     rows = [["rank", "device", "node", "cpus", *(["reserved"] if helpers else [])]]
-    rows[0] += [*(["main thread"] if mains else []), "threads", "memory", "status: reason"]
+    rows[0] += [*(["main thread"] if mains else []), "threads", "memory"]
+    rows[0] += [*(["nics"] if with_nics else []), "status: reason"]
     for p in plans:
         rows.append(
             [
@@ -335,6 +416,11 @@ def show_text(
                 *([fmt(p.main_cpus) or "-"] if mains else []),
                 str(p.threads) if p.threads is not None else "-",
                 _memory_cell(p),
+                *(
+                    [",".join(f"{n.label} {n.relation}" for n in p.nics) or "-"]
+                    if with_nics
+                    else []
+                ),
                 f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
             ]
         )
@@ -357,6 +443,47 @@ def kinds_lines(machine: Machine) -> list[str]:
     if not kinds.distinct:
         return [f"  cores: {machine.describe_kinds(machine.online_cpus)}"]
     return [f"  cores of node {n.id}: {machine.describe_kinds(n.cpus)}" for n in machine.cpu_nodes]
+
+
+def nic_lines(visible: Visible, rows: list[NicRow]) -> list[str]:
+    """The network adapters: each port's state, rate and link layer, the GPUs given it,
+    or why it is never chosen."""
+    if not rows:
+        return []
+    index = {d.pci: i for i, d in enumerate(visible.devices)}
+    out = ["", "Network adapters (RDMA ports offered to ranks; the rest listed, never chosen)"]
+    table = [["name", "pci", "node", "ports", "given to / never chosen"]]
+    for r in rows:
+        ports = " ".join(
+            f"{p.number}:{(p.state or '?').lower()}"
+            + (f"/{p.rate:g}G" if p.rate else "")
+            + (f"/{_LAYER.get(p.link_layer, p.link_layer)}" if p.link_layer else "")
+            for p in r.ports
+        )
+        if r.bond:
+            ports += f" (bond {r.bond}: {', '.join(r.members)}" + (
+                f", {r.speed:g}G)" if r.speed else ")"
+            )
+        if r.given_to:
+            gpus = [str(index[g]) if g in index else g for g in r.given_to]
+            what = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(gpus)}"
+        elif r.never:
+            what = f"never: {r.never}"
+        else:
+            what = "no GPU (idle)"
+        table.append(
+            [
+                r.name or "-",
+                r.pci,
+                "-" if r.numa_node is None else str(r.numa_node),
+                ports or ("-" if r.kind == "rdma" else r.kind),
+                what,
+            ]
+        )
+    return out + _table(table)
+
+
+_LAYER = {"InfiniBand": "IB", "Ethernet": "RoCE", "Unknown": "?"}
 
 
 # how numactl spells each memory policy (numactl(8); --preferred-many needs 2.0.16+)
@@ -533,8 +660,11 @@ def run_show(args: argparse.Namespace) -> int:
             args.reserve,
             args.smt,
             args.priority,
+            nic_mode=cfg.nic_mode,
+            nic_min_rate=cfg.nic_min_rate,
         )
-        report = show_data(machine, visible, plans).replace(notes=tuple(shell_notes))
+        rows = nic_rows(machine, cfg.nic_mode, cfg.nic_min_rate)
+        report = show_data(machine, visible, plans, rows).replace(notes=tuple(shell_notes))
         this = None if args.input or args.example else this_process(machine, environ, plans)
         if this is not None:
             report = report.replace(this_process=this)
@@ -555,6 +685,7 @@ def run_show(args: argparse.Namespace) -> int:
                 args.memory,
                 this_machine=args.input is None and args.example is None,
                 environ=environ,
+                nics=rows,
             )
             lines += notice_lines("note", shell_notes) if shell_notes else []
             if this is not None:

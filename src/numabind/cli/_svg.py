@@ -237,7 +237,7 @@ def _node(c: _Canvas, pic: Picture, box: NodeBox) -> None:
     mark = len(c.parts)
     c.lines(2 * PAD, box.header, INNER, FONT, bold=True)
     _groups(c, pic, box, 2 * PAD)
-    for g in box.gpus:
+    for g in (*box.gpus, *box.nics):
         found = next((s for s in pic.sets if g.ranks & s.ranks), None)
         c.swatch_line(2 * PAD, found.colour if found else FREE, g.text, INNER)
     for rank, line in box.ranks:
