@@ -450,26 +450,38 @@ def test_a_rank_in_another_cgroup_never_uses_a_cache_made_in_another() -> None:
 COUNT = (
     "import json, sys; opened = []\n"
     "def audit(event, args):\n"
-    "    if event == 'open' and isinstance(args[0], str) and 'numa_node' in args[0]:\n"
+    "    if event == 'open' and isinstance(args[0], str) and args[0].startswith(FILES):\n"
     "        opened.append(args[0])\n"
     "sys.addaudithook(audit)\n"
     "import site; site.main()\n"
     "import os; s = sys.modules['_numabind_start']\n"
-    "print(json.dumps([opened, s.machine_origin, os.environ.get('NUMABIND_STATE'),\n"
+    "full = sys.modules.get('numabind._startup')  # a rank handed to the full path\n"
+    "origin = full.last.machine if s.handed_over and full and full.last else s.machine_origin\n"
+    "print(json.dumps([opened, origin, os.environ.get('NUMABIND_STATE'),\n"
     "                  sorted(os.sched_getaffinity(0))]))\n"
 )
 
 
-@pytest.mark.parametrize("ranks", [8])
-def test_ranks_that_start_at_once_read_the_machine_once(tmp_path: Path, ranks: int) -> None:
-    """Eight ranks of a generated DGX started together, no cache: the GPUs' numa_node files
-    are opened by one of them only; every other waited for its file; each rank's state and
-    CPUs are what it gets without a cache."""
+@pytest.mark.parametrize(
+    ("ranks", "extra"),
+    [(8, {}), (8, {"NUMABIND_VERBOSE": "1"})],
+    ids=["fast-path", "full-path"],
+)
+def test_ranks_that_start_at_once_read_the_machine_once(
+    tmp_path: Path, ranks: int, extra: dict[str, str]
+) -> None:
+    """Ranks of a generated DGX started together, no cache, planned by the fast path or
+    handed to the full path (verbose): no file of the machine is opened by two of them
+    (the cpuset files of the key aside: every rank reads those), one of them read it and
+    every other waited for its file; each rank's state and CPUs are what it gets without
+    a cache."""
     root = synth.write(synth.dgx_h100(), str(tmp_path / "dgx"))
-    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none")
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", **extra)
+    # a sysroot is read by names relative to its directory (and the key by whole paths)
+    code = f"FILES = {(root + '/', 'sys/', 'proc/')!r}\n" + COUNT
     procs = [
         subprocess.Popen(
-            [sys.executable, "-S", "-c", COUNT],
+            [sys.executable, "-S", "-c", code],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -482,7 +494,14 @@ def test_ranks_that_start_at_once_read_the_machine_once(tmp_path: Path, ranks: i
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
         outs.append(json.loads(out))
-    readers = [o for o in outs if o[0]]
+    key = (f"{root}/sys/fs/cgroup/", f"{root}/proc/", "sys/fs/cgroup/", "proc/")  # the key's
+    openers: dict[str, int] = {}
+    for o in outs:
+        for path in set(o[0]):
+            if not path.startswith(key):
+                openers[path] = openers.get(path, 0) + 1
+    assert openers and max(openers.values()) == 1, sorted(p for p, n in openers.items() if n > 1)
+    readers = [o for o in outs if any(not p.startswith(key) for p in o[0])]
     assert len(readers) == 1, [o[1] for o in outs]
     assert sum(1 for o in outs if o[1] == "cache") == ranks - 1, [o[1] for o in outs]
     for r, o in enumerate(outs):

@@ -720,6 +720,68 @@ def test_torchrun_ranks_stay_off_the_reserved_core(vm_roles: dict[str, Any]) -> 
         assert all(mask == want[rank] for mask in r["threads"]), r
 
 
+def _machine_openers(ranks: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``ranks`` opened each file of the machine (sysfs, the drivers' /proc
+    lists), the key's cpuset files aside (every rank reads those again)."""
+    openers: dict[str, int] = {}
+    for r in ranks:
+        key = set(r["key_files"])
+        for path in set(r["opened"]) - key:
+            machine = path.startswith(("/sys/", "/proc/driver/"))
+            if machine and not path.startswith("/sys/fs/cgroup/"):
+                openers[path] = openers.get(path, 0) + 1
+    return openers
+
+
+def _same_binding(ranks: list[dict[str, Any]], alone: list[dict[str, Any]]) -> None:
+    by_rank = {r["rank"]: r for r in alone}
+    for r in ranks:
+        want = by_rank[r["rank"]]
+        assert "cpus" in want, want
+        for k in ("cpus", "helpers", "first", "policy", "state"):
+            assert r[k] == want[k], (r["rank"], k, r[k], want[k])
+        assert want["origin"] == "sysfs (NUMABIND_CACHE=0)", want
+
+
+@pytest.mark.torch
+def test_torchrun_ranks_read_the_machine_once_in_all(vm_roles: dict[str, Any]) -> None:
+    """The four torchrun workers, the node's first ranks: every file of the machine opened
+    by one of them at most, one of them read it, the others took its file (exclusive mode
+    with fewer cores than ranks is said in a line: the full path, from the cache); each is
+    bound as it is alone without the cache."""
+    run = vm_roles["torchrun"]
+    assert run["rc"] == 0, run["stderr"]
+    ranks = run["ranks"]
+    assert len(ranks) == 4, run
+    openers = _machine_openers(ranks)
+    assert openers and max(openers.values()) == 1, {p: n for p, n in openers.items() if n > 1}
+    readers = [r["rank"] for r in ranks if any(p in openers for p in r["opened"])]
+    assert len(readers) == 1, [(r["rank"], r["origin"]) for r in ranks]
+    origins = sorted(r["origin"] for r in ranks)
+    assert origins[:3] == ["cache"] * 3 and origins[3].startswith("sysfs (cache: "), origins
+    _same_binding(ranks, run["no_cache"])
+
+
+@pytest.mark.torch
+def test_warm_ranks_read_no_machine_file_and_bind_as_without_the_cache(
+    vm_roles: dict[str, Any],
+) -> None:
+    """Four plain ranks at once, planned by the warm start: the first four read the
+    machine once in all, the next four not at all; all decided without numabind's full
+    path and bound as they are without the cache."""
+    run = vm_roles["cache_ranks"]
+    cold, warm = run["cold"]["ranks"], run["warm"]["ranks"]
+    assert len(cold) == len(warm) == 4, run
+    openers = _machine_openers(cold)
+    assert openers and max(openers.values()) == 1, {p: n for p, n in openers.items() if n > 1}
+    assert _machine_openers(warm) == {}, "a warm rank opened a file of the machine"
+    assert all(r["handed_over"] == "" for r in cold + warm), [r["handed_over"] for r in cold]
+    assert all(r["origin"] == "cache" for r in warm), [r["origin"] for r in warm]
+    assert sum(r["origin"] != "cache" for r in cold) == 1, [r["origin"] for r in cold]
+    _same_binding(cold, run["no_cache"])
+    _same_binding(warm, run["no_cache"])
+
+
 @pytest.mark.torch
 def test_dataloader_workers_and_openmp_keep_their_roles(vm_roles: dict[str, Any]) -> None:
     run = vm_roles["loader"]

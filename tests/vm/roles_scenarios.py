@@ -2,7 +2,11 @@
 GPUs 0-1 on node 0, 2-3 on node 1), with real torch 2.13:
 
 * torchrun with 4 workers (2 per node), exclusive mode and NUMABIND_RESERVE=1/node: no
-  rank on its node's reserved (last) core;
+  rank on its node's reserved (last) core; the four, the node's first ranks, read the
+  machine once in all (every file each opens is recorded), and each is bound as it is
+  without the cache;
+* four plain ranks at once, twice (no machine file, then the file there), planned by the
+  warm start: the same, and the second four read no machine file at all;
 * a DataLoader rank (NUMABIND_WORKERS=spread, NUMABIND_OMP_PLACES=cores): the main
   thread, a thread and a forked child keep the rank's CPUs after ``import torch``, the two
   workers get disjoint cores of the rank's node, and ``check --all`` passes rank and workers;
@@ -18,8 +22,10 @@ Usage (in the guest): python tests/vm/roles_scenarios.py OUT.json
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -33,29 +39,84 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+RANK = [sys.executable, "-S", os.path.join(HERE, "probes", "audited.py"),
+        os.path.join(HERE, "probes", "roles_rank.py")]  # fmt: skip
+
+
+def _clear_cache() -> None:
+    """No machine file yet: the next ranks are the node's first."""
+    shutil.rmtree(f"/dev/shm/numabind-cache-{os.geteuid()}", ignore_errors=True)
+
+
+def _roles(out: str) -> list:  # type: ignore[type-arg]
+    return [json.loads(x[5:]) for x in out.splitlines() if x.startswith("ROLE ")]
+
+
+def _without_cache(knobs: dict[str, str], ranks: int) -> list:  # type: ignore[type-arg]
+    """Each rank again, alone and with NUMABIND_CACHE=0: the binding the cache must give."""
+    out = []
+    for rank in range(ranks):
+        env = _env(**knobs, LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks), NUMABIND_CACHE="0")
+        p = subprocess.run(RANK, capture_output=True, text=True, timeout=300, env=env)
+        out += _roles(p.stdout) or [{"rank": rank, "rc": p.returncode, "stderr": p.stderr[-2000:]}]
+    return out
+
+
 def torchrun_reserve(results: dict) -> None:  # type: ignore[type-arg]
+    """Four torchrun workers, the node's first ranks (no machine file yet): exclusive mode
+    and a reservation, each audited from its first moment (probes/audited.py); then each
+    rank alone without the cache."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    knobs = {"NUMABIND_RESERVE": "1/node", "NUMABIND_MODE": "exclusive"}
+    _clear_cache()
+    out = tempfile.mkdtemp()
     t = time.time()
     p = subprocess.run(
-        [
-            torchrun,
-            "--nproc-per-node",
-            "4",
-            "--no-python",
-            sys.executable,
-            os.path.join(HERE, "probes", "roles_rank.py"),
-        ],
+        [torchrun, "--nproc-per-node", "4", "--no-python", *RANK],
         capture_output=True,
         text=True,
         timeout=900,
-        env=_env(NUMABIND_RESERVE="1/node", NUMABIND_MODE="exclusive"),
+        env=_env(**knobs, ROLE_DIR=out),
     )
+    ranks = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as f:
+            ranks.append(json.load(f))
     results["torchrun"] = {
         "rc": p.returncode,
         "stderr": p.stderr[-3000:],
-        "ranks": [json.loads(x[5:]) for x in p.stdout.splitlines() if x.startswith("ROLE ")],
+        "ranks": ranks,
         "seconds": round(time.time() - t, 1),
+        "no_cache": _without_cache(knobs, 4),
     }
+
+
+def cache_ranks(results: dict) -> None:  # type: ignore[type-arg]
+    """Four plain ranks started at once (node mode, one core reserved per node: what the
+    warm start decides itself), twice: the node's first ranks, then with the machine file
+    there; then each alone without the cache."""
+    knobs = {"NUMABIND_RESERVE": "1/node"}
+    _clear_cache()
+    out: dict = {}  # type: ignore[type-arg]
+    for phase in ("cold", "warm"):
+        procs = [
+            subprocess.Popen(
+                RANK,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(**knobs, LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="4"),
+            )
+            for r in range(4)
+        ]
+        ranks, errs = [], []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=300)
+            ranks += _roles(stdout)
+            errs.append(stderr[-1000:])
+        out[phase] = {"ranks": ranks, "stderr": errs}
+    out["no_cache"] = _without_cache(knobs, 4)
+    results["cache_ranks"] = out
 
 
 def loader(results: dict) -> None:  # type: ignore[type-arg]
@@ -180,7 +241,8 @@ def main() -> int:
     out_path = sys.argv[1]
     results: dict = {"errors": {}}  # type: ignore[type-arg]
     steps = (("places", places), ("register", register), ("bench_gpu", bench_gpu),
-             ("torchrun", torchrun_reserve), ("loader", loader))  # fmt: skip
+             ("torchrun", torchrun_reserve), ("cache_ranks", cache_ranks),
+             ("loader", loader))  # fmt: skip
     for name, fn in steps:
         try:
             fn(results)

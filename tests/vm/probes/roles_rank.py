@@ -1,14 +1,31 @@
-"""A torchrun worker under NUMABIND_RESERVE: what the hook planned (compute and helper
-CPUs) and every thread's mask.  Prints one line, ``ROLE {json}``."""
+"""A rank under NUMABIND_RESERVE (under torchrun, or started directly): what the hook
+planned (compute and helper CPUs) and every thread's mask; run by probes/audited.py, also
+every file its interpreter opened before this script's first statement and where its
+machine came from (the per-node cache).  Prints one line, ``ROLE {json}`` (or writes
+it to ``$ROLE_DIR/rank-N.json``)."""
 
 import os
 
 FIRST_AFFINITY = sorted(os.sched_getaffinity(0))
 
+import builtins  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
 import threading  # noqa: E402
 
+OPENED = list(getattr(builtins, "OPENED", None) or [])
+builtins.OPENED_UNTIL = 1  # type: ignore[attr-defined]
+
 import numabind._startup  # noqa: E402
+from numabind import _kernel  # noqa: E402
+
+
+def _key_files() -> list[str]:
+    """The cpuset files the cache's key holds (every rank reads them again)."""
+    import _numabind_fast
+
+    quick, _, _ = _numabind_fast.read_cache(os.environ, "/")
+    return [t[0] for t in (quick or {}).get("cpuset-file", [])]
 
 
 def main() -> None:
@@ -16,15 +33,28 @@ def main() -> None:
     t.start()
     t.join()
     b = numabind._startup.last
+    start = sys.modules.get("_numabind_start")
     masks = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
+    policy = _kernel.get_mempolicy()
     data = {
         "rank": int(os.environ["LOCAL_RANK"]),
         "first": FIRST_AFFINITY,
         "cpus": sorted(b.plan.cpus) if b else None,
         "helpers": sorted(b.plan.helpers) if b else None,
         "threads": masks,
+        "policy": [policy[0], sorted(policy[1])],
+        "state": os.environ.get("NUMABIND_STATE"),
+        "origin": getattr(start, "machine_origin", None) or (b.machine if b else ""),
+        "handed_over": getattr(start, "handed_over", None),
+        "opened": OPENED,
+        "key_files": _key_files(),
     }
-    print("ROLE " + json.dumps(data), flush=True)
+    out = os.environ.get("ROLE_DIR")  # ranks that share a pipe: one file each (a line
+    if out:  # longer than the pipe's atomic write would interleave with the others')
+        with open(os.path.join(out, f"rank-{data['rank']}.json"), "w") as f:
+            json.dump(data, f)
+    else:
+        print("ROLE " + json.dumps(data), flush=True)
 
 
 if __name__ == "__main__":
