@@ -401,8 +401,9 @@ def parse_cache(data: bytes, key: str) -> "tuple[dict[str, list[list[str]]] | No
         return None, f"truncated ({len(body)} of {int(fields[2])} bytes)"
     if int(fields[3]) != checksum(body):
         return None, "damaged (its checksum does not match)"
+    end = body.find(b"\n--\n")  # the quick facts end there; the record is numabind's to read
     try:
-        text = body.decode("utf-8")
+        text = body[: end if end >= 0 else len(body)].decode("utf-8")
     except UnicodeDecodeError:
         return None, "not UTF-8"
     lines = text.split("\n")
@@ -413,8 +414,6 @@ def parse_cache(data: bytes, key: str) -> "tuple[dict[str, list[list[str]]] | No
         if line.startswith("q "):
             tokens = line.split(" ")
             quick.setdefault(tokens[1], []).append(tokens[2:])
-        elif line == "--":
-            break
     return quick, ""
 
 
@@ -1160,9 +1159,16 @@ def _bind(
         "registered": registered,
         "registered_label": _registered.get("label"),
         "machine": machine,
-        "environ": dict(env),  # what it planned from, for numabind to plan the same later
+        # what it planned from, for numabind to plan the same later (os.environ's bytes:
+        # a copy without decoding every variable; numabind._apply._replan decodes them)
+        "environ": _environ_copy(env),
     }
     return ""
+
+
+def _environ_copy(env: "Env") -> "dict[str, str] | dict[bytes, bytes]":
+    data = getattr(env, "_data", None)
+    return data.copy() if isinstance(data, dict) else dict(env)
 
 
 def _apply(

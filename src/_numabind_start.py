@@ -172,10 +172,20 @@ class Handover(Exception):
     in verbose mode and recorded in the registry entry's ``machine`` field)."""
 
 
+def _knob_names(env: "Env") -> "list[str]":
+    """The NUMABIND* names in ``env``: for os.environ from its bytes keys (decoding all of
+    a process's variables to find a few costs more than the rest of the decision)."""
+    data = getattr(env, "_data", None)
+    if isinstance(data, dict):
+        prefix = b"NUMABIND"
+        return [os.fsdecode(k) for k in data if k[:8] == prefix]
+    return [name for name in env if name.startswith("NUMABIND")]
+
+
 def _config(env: "Env") -> "dict[str, str]":
     get = env.get
-    for name in env:
-        if name.startswith("NUMABIND") and name not in _FAST_KNOBS:
+    for name in _knob_names(env):
+        if name not in _FAST_KNOBS:
             raise Handover(f"{name} is not a knob the fast path knows")
     cfg: dict[str, str] = {}
     for name, accepted in _FAST_KNOBS.items():

@@ -1120,8 +1120,12 @@ def _replan(record: dict[str, object]) -> Plan:
     from ._environ import Config, detect
     from ._plan import nothing_to_bind, plan, request_for
 
-    env = record.get("environ")
-    environ = dict(env) if isinstance(env, dict) else dict(os.environ)
+    env = record.get("environ")  # os.environ's bytes, or a plain dict of text
+    environ = (
+        {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+        if isinstance(env, dict)
+        else dict(os.environ)
+    )
     cfg = Config.from_env(environ)
     info = detect(environ, getattr(sys, "orig_argv", None))
     opened = open_machine(cfg.sysroot, environ, wants(cfg.mode, cfg.smt, cfg.priority, cfg.reserve))
