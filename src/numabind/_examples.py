@@ -60,6 +60,13 @@ class Spec:
     environ: dict[str, str] | None = None
     kernel: str = "6.8.0-generic"
     numa_balancing: int | None = None  # /proc/sys/kernel/numa_balancing (None: absent)
+    # the SLIT, when the default rule (10 local, 12 same package, 32 across, 80 to and
+    # from a memory-only node) is not the machine's
+    distance_matrix: list[list[int]] | None = None
+    memory_gib_of: dict[int, int] | None = None  # per-node sizes beyond memory_gib
+    tiers: dict[int, int] | None = None  # node -> kernel memory tier (memory_tierN)
+    bandwidth: dict[int, int] | None = None  # node -> HMAT read bandwidth (MB/s)
+    vendor: str | None = None  # "intel" / "amd": /sys/devices/system/cpu/modalias
 
 
 def _mask(cpus: Iterable[int]) -> str:
@@ -101,12 +108,28 @@ class _Tree:
             base = f"/sys/devices/system/node/node{i}"
             self.w(f"{base}/cpulist", format_cpulist(cpus))
             self.w(f"{base}/cpumap", _mask(cpus))
-            kib = spec.memory_gib * 1024 * 1024
-            self.w(f"{base}/meminfo", f"Node {i} MemTotal:       {kib} kB")
+            gib = (spec.memory_gib_of or {}).get(i, spec.memory_gib)
+            self.w(f"{base}/meminfo", f"Node {i} MemTotal:       {gib * 1024 * 1024} kB")
             self.w(f"{base}/distance", " ".join(str(self.distance(i, j)) for j in ids))
+            if spec.bandwidth and i in spec.bandwidth:
+                self.w(f"{base}/access0/initiators/read_bandwidth", str(spec.bandwidth[i]))
+        by_tier: dict[int, list[int]] = {}
+        for node, tier in (spec.tiers or {}).items():
+            by_tier.setdefault(tier, []).append(node)
+        for tier, members in by_tier.items():
+            tb = f"/sys/devices/virtual/memory_tiering/memory_tier{tier}"
+            self.w(f"{tb}/nodelist", format_cpulist(members))
+        if spec.vendor is not None:
+            ven = {"intel": "0000", "amd": "0002"}[spec.vendor]
+            self.w(
+                "/sys/devices/system/cpu/modalias",
+                f"cpu:type:x86,ven{ven}fam0006mod008F:feature:,0000",
+            )
 
     def distance(self, i: int, j: int) -> int:
         spec = self.spec
+        if spec.distance_matrix is not None:
+            return spec.distance_matrix[i][j]
         if i == j:
             return 10
         if not spec.nodes[i] or not spec.nodes[j]:
@@ -377,6 +400,134 @@ def gb200() -> Spec:
     return Spec(nodes=nodes, package_of_node=[0, 1, 0, 0, 1, 1], gpus=gpus)
 
 
+def gh200() -> Spec:
+    """One Grace Hopper superchip in NUMA mode: the Grace CPU's 72 cores and 480 GiB of
+    LPDDR5X on node 0, the H100's 96 GiB of HBM3 as the CPU-less node 1, which the GPU
+    driver names (``numa_status``); node 0's only fallback is the GPU's memory."""
+    nodes: list[list[int]] = [list(range(72)), []]
+    gpu = Gpu(
+        "0009:01:00.0",
+        0,
+        device=0x2342,
+        uuid=_uuid(0),
+        minor=0,
+        memory_node=1,
+        local_cpus=nodes[0],
+        model="NVIDIA GH200 480GB",
+    )
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0],
+        gpus=[gpu],
+        memory_gib_of={0: 480, 1: 96},
+        distance_matrix=[[10, 80], [80, 10]],
+        kernel="6.8.0-1013-nvidia-64k",
+    )
+
+
+def xeon_max() -> Spec:
+    """Two Xeon Max 9480 (56 cores x 2 threads each) in SNC4 and HBM flat mode: 16 nodes.
+    Nodes 0-7 are the sub-NUMA clusters (14 cores and 64 GiB of DDR5 each, 0-3 on package
+    0), nodes 8-15 their HBM (16 GiB each, no CPUs: node 8 + k belongs to cluster k), as
+    ``numactl -H`` shows such a machine.  The firmware's HMAT gives each HBM node about
+    three times its cluster's DDR bandwidth; the SLIT puts a cluster's HBM a little farther
+    than its DDR, its package's other clusters nearer than the other package.  Six Intel
+    Data Center GPU Max 1550 (an Aurora node's layout): on clusters 0-2 and 4-6."""
+    ddr = []
+    for pkg in range(2):
+        for k in range(4):
+            first = pkg * 56 + k * 14
+            cores = list(range(first, first + 14))
+            ddr.append(cores + [c + 112 for c in cores])
+    nodes: list[list[int]] = ddr + [[] for _ in range(8)]
+
+    def dist(i: int, j: int) -> int:
+        if i == j:
+            return 10
+        pi, pj = (i % 8) // 4, (j % 8) // 4
+        hbm = (i >= 8) + (j >= 8)
+        if pi != pj:
+            return 21 if hbm == 0 else 23
+        if hbm == 1 and i % 8 == j % 8:
+            return 13  # a cluster and its own HBM
+        return 12 if hbm == 0 else 14
+
+    gpus = [
+        Gpu(f"0000:{b:02x}:00.0", n, vendor=0x8086, device=0x0BD5, pci_class=0x038000)
+        for b, n in ((0x18, 0), (0x42, 1), (0x6C, 2), (0x9A, 4), (0xC3, 5), (0xEC, 6))
+    ]
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0, 0, 0, 1, 1, 1, 1] * 2,
+        smt=2,
+        smt_stride=112,
+        gpus=gpus,
+        memory_gib=64,
+        memory_gib_of={n: 16 for n in range(8, 16)},
+        distance_matrix=[[dist(i, j) for j in range(16)] for i in range(16)],
+        bandwidth={n: (76800 if n < 8 else 230400) for n in range(16)},
+        vendor="intel",
+    )
+
+
+def snc3() -> Spec:
+    """Two Xeon 6 (Granite Rapids, 72 cores x 2 threads each) in SNC3: six nodes of 24
+    cores, 0-2 on package 0; eight B200, two each on nodes 0, 1, 3 and 4, none on 2 and 5
+    (a B200 host with sub-NUMA clustering: six CPU nodes, GPUs on four)."""
+    nodes = []
+    for pkg in range(2):
+        for k in range(3):
+            first = pkg * 72 + k * 24
+            cores = list(range(first, first + 24))
+            nodes.append(cores + [c + 144 for c in cores])
+
+    def dist(i: int, j: int) -> int:
+        return 10 if i == j else (12 if i // 3 == j // 3 else 21)
+
+    gpus = [
+        Gpu(f"0000:{b:02x}:00.0", n, device=0x2901, uuid=_uuid(i), minor=i, model="NVIDIA B200")
+        for i, (b, n) in enumerate(
+            [(0x1A, 0), (0x2A, 0), (0x3A, 1), (0x4A, 1), (0x9A, 3), (0xAA, 3), (0xBA, 4), (0xCA, 4)]
+        )
+    ]
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0, 0, 1, 1, 1],
+        smt=2,
+        smt_stride=144,
+        gpus=gpus,
+        memory_gib=340,
+        distance_matrix=[[dist(i, j) for j in range(6)] for i in range(6)],
+        vendor="intel",
+    )
+
+
+def cxl() -> Spec:
+    """Two AMD EPYC sockets (NPS1, 64 cores each) with a CXL memory expander on each
+    (nodes 2 and 3, 256 GiB, onlined by dax/kmem): Linux puts them in memory_tier22 and
+    the CPU nodes in memory_tier4.  The SLIT puts each expander nearer its socket (24)
+    than the other socket is (32): by distance alone node 0 would spill onto node 2 first.
+    Four H100 PCIe, two per socket."""
+    nodes: list[list[int]] = [list(range(64)), list(range(64, 128)), [], []]
+    matrix = [[10, 32, 24, 40], [32, 10, 40, 24], [24, 40, 10, 44], [40, 24, 44, 10]]
+    gpus = [
+        Gpu(
+            f"0000:{b:02x}:00.0", n, device=0x2331, uuid=_uuid(i), minor=i, model="NVIDIA H100 PCIe"
+        )
+        for i, (b, n) in enumerate([(0x01, 0), (0x21, 0), (0x81, 1), (0xA1, 1)])
+    ]
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 1, 0, 1],
+        gpus=gpus,
+        memory_gib=384,
+        memory_gib_of={2: 256, 3: 256},
+        distance_matrix=matrix,
+        tiers={0: 4, 1: 4, 2: 22, 3: 22},
+        vendor="amd",
+    )
+
+
 def mi300x() -> Spec:
     """8 AMD MI300X (class 0x1200, processing accelerator), 4 per socket, 2 sockets."""
     n0, n1 = list(range(0, 96)), list(range(96, 192))
@@ -423,6 +574,9 @@ def one_node() -> Spec:
 EXAMPLES = {
     "dgx-h100": dgx_h100,
     "gb200": gb200,
+    "xeon-max": xeon_max,
+    "snc3": snc3,
+    "cxl": cxl,
     "mi300x": mi300x,
     "nps4": nps4,
     "container": container_2_of_8,

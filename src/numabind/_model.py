@@ -170,12 +170,24 @@ class Record(metaclass=_RecordMeta):
 
 class Node(Record):
     """One NUMA node.  ``cpus`` are its online CPUs; an empty set means a memory-only node
-    (GPU HBM on GH200/GB200/POWER9, CXL memory)."""
+    (GPU HBM on GH200/GB200/POWER9, CXL memory, Xeon Max HBM in flat mode).
+
+    What memory it is: ``kind`` is a :data:`NODE_KINDS` key (None: not classified, as
+    :meth:`numabind.Machine.node` reads a node; :attr:`numabind.Machine.nodes` classifies
+    every node) and ``kind_how`` the fact that told it; ``tier`` is the kernel's memory
+    tier holding it (``/sys/devices/virtual/memory_tiering/memory_tierN``, Linux 6.1+: a
+    lower N is faster memory; None where the kernel or the capture has none);
+    ``read_bandwidth`` the firmware's (ACPI HMAT) read bandwidth from its nearest CPUs in
+    MB/s, where the kernel publishes it."""
 
     id: int
     cpus: frozenset[int]
     memory_bytes: int | None = None
     distances: tuple[tuple[int, int], ...] = ()
+    kind: str | None = None
+    tier: int | None = None
+    read_bandwidth: int | None = None
+    kind_how: str = ""
 
     @property
     def has_cpus(self) -> bool:
@@ -194,7 +206,62 @@ class Node(Record):
             "has_cpus": self.has_cpus,
             "memory_bytes": self.memory_bytes,
             "distances": {str(n): d for n, d in self.distances},
+            "kind": self.kind,
+            "kind_how": self.kind_how or None,
+            "tier": self.tier,
+            "read_bandwidth": self.read_bandwidth,
         }
+
+
+# --- vocabulary: what memory a node holds ------------------------------------------------------
+
+
+class NodeKind(Record):
+    """One kind of NUMA node memory: how ``show`` names it, what it is, and whether a rank's
+    default memory policy may use it (``default``: only CPU memory; the others only when
+    the user names the node)."""
+
+    name: str
+    label: str
+    help: str
+    default: bool = False
+    wrong_tier: bool = False  # ``check`` notes a rank's pages here that it did not ask for
+
+
+NODE_KIND_TABLE: tuple[NodeKind, ...] = (
+    NodeKind(
+        name="cpu",
+        label="CPU memory",
+        help="a node with CPUs: the DRAM (or Grace LPDDR, or HBM-only Xeon Max) next to them",
+        default=True,
+    ),
+    NodeKind(
+        name="gpu",
+        label="GPU memory",
+        help="a GPU's own memory as a CPU-less node (GH200/GB200 in NUMA mode, POWER9 "
+        "with V100): named by the GPU driver, hwloc's GPUMemory, or the GPU's numa_node",
+        wrong_tier=True,
+    ),
+    NodeKind(
+        name="hbm",
+        label="high-bandwidth memory",
+        help="CPU-less high-bandwidth memory (Xeon Max in flat mode): hwloc's HBM, a faster "
+        "kernel memory tier than the CPU nodes', or twice their HMAT bandwidth",
+    ),
+    NodeKind(
+        name="far",
+        label="far memory",
+        help="CXL or other far memory: a slower kernel memory tier than the CPU nodes', "
+        "hwloc's CXL/NVM, half their HMAT bandwidth, or farther than any two CPU nodes",
+        wrong_tier=True,
+    ),
+    NodeKind(
+        name="memory",
+        label="memory only, kind unknown",
+        help="a CPU-less node no fact classifies: numabind does not guess what it is",
+    ),
+)
+NODE_KINDS = {k.name: k for k in NODE_KIND_TABLE}
 
 
 class CpuInfo(Record):

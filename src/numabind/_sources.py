@@ -51,6 +51,10 @@ SYS_CPU = "/sys/devices/system/cpu"
 SYS_PCI = "/sys/bus/pci/devices"
 SYS_INFINIBAND = "/sys/class/infiniband"
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
+# the kernel's memory tiers (Linux 6.1+): memory_tierN/nodelist, a lower N is faster memory
+SYS_TIERING = "/sys/devices/virtual/memory_tiering"
+# the firmware's (ACPI HMAT) performance of a node from its best initiators, in MB/s
+HMAT_BANDWIDTH = "access0/initiators/read_bandwidth"
 
 
 # --- file trees --------------------------------------------------------------------------------
@@ -138,6 +142,9 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_NODE}/{{node}}/cpumap",
         f"{SYS_NODE}/{{node}}/meminfo",
         f"{SYS_NODE}/{{node}}/distance",
+        f"{SYS_NODE}/{{node}}/{HMAT_BANDWIDTH}",
+        f"{SYS_TIERING}/{{tier}}/nodelist",
+        f"{SYS_CPU}/modalias",
         f"{SYS_CPU}/{{cpu}}/topology/physical_package_id",
         f"{SYS_CPU}/{{cpu}}/topology/core_cpus_list",
         f"{SYS_CPU}/{{cpu}}/topology/thread_siblings_list",
@@ -255,6 +262,11 @@ class Source:
     def numa_balancing(self) -> int | None:
         return None
 
+    def cpu_vendor(self) -> str | None:
+        """Who made the CPUs (``intel``, ``amd``, ...; None when the files do not say):
+        what a sub-NUMA split is called (Intel SNC, AMD NPS) depends on it."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -272,6 +284,7 @@ class SysfsSource(Source):
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._cpu_limit: int | None = None
         self._node_limit: int | None = None
+        self._tiers: dict[int, int] | None = None
         # identical lists (every CPU of a core, of an L3, every GPU of a node) are parsed
         # once: what a list costs is charged to the budget only the first time
         self._lists: dict[tuple[str, bool], frozenset[int]] = {}
@@ -386,7 +399,42 @@ class SysfsSource(Source):
             values = [_sysfs.parse_int(v) for v in dist.split()[: len(all_ids) + 1]]
             if len(values) == len(all_ids) and all(v is not None and v >= 0 for v in values):
                 distances = tuple(zip(all_ids, (v for v in values if v is not None)))
-        return Node(id=node_id, cpus=cpus & online, memory_bytes=memory, distances=distances)
+        bandwidth = _sysfs.parse_int(self._read(f"{base}/{HMAT_BANDWIDTH}"))
+        return Node(
+            id=node_id,
+            cpus=cpus & online,
+            memory_bytes=memory,
+            distances=distances,
+            tier=self.memory_tiers().get(node_id),
+            read_bandwidth=bandwidth if bandwidth is not None and 0 < bandwidth < 1 << 40 else None,
+        )
+
+    def memory_tiers(self) -> dict[int, int]:
+        """node -> the kernel's memory tier holding it (``memory_tierN/nodelist``), read once;
+        empty where the kernel has no memory tiering (before 6.1) or the capture lacks it.
+        A node listed by two tiers (a malformed capture) keeps the first, with a warning."""
+        if self._tiers is None:
+            tiers: dict[int, int] = {}
+            for name in self.root.listdir(SYS_TIERING, _sysfs.MAX_NODES):
+                digits = name.removeprefix("memory_tier")
+                if digits == name or not (digits.isascii() and digits.isdigit()) or len(digits) > 6:
+                    continue
+                text = self._read(f"{SYS_TIERING}/{name}/nodelist")
+                try:
+                    nodes = _sysfs.parse_nodelist(text or "")
+                except ValueError as err:
+                    self.warn(f"{self.description}: {SYS_TIERING}/{name}/nodelist: {err}; ignored")
+                    continue
+                for n in sorted(nodes):
+                    if n in tiers and tiers[n] != int(digits):
+                        self.warn(
+                            f"{self.description}: node {n} is in memory_tier{tiers[n]} and "
+                            f"{name}; the first kept"
+                        )
+                        continue
+                    tiers[n] = int(digits)
+            self._tiers = tiers
+        return self._tiers
 
     def cpu_package(self, cpu: int) -> int | None:
         value = _sysfs.parse_int(self._read(f"{SYS_CPU}/cpu{cpu}/topology/physical_package_id"))
@@ -657,8 +705,23 @@ class SysfsSource(Source):
         value = _sysfs.parse_int(self._read(NUMA_BALANCING))
         return value if value is not None and 0 <= value < 256 else None
 
+    def cpu_vendor(self) -> str | None:
+        # x86 writes "cpu:type:x86,venVVVVfam...": the kernel's X86_VENDOR_* number
+        text = self._read(f"{SYS_CPU}/modalias") or ""
+        head = text.split(":feature:", 1)[0]
+        if ",ven" in head:
+            code = head.split(",ven", 1)[1][:4]
+            return _X86_VENDORS.get(code, f"x86 vendor {_sysfs.short(code, 8)}")
+        if head.startswith("cpu:type:aarch64"):
+            return "arm"
+        return None
+
     def close(self) -> None:
         self.root.close()
+
+
+# the kernel's X86_VENDOR_* numbers, as /sys/devices/system/cpu/modalias writes them
+_X86_VENDORS = {"0000": "intel", "0002": "amd", "0009": "hygon"}
 
 
 # --- what this process may use: its cgroup cpuset ----------------------------------------------

@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import Allowed, Node, OtherDevice, Record
+from .._model import NODE_KINDS, Allowed, Node, OtherDevice, Record
 from .._plan import Plan, Request, device_node, plan
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -220,6 +220,28 @@ def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowRepo
     )
 
 
+def kind_cell(machine: Machine, n: Node) -> str:
+    """What memory a node holds, in a few words (``GPU memory of 0009:01:00.0``)."""
+    kind = NODE_KINDS.get(n.kind or "")
+    if kind is None:
+        return "-"
+    if n.kind == "gpu":
+        found = machine.gpu_memory().get(n.id)
+        return f"{kind.label} of {found[0].pci}" if found else kind.label
+    return kind.label
+
+
+def tier_lines(machine: Machine) -> list[str]:
+    """One line per memory-only node: what it is and why numabind says so."""
+    out = []
+    for n in machine.nodes:
+        if n.kind in (None, "cpu") or n.cpus:
+            continue
+        kind = NODE_KINDS[n.kind]
+        out.append(f"  node {n.id}: {kind.label} ({n.kind_how})")
+    return out
+
+
 def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
@@ -240,17 +262,22 @@ def show_text(
         + (f", memory nodes {fmt(allowed.mems)}" if allowed.mems is not None else "")
         + f"; from {allowed.source})"
     )
-    rows = [["node", "cpus", "memory", "distances"]]
-    for n in machine.nodes:
+    nodes = machine.nodes
+    tiers = any(n.tier is not None for n in nodes)
+    rows = [["node", "cpus", "memory", "kind", *(["tier"] if tiers else []), "distances"]]
+    for n in nodes:
         rows.append(
             [
                 str(n.id),
                 fmt(n.cpus) if n.cpus else "(memory only)",
                 _gib(n.memory_bytes),
+                kind_cell(machine, n),
+                *([str(n.tier) if n.tier is not None else "-"] if tiers else []),
                 " ".join(str(d) for _, d in n.distances) or "-",
             ]
         )
     out += _table(rows)
+    out += tier_lines(machine)
     out += notice_lines("problem", machine.warnings, "  ")
     out += ["", f"Accelerators ({visible.source})"]
     accs = machine.all_accelerators

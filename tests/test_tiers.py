@@ -1,0 +1,244 @@
+"""Which memory a node holds (issue 36): node kinds and memory tiers in the machine model,
+read from the live files, captures of every kind and the generated machines; and the
+rules that keep a rank's default memory policy on CPU memory."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import synth
+from numabind._model import NODE_KINDS, Node
+from numabind._topology import Machine, classify
+from numabind.cli import main
+
+MakeMachine = Callable[[synth.Spec], Machine]
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def kinds(m: Machine) -> dict[int, str | None]:
+    return {n.id: n.kind for n in m.nodes}
+
+
+# --- node kinds ----------------------------------------------------------------------------------
+
+
+def test_gh200_gpu_memory_is_named_by_the_driver(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.gh200())
+    assert kinds(m) == {0: "cpu", 1: "gpu"}
+    gpu = m.node(1, full=True)
+    assert gpu is not None and gpu.memory_bytes == 96 << 30
+    assert "driver" in m.nodes[1].kind_how and m.gpu_memory()[1][0].pci == "0009:01:00.0"
+
+
+def test_gb200_gpu_memory_nodes(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.gb200())
+    assert kinds(m) == {0: "cpu", 1: "cpu", 2: "gpu", 3: "gpu", 4: "gpu", 5: "gpu"}
+    assert {n: a.pci for n, (a, _) in m.gpu_memory().items()} == {
+        2: "0008:01:00.0",
+        3: "0010:01:00.0",
+        4: "0018:01:00.0",
+        5: "0020:01:00.0",
+    }
+
+
+def test_a_gpu_whose_pci_numa_node_is_a_cpu_less_node_names_its_memory(
+    synth_machine: MakeMachine,
+) -> None:
+    """No driver directory (the VM, a container without /proc/driver/nvidia): the GPU's
+    PCI numa_node naming a node without CPUs is what tells GPU memory."""
+    spec = synth.Spec(
+        nodes=[[0], [1], [], []],
+        package_of_node=[0, 1, 0, 1],
+        gpus=[synth.Gpu("0000:21:00.0", 0), synth.Gpu("0000:41:00.0", 2, local_cpus=[])],
+        distance_matrix=[[10, 30, 20, 40], [30, 10, 30, 40], [20, 30, 10, 40], [40, 40, 40, 10]],
+        proc_nvidia=False,
+    )
+    m = synth_machine(spec)
+    assert kinds(m) == {0: "cpu", 1: "cpu", 2: "gpu", 3: "far"}
+    assert "numa_node" in m.nodes[2].kind_how
+    assert "distance 40" in m.nodes[3].kind_how and "(30)" in m.nodes[3].kind_how
+
+
+def test_cxl_expanders_are_far_by_their_kernel_memory_tier(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.cxl())
+    assert kinds(m) == {0: "cpu", 1: "cpu", 2: "far", 3: "far"}
+    assert [n.tier for n in m.nodes] == [4, 4, 22, 22]
+    assert "memory_tier22" in m.nodes[2].kind_how, "the tier decides, not the distance (24 < 32)"
+
+
+def test_xeon_max_hbm_is_told_by_its_hmat_bandwidth(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.xeon_max())
+    assert len(m.nodes) == 16
+    assert kinds(m) == {n: ("cpu" if n < 8 else "hbm") for n in range(16)}
+    assert [n.id for n in m.cpu_nodes] == list(range(8))
+    assert m.package_of_node(8) == 0 and m.package_of_node(15) == 1, "HBM next to its cluster"
+    assert m.cpu_vendor == "intel"
+
+
+def test_power9_gpu_memory_nodes_of_the_capture(capture: Callable[[str], str]) -> None:
+    from test_captures import _tar
+
+    m = _tar(capture("nvidiagpunumanodes.tar.bz2"))
+    assert kinds(m) == {0: "cpu", 8: "cpu", **{n: "gpu" for n in range(250, 256)}}
+
+
+def test_hwloc_hbm_nodes_share_a_cpuset_and_are_read_memory_only(hwloc_dir: Path) -> None:
+    """hwloc attaches an HBM node to the same object as its DRAM node, so the export
+    gives both the same cpuset: the HBM node is memory next to those CPUs, not a second
+    owner of them."""
+    m = Machine.from_capture(str(hwloc_dir / "64intel64-heteromem.xml"))
+    assert kinds(m) == {
+        0: "cpu",
+        1: "cpu",
+        2: "cpu",
+        3: "cpu",
+        4: "hbm",
+        5: "hbm",
+        6: "hbm",
+        7: "hbm",
+    }
+    assert [n.id for n in m.cpu_nodes] == [0, 1, 2, 3]
+    cpus = [n.cpus for n in m.cpu_nodes]
+    assert sum(len(c) for c in cpus) == len(frozenset().union(*cpus)) == 64
+    assert m.nodes[4].kind_how == "hwloc subtype HBM" and m.cpu_vendor == "intel"
+
+
+def _hwloc(nodes: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<topology version="3.0">'
+        '<object type="Machine" os_index="0" cpuset="0x3">'
+        '<object type="Package" os_index="0" cpuset="0x3">'
+        '<info name="CPUVendor" value="AuthenticAMD"/>' + nodes + '<object type="PU" '
+        'os_index="0" cpuset="0x1"/><object type="PU" os_index="1" cpuset="0x2"/>'
+        "</object></object></topology>\n"
+    ).encode()
+
+
+def test_hwloc_memory_subtypes_and_unnamed_shared_cpusets(tmp_path: Path) -> None:
+    nodes = (
+        '<object type="NUMANode" os_index="0" cpuset="0x3" local_memory="1000"/>'
+        '<object type="NUMANode" os_index="1" cpuset="0x3" subtype="CXL-DRAM" local_memory="9"/>'
+        '<object type="NUMANode" os_index="2" cpuset="0x3" subtype="NVM" local_memory="9"/>'
+        '<object type="NUMANode" os_index="3" cpuset="0x3" local_memory="9"/>'
+    )
+    path = tmp_path / "x.xml"
+    path.write_bytes(_hwloc(nodes))
+    m = Machine.from_capture(str(path))
+    assert kinds(m) == {0: "cpu", 1: "far", 2: "far", 3: "memory"}
+    assert m.cpu_vendor == "amd"
+    assert any("node 3 has the same CPUs as node 0" in w for w in m.warnings)
+
+
+def test_the_rules_speak_in_order() -> None:
+    """GPU memory, then the capture's word, the kernel tier, HMAT, the distance table, and
+    otherwise no guess."""
+    cpu0 = Node(id=0, cpus=frozenset({0}), tier=4, read_bandwidth=100, distances=((0, 10), (1, 20)))
+    cpu1 = Node(id=1, cpus=frozenset({1}), tier=4, read_bandwidth=100, distances=((0, 20), (1, 10)))
+
+    def one(n: Node, gpus: dict[int, str] | None = None) -> tuple[str, str]:
+        return classify((cpu0, cpu1, n), gpus or {})[n.id]
+
+    far = ((0, 50), (1, 50), (2, 10))
+    assert one(Node(id=2, cpus=frozenset(), tier=22, distances=far), {2: "driver"})[0] == "gpu"
+    assert one(Node(id=2, cpus=frozenset(), kind="hbm", tier=22, distances=far))[0] == "hbm"
+    assert one(Node(id=2, cpus=frozenset(), tier=22, distances=((0, 12),)))[0] == "far"
+    assert one(Node(id=2, cpus=frozenset(), tier=1, distances=far))[0] == "hbm"
+    assert one(Node(id=2, cpus=frozenset(), tier=4, read_bandwidth=300, distances=far))[0] == "hbm"
+    assert (
+        one(Node(id=2, cpus=frozenset(), tier=4, read_bandwidth=40, distances=((0, 12),)))[0]
+        == "far"
+    )
+    assert one(Node(id=2, cpus=frozenset(), tier=4, distances=far))[0] == "far"
+    assert one(Node(id=2, cpus=frozenset(), tier=4, distances=((0, 13), (1, 20))))[0] == "memory"
+    assert one(Node(id=2, cpus=frozenset()))[0] == "memory"
+    assert classify((cpu0,), {})[0] == ("cpu", "it has CPUs")
+
+
+def test_every_kind_is_in_the_vocabulary(synth_machine: MakeMachine) -> None:
+    assert list(NODE_KINDS) == ["cpu", "gpu", "hbm", "far", "memory"]
+    assert [k.name for k in NODE_KINDS.values() if k.default] == ["cpu"]
+    assert {k.name for k in NODE_KINDS.values() if k.wrong_tier} == {"gpu", "far"}
+
+
+# --- memory tiers from the kernel's files --------------------------------------------------------
+
+
+def test_memory_tiers_are_read_and_bad_files_warn(tmp_path: Path) -> None:
+    root = synth.write(synth.cxl(), str(tmp_path / "root"))
+    tiering = Path(root) / "sys/devices/virtual/memory_tiering"
+    (tiering / "memory_tier9").mkdir()
+    (tiering / "memory_tier9" / "nodelist").write_text("0\n")  # node 0 twice
+    (tiering / "memory_tier7").mkdir()
+    (tiering / "memory_tier7" / "nodelist").write_text("0-zz\n")
+    (tiering / "memory_tierX").mkdir()
+    m = Machine.from_root(root)
+    assert [n.tier for n in m.nodes] == [4, 4, 22, 22]
+    assert any("memory_tier7/nodelist" in w for w in m.warnings)
+    assert any("node 0 is in memory_tier4 and memory_tier9" in w for w in m.warnings)
+
+
+def test_a_kernel_without_memory_tiering_leaves_tiers_unknown(synth_machine: MakeMachine) -> None:
+    m = synth_machine(synth.dgx_h100(filler_pci=0))
+    assert [(n.kind, n.tier) for n in m.nodes] == [("cpu", None), ("cpu", None)]
+
+
+def test_gather_keeps_tiers_bandwidth_and_vendor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for spec in (synth.cxl(), synth.xeon_max()):
+        root = synth.write(spec, str(tmp_path / f"root{len(spec.nodes)}"))
+        monkeypatch.setenv("NUMABIND_SYSROOT", root)
+        tar = tmp_path / f"cap{len(spec.nodes)}.tar.gz"
+        assert run_main(capsys, "gather", str(tar))[0] == 0
+        monkeypatch.delenv("NUMABIND_SYSROOT")
+        with tarfile.open(tar) as t:
+            names = t.getnames()
+        assert any(n.endswith("cpu/modalias") for n in names)
+        gathered = json.loads(run_main(capsys, "show", "--input", str(tar), "--json")[1])
+        direct = json.loads(run_main(capsys, "show", "--input", root, "--json")[1])
+        assert gathered["nodes"] == direct["nodes"]
+        assert {n["kind"] for n in gathered["nodes"]} == {
+            "cpu",
+            "far" if len(spec.nodes) == 4 else "hbm",
+        }
+        if len(spec.nodes) == 4:
+            assert any("memory_tiering/memory_tier22/nodelist" in n for n in names)
+            assert [n["tier"] for n in gathered["nodes"]] == [4, 4, 22, 22]
+        else:
+            assert gathered["nodes"][8]["read_bandwidth"] == 230400
+
+
+# --- show ----------------------------------------------------------------------------------------
+
+
+def test_show_names_each_node_s_kind_and_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(capsys, "show", "--example", "cxl")
+    assert rc == 0
+    row = next(line for line in out.splitlines() if line.startswith("  2 "))
+    assert "far memory" in row and " 22 " in row
+    assert "node 2: far memory (memory_tier22, slower than the CPU nodes' memory_tier4)" in out
+    data = json.loads(run_main(capsys, "show", "--example", "gb200", "--json")[1])
+    assert [(n["id"], n["kind"]) for n in data["nodes"]][1:3] == [(1, "cpu"), (2, "gpu")]
+    assert data["nodes"][2]["kind_how"] == "the memory of 0008:01:00.0 (its driver says so)"
+    rc, out, _ = run_main(capsys, "show", "--example", "gb200")
+    assert "GPU memory of 0008:01:00.0" in out
+
+
+def test_the_picture_draws_hbm_with_its_package(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_main(capsys, "show", "--example", "xeon-max", "--draw")
+    assert rc == 0
+    package1 = out.split("package 1", 1)[1]
+    assert "node 12: high-bandwidth memory, 16.0 GiB" in package1
+    assert "node 8: high-bandwidth memory" in out.split("package 1", 1)[0]
+    rc, out, _ = run_main(capsys, "show", "--example", "cxl", "--draw")
+    assert "node 2: far memory, 256.0 GiB, memory tier 22" in out
