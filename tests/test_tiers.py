@@ -25,6 +25,15 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return rc, out, err
 
 
+def mem(spec: synth.Spec) -> Machine:
+    """A generated machine read from memory (several in one test)."""
+    from numabind._examples import MemoryRoot, build
+    from numabind._sources import SysfsSource
+
+    tree = build(spec)
+    return Machine(SysfsSource(MemoryRoot(tree.files, "generated", tree.links)))
+
+
 def kinds(m: Machine) -> dict[int, str | None]:
     return {n.id: n.kind for n in m.nodes}
 
@@ -242,3 +251,125 @@ def test_the_picture_draws_hbm_with_its_package(capsys: pytest.CaptureFixture[st
     assert "node 8: high-bandwidth memory" in out.split("package 1", 1)[0]
     rc, out, _ = run_main(capsys, "show", "--example", "cxl", "--draw")
     assert "node 2: far memory, 256.0 GiB, memory tier 22" in out
+
+
+# --- sub-NUMA clusters and NPS -------------------------------------------------------------------
+
+
+def test_split_packages_are_named_by_their_vendor(
+    synth_machine: MakeMachine, capture: Callable[[str], str]
+) -> None:
+    from numabind._plan import split_of
+
+    snc3 = mem(synth.snc3())
+    split = split_of(snc3, 2)
+    assert (
+        split is not None
+        and split.describe() == "node 2 is one of 3 sub-NUMA clusters of package 0 (SNC3)"
+    )
+    assert split_of(snc3, 4).nodes == (3, 4, 5)  # type: ignore[union-attr]
+    real = Machine.from_capture(capture("memorysidecaches.tar.bz2"))  # cpuinfo says Intel
+    assert (
+        split_of(real, 1).describe() == "node 1 is one of 2 sub-NUMA clusters of package 1 (SNC2)"
+    )  # type: ignore[union-attr]
+    nps4 = mem(synth.nps4())
+    assert split_of(nps4, 5).describe() == "node 5 is one of 4 NUMA nodes of package 1 (NPS4)"  # type: ignore[union-attr]
+    xmax = mem(synth.xeon_max())
+    assert split_of(xmax, 0).nodes == (0, 1, 2, 3), "the HBM nodes are not CPU nodes of it"  # type: ignore[union-attr]
+    assert split_of(mem(synth.dgx_h100(filler_pci=0)), 0) is None
+
+
+def test_memory_falls_back_within_the_package_first(
+    synth_machine: MakeMachine, capture: Callable[[str], str]
+) -> None:
+    """Node mode: the kernel takes the home node's fallback list by distance; on split
+    packages the firmware puts the package's other nodes nearer than the other socket."""
+    from numabind._plan import fallback_order
+
+    snc3 = mem(synth.snc3())
+    assert fallback_order(snc3, 0, range(6)) == (1, 2, 3, 4, 5)
+    assert fallback_order(snc3, 4, range(6)) == (3, 5, 0, 1, 2)
+    real = Machine.from_capture(capture("memorysidecaches.tar.bz2"))
+    assert fallback_order(real, 0, [0, 1, 2, 3]) == (2, 1, 3), "the SNC sibling at 11, then 21"
+    xmax = mem(synth.xeon_max())
+    assert fallback_order(xmax, 0, range(8)) == (1, 2, 3, 4, 5, 6, 7)
+    # by distance alone the package's HBM would come before the other socket's DDR
+    assert fallback_order(xmax, 0, range(16)) == (1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
+
+
+def test_socket_mode_memory_covers_the_whole_package(synth_machine: MakeMachine) -> None:
+    from test_plan import plans
+
+    m = mem(synth.snc3())
+    ps = plans(m, 8, mode="socket")
+    assert [p.memory_nodes for p in ps] == [frozenset({0, 1, 2})] * 4 + [frozenset({3, 4, 5})] * 4
+    assert all(p.memory_policy == "preferred-many" for p in ps)
+    assert all(
+        p.cpus
+        == m.node(p.numa_node).cpus | m.node(p.numa_node + 1).cpus | m.node(p.numa_node + 2).cpus
+        for p in ps[:1]
+    )  # type: ignore[union-attr,operator]
+    # the cgroup leaves node 2's CPUs out but not its memory: the package's memory still
+    spec = synth.snc3()
+    spec.cgroup_cpus = [c for n in (0, 1, 3, 4, 5) for c in spec.nodes[n]]
+    ps = plans(mem(spec), 8, mode="socket")
+    assert ps[0].memory_nodes == {0, 1, 2} and not ps[0].cpus & set(spec.nodes[2])
+    spec.cgroup_mems = [0, 1, 3, 4, 5]
+    ps = plans(mem(spec), 8, mode="socket")
+    assert ps[0].memory_nodes == {0, 1}, "cpuset.mems still rules"
+    node = plans(m, 8, mode="node")
+    assert [p.memory_nodes for p in node[:2]] == [frozenset({0})] * 2, "node mode: the cluster"
+
+
+def test_xeon_max_socket_mode_covers_the_package_s_ddr_not_its_hbm(
+    synth_machine: MakeMachine,
+) -> None:
+    from test_plan import plans
+
+    ps = plans(mem(synth.xeon_max()), 6, mode="socket")
+    assert [p.memory_nodes for p in ps] == [frozenset({0, 1, 2, 3})] * 3 + [
+        frozenset({4, 5, 6, 7})
+    ] * 3
+
+
+def test_show_says_a_gpu_node_is_one_of_several_clusters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc, out, _ = run_main(capsys, "show", "--example", "snc3")
+    assert rc == 0
+    assert (
+        "node 0 is one of 3 sub-NUMA clusters of package 0 (SNC3): node mode keeps its ranks' "
+        "CPUs there and puts their memory there first, then the package's nodes 1-2, then "
+        "the other package's"
+    ) in out
+    assert "node 2 is one of" not in out, "no rank is planned there"
+    rc, out, _ = run_main(capsys, "show", "--example", "dgx-h100")
+    assert "one of" not in out
+
+
+def test_doctor_names_the_bios_setting_when_a_gpu_node_is_too_small(
+    synth_machine: MakeMachine,
+) -> None:
+    from numabind.cli._doctor import subnuma_findings
+
+    found = subnuma_findings(mem(synth.snc3()), {})
+    assert [f.status for f in found] == ["warn", "warn"]
+    assert (
+        "package 0 is split into 3 sub-NUMA clusters (SNC3): node 0: 12 cores and 170 GiB a rank"
+        in found[0].detail
+    )
+    assert (
+        "would give each of its 4 GPU ranks 18 cores and 255 GiB (node 2 has no GPU)"
+        in found[0].detail
+    )
+    assert (
+        "Sub-NUMA Clustering (SNC) setting" in found[0].detail
+        and "NUMABIND_MODE=socket" in found[0].detail
+    )
+    nps = subnuma_findings(mem(synth.nps4()), {})
+    assert "NPS4" in nps[0].detail and "NUMA nodes per socket (NPS)" in nps[0].detail
+    assert "(nodes 0,2 have no GPU)" in nps[0].detail
+    assert subnuma_findings(mem(synth.dgx_h100(filler_pci=0)), {}) == []
+    spread = synth.snc3()
+    spread.gpus = [synth.Gpu(f"0000:{0x10 + i:02x}:00.0", i) for i in range(6)]
+    assert subnuma_findings(mem(spread), {}) == [], "one GPU per cluster: its fair share"

@@ -377,7 +377,9 @@ def nps4() -> Spec:
         Gpu(f"0000:{b:02x}:00.0", n, device=0x20B0, uuid=_uuid(i), minor=i, model="A100")
         for i, (b, n) in enumerate([(0x01, 3), (0x41, 1), (0x81, 7), (0xC1, 5)])
     ]
-    return Spec(nodes=nodes, package_of_node=[0, 0, 0, 0, 1, 1, 1, 1], l3=l3, gpus=gpus)
+    return Spec(
+        nodes=nodes, package_of_node=[0, 0, 0, 0, 1, 1, 1, 1], l3=l3, gpus=gpus, vendor="amd"
+    )
 
 
 def gb200() -> Spec:

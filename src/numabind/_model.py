@@ -378,6 +378,46 @@ class Allowed(Record):
         }
 
 
+# --- vocabulary: packages split into several NUMA nodes -----------------------------------------
+
+
+class SubNuma(Record):
+    """What a CPU vendor calls a package split into several NUMA nodes, how its mode is
+    written (``{n}``: nodes per package), and the BIOS setting that makes it (``show`` and
+    ``doctor`` name them)."""
+
+    vendor: str
+    node: str  # one node of a split package
+    mode: str
+    bios: str
+    counts: tuple[int, ...] = ()  # the split sizes the vendor's mode names exist for
+
+
+SUBNUMA_TABLE: tuple[SubNuma, ...] = (
+    SubNuma(
+        vendor="intel",
+        node="sub-NUMA cluster",
+        mode="SNC{n}",
+        bios="the BIOS's Sub-NUMA Clustering (SNC) setting (disabled: one node per package)",
+        counts=(2, 3, 4, 6),
+    ),
+    SubNuma(
+        vendor="amd",
+        node="NUMA node",
+        mode="NPS{n}",
+        bios="the BIOS's NUMA nodes per socket (NPS) setting (NPS1: one node per socket)",
+        counts=(2, 4),
+    ),
+)
+SUBNUMA = {row.vendor: row for row in SUBNUMA_TABLE}
+SUBNUMA_OTHER = SubNuma(
+    vendor="",
+    node="NUMA node",
+    mode="",
+    bios="the BIOS's setting that splits a package into several NUMA nodes (Intel SNC, AMD NPS)",
+)
+
+
 # --- vocabulary: accelerator vendors -----------------------------------------------------------
 # One Vendor row per vendor says how to recognise its compute devices on PCI, which
 # environment variables select its devices and in what grammar, where its driver publishes

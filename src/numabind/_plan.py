@@ -21,9 +21,12 @@ from ._model import (
     POLICIES,
     RESERVE_SCOPES,
     SMT_LEVELS,
+    SUBNUMA,
+    SUBNUMA_OTHER,
     USER_POLICIES,
     Accelerator,
     Record,
+    SubNuma,
 )
 
 # The planner turns an exception it did not foresee into a skip with the reason: a
@@ -33,7 +36,7 @@ RAISE = False
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any, Literal
 
     from ._devices import Visible
@@ -710,6 +713,9 @@ class _Planner:
         if policy == "none":
             return frozenset(), "none"
         mem = {n.id for n in self.m.cpu_nodes if n.cpus & cpus}
+        if self.r.mode == "socket" and node_id is not None:
+            # every CPU node of the package, those whose CPUs the cgroup leaves out too
+            mem |= package_nodes(self.m, node_id) or set()
         allowed_mems = self.m.allowed.mems
         if allowed_mems is not None and mem - allowed_mems:
             dropped = mem - allowed_mems
@@ -763,6 +769,62 @@ def package_nodes(machine: Machine, node_id: int) -> frozenset[int] | None:
     if pkg is None:
         return None
     return frozenset(n.id for n in machine.cpu_nodes if machine.package_of(min(n.cpus)) == pkg)
+
+
+class Split(Record):
+    """Node ``node`` is one of several CPU nodes of one package (Intel sub-NUMA
+    clustering, AMD NPS): ``nodes`` are the package's CPU nodes, ``vendor`` says what the
+    split is called (:data:`numabind._model.SUBNUMA_TABLE`)."""
+
+    node: int
+    package: int
+    nodes: tuple[int, ...]
+    vendor: str | None = None
+
+    @property
+    def row(self) -> SubNuma:
+        return SUBNUMA.get(self.vendor or "", SUBNUMA_OTHER)
+
+    @property
+    def setting(self) -> str | None:
+        """``SNC3``, ``NPS4``: the mode's name, where the vendor's mode has this size."""
+        row = self.row
+        n = len(self.nodes)
+        return row.mode.format(n=n) if row.mode and n in row.counts else None
+
+    def describe(self) -> str:
+        """``node 2 is one of 3 sub-NUMA clusters of package 0 (SNC3)``."""
+        setting = self.setting
+        return (
+            f"node {self.node} is one of {len(self.nodes)} {self.row.node}s of package "
+            f"{self.package}" + (f" ({setting})" if setting else "")
+        )
+
+
+def split_of(machine: Machine, node_id: int) -> Split | None:
+    """The split package node ``node_id`` belongs to, None when its package has one CPU
+    node (or its package is unknown)."""
+    nodes = package_nodes(machine, node_id)
+    if nodes is None or len(nodes) < 2:
+        return None
+    node = machine.node(node_id)
+    assert node is not None and node.cpus  # package_nodes found its package
+    package = machine.package_of(min(node.cpus))
+    assert package is not None
+    return Split(
+        node=node_id, package=package, nodes=tuple(sorted(nodes)), vendor=machine.cpu_vendor
+    )
+
+
+def fallback_order(machine: Machine, home: int, nodes: Iterable[int]) -> tuple[int, ...]:
+    """``nodes`` (``home`` left out) in the order the kernel takes them once ``home`` is
+    full: its distance table from ``home``, then node number, as the kernel builds a
+    node's fallback list.  On a split package the package's other nodes come first where
+    the firmware says they are nearer (Intel reports 12 against 21 across sockets)."""
+    full = machine.node(home, full=True)
+    dist = dict(full.distances) if full is not None else {}
+    others = [n for n in set(nodes) if n != home]
+    return tuple(sorted(others, key=lambda n: (dist.get(n, 1 << 16), n)))
 
 
 def reserve_parts(text: str) -> tuple[int, str] | None:

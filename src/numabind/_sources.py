@@ -714,6 +714,11 @@ class SysfsSource(Source):
             return _X86_VENDORS.get(code, f"x86 vendor {_sysfs.short(code, 8)}")
         if head.startswith("cpu:type:aarch64"):
             return "arm"
+        # a capture made by hwloc-gather-topology has /proc/cpuinfo instead
+        for line in (self.root.opt("/proc/cpuinfo", CPUINFO_CAP) or "").splitlines()[:32]:
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id":
+                return _CPUINFO_VENDORS.get(value.strip())
         return None
 
     def close(self) -> None:
@@ -722,6 +727,8 @@ class SysfsSource(Source):
 
 # the kernel's X86_VENDOR_* numbers, as /sys/devices/system/cpu/modalias writes them
 _X86_VENDORS = {"0000": "intel", "0002": "amd", "0009": "hygon"}
+CPUINFO_CAP = 4 << 20  # /proc/cpuinfo of a 1,024-CPU machine is ~1.5 MB
+_CPUINFO_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "hygon"}
 
 
 # --- what this process may use: its cgroup cpuset ----------------------------------------------

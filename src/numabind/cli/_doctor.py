@@ -589,6 +589,70 @@ def machine_findings(machine: Any) -> list[Finding]:
     return out
 
 
+def subnuma_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
+    """Where a package is split into several NUMA nodes (Intel SNC, AMD NPS) and a GPU's
+    node is smaller than its ranks need: node mode gives each rank of a GPU node that
+    node's cores and memory, shared by its GPUs' ranks, and a split that leaves GPUs
+    unevenly over the package's nodes (some with none: a B200 host in SNC3 has GPUs on
+    four of six nodes) gives them less than the package would.  "Needs" is that even
+    share: the package's cores and memory over its GPUs (one rank per visible device)."""
+    from .._devices import resolve
+    from .._plan import device_node, split_of
+    from .._sysfs import format_cpulist
+
+    visible = resolve(machine, environ).devices
+    gpus: dict[int, int] = {}
+    for dev in visible:
+        node = device_node(machine, dev).node
+        if node is not None:
+            gpus[node] = gpus.get(node, 0) + 1
+    out: list[Finding] = []
+    smt = max(machine.smt, 1)
+    sizes = {n.id: (len(n.cpus) // smt, n.memory_bytes or 0) for n in machine.nodes if n.cpus}
+    seen: set[tuple[int, ...]] = set()
+    for node in sorted(gpus):
+        split = split_of(machine, node)
+        if split is None or split.nodes in seen:
+            continue
+        seen.add(split.nodes)
+        ranks = sum(gpus.get(n, 0) for n in split.nodes)
+        cores = sum(sizes.get(n, (0, 0))[0] for n in split.nodes)
+        memory = sum(sizes.get(n, (0, 0))[1] for n in split.nodes)
+        short = []
+        for n in split.nodes:
+            if not gpus.get(n):
+                continue
+            c, m = sizes.get(n, (0, 0))
+            if c * ranks < cores * gpus[n] or m * ranks < memory * gpus[n]:
+                short.append(
+                    f"node {n}: {c // gpus[n]} cores and {m / gpus[n] / 2**30:.0f} GiB a rank"
+                )
+        if not short:
+            continue
+        idle = [n for n in split.nodes if not gpus.get(n)]
+        row = split.row
+        setting = f" ({split.setting})" if split.setting else ""
+        what = f"package {split.package} is split into {len(split.nodes)} {row.node}s{setting}"
+        out.append(
+            Finding(
+                check="sub-NUMA",
+                status="warn",
+                detail=f"{what}: {'; '.join(short)}, where package {split.package} would give "
+                f"each of its {ranks} GPU ranks {cores // ranks} cores and "
+                f"{memory / ranks / 2**30:.0f} GiB"
+                + (
+                    f" (node{'s' if len(idle) > 1 else ''} {format_cpulist(idle)} "
+                    f"{'have' if len(idle) > 1 else 'has'} no GPU)"
+                    if idle
+                    else ""
+                )
+                + "; NUMABIND_MODE=socket gives the package's ranks all of it, or change "
+                + row.bios,
+            )
+        )
+    return out
+
+
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
     """Every finding, interpreter first."""
     target = python or sys.executable
@@ -601,6 +665,7 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     found += kernel_findings()
     if machine is not None:
         found += machine_findings(machine)
+        found += subnuma_findings(machine, environ)
     return found
 
 

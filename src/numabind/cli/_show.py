@@ -11,7 +11,7 @@ import sys
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
 from .._model import NODE_KINDS, Allowed, Node, OtherDevice, Record
-from .._plan import Plan, Request, device_node, plan
+from .._plan import Plan, Request, device_node, fallback_order, plan, split_of
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -231,6 +231,32 @@ def kind_cell(machine: Machine, n: Node) -> str:
     return kind.label
 
 
+def split_lines(machine: Machine, plans: list[Plan]) -> list[str]:
+    """For each node the ranks are planned on that is one of several nodes of its package
+    (SNC, NPS): what it is, and where its memory goes once it is full."""
+    out = []
+    homes = sorted({p.numa_node for p in plans if p.bound and p.numa_node is not None})
+    for home in homes:
+        split = split_of(machine, home)
+        if split is None:
+            continue
+        others = [n for n in split.nodes if n != home]
+        order = fallback_order(machine, home, [n.id for n in machine.cpu_nodes])
+        first = list(order[: len(others)])
+        where = (
+            f"then the package's node{'s' if len(others) > 1 else ''} {fmt(others)}, then "
+            "the other package's"
+            if sorted(first) == others
+            else f"then, by the distance table, nodes {', '.join(map(str, order))} (the "
+            "package's own nodes are not all nearer)"
+        )
+        out.append(
+            f"  {split.describe()}: node mode keeps its ranks' CPUs there and puts their "
+            f"memory there first, {where}; socket mode spans the package"
+        )
+    return out
+
+
 def tier_lines(machine: Machine) -> list[str]:
     """One line per memory-only node: what it is and why numabind says so."""
     out = []
@@ -278,6 +304,7 @@ def show_text(
         )
     out += _table(rows)
     out += tier_lines(machine)
+    out += split_lines(machine, plans)
     out += notice_lines("problem", machine.warnings, "  ")
     out += ["", f"Accelerators ({visible.source})"]
     accs = machine.all_accelerators
