@@ -22,6 +22,7 @@ TRIGGERS = (
     "SLURM_LOCALID",
     "NUMABIND_TORCH",
     "NUMABIND_RAY",
+    "NUMABIND_DEVICES",
 )
 # the one line a hook that cannot load says (the .pth and sitecustomize carry the same text
 # for when this module itself cannot be imported; a test keeps them in step)

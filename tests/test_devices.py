@@ -129,9 +129,11 @@ def test_mixed_models_warn_about_order(synth_machine: MakeMachine) -> None:
     devs = list(resolve(m, {}).devices)
     devs[1] = devs[1].replace(name="NVIDIA A100")
     from numabind._devices import _order_notes
+    from numabind._model import AMD, NVIDIA
 
-    assert any("CUDA_DEVICE_ORDER" in n for n in _order_notes(tuple(devs), {}, []))
-    assert not _order_notes(tuple(devs), {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, [])
+    assert any("CUDA_DEVICE_ORDER" in n for n in _order_notes(NVIDIA, tuple(devs), {}, []))
+    assert not _order_notes(NVIDIA, tuple(devs), {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, [])
+    assert not _order_notes(AMD, tuple(devs), {}, []), "a vendor without an order variable"
 
 
 def test_ze_affinity_mask(synth_machine: MakeMachine) -> None:

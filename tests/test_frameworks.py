@@ -356,6 +356,37 @@ print(json.dumps(out))
     assert len(said) == 1 and "bound to node 1 when it selected device 1" in said[0], r.stderr
 
 
+def test_set_device_binds_the_calling_thread_in_a_process_bound_to_several_devices(
+    two: str, stand_ins: str
+) -> None:
+    """NUMABIND_DEVICES=all with numabind.torch: each thread's set_device(k) binds that
+    thread to GPU k's share (and a later selection of another device moves it), while the
+    process keeps the union; the original is still called every time."""
+    code = """
+import json, os, threading, torch, torch.cuda
+aff = lambda: sorted(os.sched_getaffinity(0))
+out = {"process": aff()}
+def worker(k):
+    torch.cuda.set_device(k); out[f"t{k}"] = aff()
+    torch.cuda.set_device(1 - k); out[f"t{k}_moved"] = aff()
+    torch.cuda.set_device(1 - k); out[f"t{k}_again"] = aff()
+ts = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+[t.start() for t in ts]; [t.join() for t in ts]
+out["main"] = aff(); out["selected"] = sorted(map(str, torch.cuda.selected))
+print(json.dumps(out))
+"""
+    r = run(code, torch_env(two, PYTHONPATH=stand_ins, NUMABIND_DEVICES="all"))
+    assert r.returncode == 0, r.stderr
+    # the stand-in has no torch.multiprocessing: the one line about that, nothing else
+    assert [x for x in r.stderr.splitlines() if "cannot hook torch's children" not in x] == []
+    out = json.loads(r.stdout)
+    assert out["process"] == [0, 1] and out["main"] == [0, 1], "the process keeps the union"
+    assert out["t0"] == [0] and out["t1"] == [1], "each thread on its own device's share"
+    assert out["t0_moved"] == [1] and out["t1_moved"] == [0], "another device: moved"
+    assert out["t0_again"] == [1] and out["t1_again"] == [0]
+    assert out["selected"] == ["0", "0", "0", "1", "1", "1"]
+
+
 def test_torch_stand_in_without_spawn_says_one_line(two: str, stand_ins: str) -> None:
     r = run("import torch; print('imported')", torch_env(two, PYTHONPATH=stand_ins))
     assert r.stdout.strip() == "imported"

@@ -46,7 +46,7 @@ def _plans(
                 rank_source="LOCAL_RANK",
                 visible=visible,
                 mode=mode,
-                reserve=reserve,
+                reserve=parse_reserve(reserve),
                 smt=smt,
             ),
         )
@@ -95,8 +95,9 @@ def oracle_reserved(m: Machine, node: int, per_node: int) -> frozenset[int]:
     ],
 )
 def test_reserve_values(raw: str, canonical: str) -> None:
-    assert parse_reserve(raw) == canonical
-    assert Config.from_env({"NUMABIND_RESERVE": raw}).reserve == canonical
+    assert str(parse_reserve(raw)) == canonical
+    assert str(Config.from_env({"NUMABIND_RESERVE": raw}).reserve) == canonical
+    assert bool(parse_reserve(raw)) == bool(canonical), "no reservation is false"
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ def test_api_arguments_are_checked(dgx_root: str) -> None:
     with pytest.raises(ConfigError):
         plan_for(0, machine=m, environ={}, smt=2)
     p = plan_for(0, machine=m, environ={}, local_world_size=8, reserve=2, smt=1)
-    assert p.reserve == "2/node" and p.smt == "1"
+    assert str(p.reserve) == "2/node" and p.smt == "1"
     # keywords win over the environment; reserve=0 means none even when the variable says 2
     env = {"NUMABIND_RESERVE": "2", "NUMABIND_SMT": "1"}
     assert plan_for(0, machine=m, environ=env).helpers
@@ -364,8 +365,8 @@ def test_roles_on_real_captures(name: str) -> None:
             for n, scope, smt in ((1, "node", "all"), (2, "node", "1"), (1, "rank", "all")):
                 _check_roles(m, 4, mode, n, scope, smt)
         # show plans with the reservation too (the CLI's path)
-        _, plans, _ = plans_for(m, {}, 4, "node", "preferred", "1/node", "1")
-        assert all(p.reserve == "1/node" and p.smt == "1" for p in plans)
+        _, plans, _ = plans_for(m, {}, 4, "node", "preferred", parse_reserve("1/node"), "1")
+        assert all(str(p.reserve) == "1/node" and p.smt == "1" for p in plans)
     finally:
         m.close()
 
@@ -437,7 +438,7 @@ def test_check_counts_a_helper_thread_on_the_reserved_core_as_on_plan(
         assert child.stdout.readline().strip() == "done"
         second = verdict()
         assert not second["ok"] and second["exit"] == 1, second
-        assert any("escaped" in p for p in second["problems"])  # type: ignore[attr-defined]
+        assert any("left the plan" in p and "OFF PLAN" in p for p in second["problems"])  # type: ignore[attr-defined]
     finally:
         child.kill()
         child.wait()
@@ -593,7 +594,7 @@ def test_the_picture_shows_reserved_cores(dgx_root: str) -> None:
     from numabind.cli._svg import render
 
     m = Machine.from_root(dgx_root)
-    _, plans, _ = plans_for(m, {}, 8, "node", "preferred", "2/node", "all")
+    _, plans, _ = plans_for(m, {}, 8, "node", "preferred", parse_reserve("2/node"), "all")
     pic = build(m, plans, "node", "preferred")
     assert pic.reserved == frozenset({54, 55, 166, 167, 110, 111, 222, 223})
     text = draw(pic)

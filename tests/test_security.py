@@ -443,7 +443,7 @@ VARIABLES = [
     "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_STEP_GPUS", "OMPI_COMM_WORLD_LOCAL_RANK",
     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
     "NUMABIND", "NUMABIND_MODE", "NUMABIND_MEMORY", "NUMABIND_VERBOSE", "NUMABIND_GUARD",
-    "NUMABIND_THREADS", "NUMABIND_STRICT", "OMP_NUM_THREADS",
+    "NUMABIND_THREADS", "NUMABIND_STRICT", "OMP_NUM_THREADS", "NUMABIND_DEVICES",
 ]  # fmt: skip
 
 
@@ -455,19 +455,22 @@ VARIABLES = [
 def test_environment_parsers_never_raise(env: dict[str, str]) -> None:
     """In-process: detection, devices, config and the plan on a DGX for any environment."""
     from numabind._devices import resolve
-    from numabind._environ import config_from_env, detect
+    from numabind._environ import Config, detect
     from numabind._errors import ConfigError
-    from numabind._plan import plan, request_for
+    from numabind._plan import plan, request_for, with_devices
 
     env = {k: v.replace("\0", "") for k, v in env.items()}
     info = detect(env)
     try:
-        cfg = config_from_env(env)
+        cfg = Config.from_env(env)
     except ConfigError as err:
         assert "\n" not in str(err)
         return
     visible = resolve(DGX, env)
-    p = plan(DGX, request_for(info, visible, cfg.mode, cfg.memory))
+    request = request_for(info, visible, cfg.mode, cfg.memory)
+    if cfg.devices:
+        request = with_devices(request, DGX, cfg.devices, "NUMABIND_DEVICES")
+    p = plan(DGX, request)
     for text in (p.reason, *p.notes, visible.source):
         assert "\n" not in text and len(text) < 5000
 

@@ -263,6 +263,52 @@ def test_cgroup_inside_node_binds(vm: dict[str, Any]) -> None:
     assert r["data"]["affinity"] == [0, 1] and r["data"]["policy"] == ["preferred", [0]]
 
 
+# --- one process, several GPUs ---------------------------------------------------------------
+
+MPOL = {"preferred": 1, "bind": 2, "preferred-many": 5}
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_each_thread_in_bind_thread_lands_on_its_devices_node(vm: dict[str, Any], k: int) -> None:
+    r = vm["several_threads"]
+    assert r["rc"] == 0 and r["stderr"] == "", r["stderr"]
+    d = r["data"][str(k)]
+    cpus = vm["several_expect"][str(k)]
+    assert d["inside"] == [cpus, [MPOL["preferred"], [k]]], "the raw kernel calls say so"
+    pages = {int(n): c for n, c in d["pages"].items()}
+    assert sum(pages.values()) >= 200 * 256 // 8 * 0.99, "200 MB asked about, every 8th page"
+    assert pages.get(k, 0) >= 0.99 * sum(pages.values()), pages
+    assert d["child"] == {"cpus": cpus, "policy": [MPOL["preferred"], [k]]}, "inherited"
+    assert d["after"] == d["before"], "CPUs and policy back to what the thread had"
+    assert d["ok"] and f"CPUs {cpus[0]}-{cpus[-1]}" in d["line"]
+    assert r["data"]["main"][0] == vm["several_expect"]["0"], "the main thread is untouched"
+
+
+def test_numabind_devices_all_binds_the_union(vm: dict[str, Any]) -> None:
+    r = vm["several_all"]  # started on node 0's CPUs: a mask that would starve GPU 1's threads
+    assert r["rc"] == 0, r["stderr"]
+    (line,) = r["stderr"].splitlines()
+    assert "devices 0, 1 (NUMABIND_DEVICES)" in line and "replaced CPU mask 0-1" in line
+    assert r["data"]["affinity"] == [0, 1, 2, 3]
+    assert r["data"]["policy"] == ["preferred-many", [0, 1]]
+
+
+def test_apply_twice_then_a_second_binder_then_check(vm: dict[str, Any]) -> None:
+    r = vm["several_rebinder"]
+    assert r["rc"] == 0, r["stderr"]
+    d = r["data"]
+    assert d["same"] and d["masks_same"], "apply() twice: the same binding, the same masks"
+    assert all(m == [2, 3] for m in d["before"].values()), d["before"]
+    assert d["check_rc"] == 1, d["check"]
+    (proc,) = d["check"]["processes"]
+    text = " ".join(proc["problems"])
+    assert f"thread {d['proxy_tid']} 'uccl_proxy' on CPUs 0-3 OFF PLAN" in text, text
+    assert "re-pinned by UCCL?" in text
+    assert "another binder moved thread" in d["third"] and d["proxy_after"] == [2, 3]
+    (line,) = r["stderr"].splitlines()  # the hook's, for the mask it started with
+    assert "replaced CPU mask 0-1" in line, "apply() prints nothing itself"
+
+
 # --- bindings already in place (issue: real launchers) --------------------------------------
 
 
@@ -366,6 +412,20 @@ def test_set_device_binds_a_process_without_rank(vm_torch: dict[str, Any]) -> No
     pages = {int(k): v for k, v in d["pages"].items()}
     assert sum(pages.values()) * 4096 > d["touched"]
     assert _share(pages, 1) >= 0.95, pages
+
+
+@pytest.mark.torch
+def test_set_device_from_two_threads_binds_each_thread_to_its_node(
+    vm_torch: dict[str, Any],
+) -> None:
+    """NUMABIND_DEVICES=all and numabind.torch: torch.cuda.set_device(k) in a thread binds
+    that thread to GPU k's node (CPUs and memory policy); the process keeps the union."""
+    r = vm_torch["set_device_threads"]
+    assert r["rc"] == 0, r["stderr"]
+    d = r["data"]
+    assert d["process"] == [0, 1, 2, 3] and d["main"] == [0, 1, 2, 3], d
+    assert d["0"]["cpus"] == [0, 1] and d["0"]["policy"] == ["preferred", [0]], d
+    assert d["1"]["cpus"] == [2, 3] and d["1"]["policy"] == ["preferred", [1]], d
 
 
 # --- numabind check on real processes (issue: see and prove it) -------------------------------

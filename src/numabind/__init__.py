@@ -11,8 +11,8 @@ __version__ = "0.3.0"  # the one place the version lives (hatch reads it here)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._api import State, apply, current, numa_bound, plan_for
-    from ._apply import Binding
+    from ._api import State, apply, bind_thread, current, numa_bound, plan_for
+    from ._apply import Binding, ThreadBinding
     from ._children import child_binding, spawn
     from ._errors import (
         BindingError,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         host_buffer,
         placement,
     )
-    from ._plan import Plan, Request, plan
+    from ._plan import Placement, Plan, Request, plan
     from ._report import report
     from ._topology import Machine
 
@@ -45,15 +45,18 @@ __all__ = [
     "KernelError",
     "Machine",
     "NumabindError",
+    "Placement",
     "PlacementError",
     "Plan",
     "RangeBinding",
     "RegistrationError",
     "Request",
     "State",
+    "ThreadBinding",
     "__version__",
     "apply",
     "bind_range",
+    "bind_thread",
     "child_binding",
     "current",
     "host_buffer",
@@ -67,11 +70,13 @@ __all__ = [
 
 _LAZY = {
     "apply": "_api",
+    "bind_thread": "_api",
     "current": "_api",
     "numa_bound": "_api",
     "plan_for": "_api",
     "State": "_api",
     "Binding": "_apply",
+    "ThreadBinding": "_apply",
     "child_binding": "_children",
     "spawn": "_children",
     "BindingError": "_errors",
@@ -81,6 +86,7 @@ _LAZY = {
     "KernelError": "_errors",
     "NumabindError": "_errors",
     "RegistrationError": "_errors",
+    "Placement": "_plan",
     "Plan": "_plan",
     "Request": "_plan",
     "plan": "_plan",

@@ -18,13 +18,13 @@ import os
 import sys
 
 from . import _kernel
-from ._apply import Binding, enter
+from ._apply import Binding, ThreadBinding, bound_plan, enter
 from ._devices import find_device, resolve
 from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
-from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record
-from ._plan import Plan, plan, request_for
+from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record, Reserve
+from ._plan import Plan, plan, request_for, with_devices
 from ._topology import Machine
 
 MEMORY_POLICIES = USER_POLICIES
@@ -37,7 +37,7 @@ if not TYPE_CHECKING:  # typing.overload without importing typing (~4 ms) at run
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
     from ._model import Accelerator
@@ -65,8 +65,9 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> str | N
     return value
 
 
-def _check_reserve(value: object) -> str | None:
-    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none)."""
+def _check_reserve(value: object) -> Reserve | None:
+    """``reserve=2``, ``"2/node"`` or ``"1/rank"`` as NUMABIND_RESERVE (0: none; None:
+    the configuration's)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -102,6 +103,23 @@ def _check_device(device: object) -> int | str | None:
     return device
 
 
+def _check_devices(devices: object) -> str | tuple[int | str, ...] | None:
+    """``devices="all"`` or a list of what ``device=`` takes."""
+    if devices is None or devices == "all":
+        return None if devices is None else "all"
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise TypeError(
+            f"devices must be 'all' or a list of indices, PCI addresses or UUIDs, not {devices!r}"
+        )
+    import itertools
+
+    items = tuple(itertools.islice(devices, 65))
+    if not 1 <= len(items) <= 64:
+        raise ConfigError(f"devices: give 1 to 64 devices, not {len(items)}")
+    checked = tuple(_check_device(d) for d in items)
+    return tuple(d for d in checked if d is not None)
+
+
 def plan_for(
     local_rank: int | None = None,
     *,
@@ -113,6 +131,7 @@ def plan_for(
     environ: Mapping[str, str] | None = None,
     reserve: int | str | None = None,
     smt: int | str | None = None,
+    devices: str | Sequence[int | str] | None = None,
 ) -> Plan:
     """The plan :func:`apply` would apply, without applying it.
 
@@ -123,8 +142,11 @@ def plan_for(
     ``local_world_size`` tells exclusive/core-complex modes how many ranks share a node.
     ``reserve`` (``2``, ``"2/node"``, ``"1/rank"``) and ``smt`` (``1`` or ``"all"``) are as
     NUMABIND_RESERVE / NUMABIND_SMT: cores kept out of the compute set for helpers, and
-    one hardware thread per core.  ``machine`` plans on another machine (default: this
-    one, or NUMABIND_SYSROOT).
+    one hardware thread per core.  ``devices`` (``"all"`` or a list of what ``device``
+    takes; as NUMABIND_DEVICES) plans a process that drives several devices: the union of
+    what each device's rank would get, with each device's own plan in ``per_device``
+    (:func:`numabind.bind_thread` binds a thread to one of them).  ``machine`` plans on
+    another machine (default: this one, or NUMABIND_SYSROOT).
     Arguments left None come from the environment (``environ``, default ``os.environ``).
     Bad arguments raise ``TypeError`` or :class:`~numabind.ConfigError`.
     """
@@ -134,10 +156,13 @@ def plan_for(
     mode = _check_choice("mode", mode, MODE_NAMES)
     memory = _check_choice("memory", memory, MEMORY_POLICIES)
     roles = (_check_reserve(reserve), _check_smt(smt))
+    wanted = _check_devices(devices)
     env = os.environ if environ is None else environ
     cfg = Config.from_env(env)
     m = machine if machine is not None else Machine.from_root(cfg.sysroot)
-    return _plan(m, env, cfg, local_rank, device, mode, memory, local_world_size, roles=roles)
+    return _plan(
+        m, env, cfg, local_rank, device, mode, memory, local_world_size, roles=roles, devices=wanted
+    )
 
 
 def _plan(
@@ -150,10 +175,12 @@ def _plan(
     memory: str | None,
     local_world_size: int | None,
     source: str = "device argument",
-    roles: tuple[str | None, str | None] = (None, None),
+    roles: tuple[Reserve | None, str | None] = (None, None),
+    devices: str | tuple[int | str, ...] | None = None,
 ) -> Plan:
     """The plan of an API call: arguments left None come from ``cfg``; ``roles`` is
-    (reserve, smt), each None for the configuration's."""
+    (reserve, smt), each None for the configuration's; ``devices`` (else
+    ``NUMABIND_DEVICES``) binds the process to several devices' union."""
     if local_rank is not None:
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
@@ -187,6 +214,10 @@ def _plan(
         reserve=cfg.reserve if reserve is None else reserve,
         smt=smt or cfg.smt,
     )
+    wanted = devices if devices is not None else (cfg.devices or None)
+    if wanted is not None and device is None:
+        what = "devices argument" if devices is not None else "NUMABIND_DEVICES"
+        return plan(m, with_devices(request, m, wanted, what))
     return plan(m, request.replace(device=chosen))
 
 
@@ -201,6 +232,7 @@ def apply(
     local_world_size: int | None = None,
     reserve: int | str | None = None,
     smt: int | str | None = None,
+    devices: str | Sequence[int | str] | None = None,
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
@@ -210,8 +242,11 @@ def apply(
             numabind.apply(device=local_rank)   # or a PCI address / UUID
             torch.cuda.set_device(local_rank)
 
-    ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve`` and
-    ``smt`` choose the plan as in :func:`plan_for`.  Every thread's CPU mask is rebound
+    ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve``,
+    ``smt`` and ``devices`` choose the plan as in :func:`plan_for`; a process that drives
+    several GPUs asks for ``devices="all"`` (or a list) and is bound to their union, so
+    that each of its threads can take its own device's share with
+    :func:`numabind.bind_thread`.  Every thread's CPU mask is rebound
     (threads already inside the plan are kept); the memory policy is set for the *calling
     thread* and what it starts afterwards; with ``migrate`` (default True) the private
     anonymous pages already on other nodes are moved.  The result prints as one line,
@@ -234,6 +269,7 @@ def apply(
         local_world_size=_check_count("local_world_size", local_world_size, 1),
         report=False,
         roles=(_check_reserve(reserve), _check_smt(smt)),
+        devices=_check_devices(devices),
     )
 
 
@@ -250,11 +286,12 @@ def bind(
     report: bool = True,
     prefix: str = "",
     source: str = "device argument",
-    roles: tuple[str | None, str | None] = (None, None),
+    roles: tuple[Reserve | None, str | None] = (None, None),
+    devices: str | tuple[int | str, ...] | None = None,
 ) -> Binding:
     """Plan this process's binding from ``os.environ`` and enter it through the one
-    protocol (:func:`numabind._apply.enter`); the guards are armed for a binding that
-    took.  What :func:`apply`, the children, torch's device selection, Ray and ``numabind
+    protocol (:func:`numabind._apply.enter`, which arms the guards for a binding that
+    took).  What :func:`apply`, the children, torch's device selection, Ray and ``numabind
     run`` share (``device`` may be a device itself; ``source`` names who chose it)."""
     local_rank = _check_count("local_rank", local_rank, 0)
     cfg = Config.from_env(os.environ)
@@ -271,6 +308,7 @@ def bind(
             local_world_size,
             source,
             roles=roles,
+            devices=devices,
         )
         binding = enter(
             p,
@@ -284,15 +322,95 @@ def bind(
         )
     finally:
         machine.close()
-    if cfg.guard and binding.ok:
-        from ._guard import arm
-
-        arm()
-    if cfg.omp_places != "off" and binding.ok:
-        from ._guard import arm_places
-
-        arm_places()
     return binding
+
+
+def bind_thread(
+    device: int | str,
+    *,
+    mode: str | None = None,
+    memory: str | None = None,
+    reserve: int | str | None = None,
+    smt: int | str | None = None,
+    strict: bool | None = None,
+) -> ThreadBinding:
+    """Bind the *calling thread* to ``device``'s CPUs and memory: for a process that drives
+    several GPUs, one loader or launch thread per GPU::
+
+        def loader(k: int) -> None:
+            with numabind.bind_thread(device=k):      # this thread on GPU k's node
+                pool = torch.empty(..., pin_memory=True)   # first touched there
+                ...
+
+    ``device`` is what :func:`apply` takes (an index among the visible devices, a PCI
+    address or a UUID).  The thread gets exactly what the rank driving that device alone
+    would get in a job with one rank per visible device (its node, or in ``exclusive``
+    mode its disjoint share of the node's cores; ``mode``, ``memory``, ``reserve`` and
+    ``smt`` as in :func:`plan_for`); in a process bound to several devices
+    (``apply(devices=...)``, NUMABIND_DEVICES) and with no argument changed, it is that
+    device's share of the process's own plan.  Threads and processes the thread starts
+    afterwards inherit the binding; memory it first touches lands on the device's node,
+    and :func:`numabind.host_buffer` called in the block places on it.  Nothing else of
+    the process changes.  Returns a :class:`ThreadBinding`, already applied: a context
+    manager, or ``restore()`` to put back the thread's CPUs and memory policy (blocks
+    nest).  The thread is listed in the process's registry entry while bound, so
+    ``numabind check`` judges it against its own device's plan.  ``strict`` (default:
+    NUMABIND_STRICT) raises :class:`~numabind.BindingError` when the plan skips or the
+    kernel refuses part of it (else that is in ``str()`` and ``ok`` is False).
+    """
+    dev = _check_device(device)
+    if dev is None:
+        raise TypeError("bind_thread needs a device (an index, a PCI address or a UUID)")
+    mode = _check_choice("mode", mode, MODE_NAMES)
+    memory = _check_choice("memory", memory, MEMORY_POLICIES)
+    roles = (_check_reserve(reserve), _check_smt(smt))
+    if strict is not None and not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool or None, not {type(strict).__name__}")
+    cfg = Config.from_env(os.environ)
+    with Machine.from_root(cfg.sysroot) as m:
+        p = _thread_plan(m, cfg, dev, mode, memory, roles)
+    binding = ThreadBinding(p).apply()
+    if (cfg.strict if strict is None else strict) and not binding.ok:
+        binding.restore()
+        from ._errors import BindingError
+
+        raise BindingError(str(binding))
+    if not binding.ok and p.bound:
+        binding_line = str(binding)
+        from ._output import say
+
+        say(binding_line)
+    return binding
+
+
+def _thread_plan(
+    m: Machine,
+    cfg: Config,
+    device: int | str,
+    mode: str | None,
+    memory: str | None,
+    roles: tuple[Reserve | None, str | None],
+) -> Plan:
+    """Device ``device``'s plan for one thread: its share of the process's multi-device
+    plan where there is one and nothing was changed, else what its own rank would get."""
+    process = bound_plan(process=True)
+    visible = resolve(m, os.environ)
+    found, why = find_device(device, visible, m)
+    if (
+        found is not None
+        and process is not None
+        and mode is memory is None
+        and roles == (None, None)
+    ):
+        mine = process.for_device(found)
+        if mine is not None:
+            return mine
+    if found is None:
+        request = request_for(RankInfo(rank_source="bind_thread"), visible, cfg.mode, cfg.memory)
+        return plan(m, request.replace(problem=f"device {device!r}: {why}"))
+    return _plan(
+        m, os.environ, cfg, None, None, mode, memory, None, roles=roles, devices=(device,)
+    ).per_device[0]
 
 
 def _rank_from_call(

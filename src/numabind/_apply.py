@@ -15,8 +15,8 @@ integration all plan, then call :func:`enter`, which runs the same steps:
    with the thread settings it was given) and keep the result as the process's *intended
    binding*, which the guards read;
 4. **report**: one line when the rule says so (:meth:`Binding.report`);
-5. **guard**: the entry point arms the guards for a binding that took
-   (:func:`numabind._guard.arm`).
+5. **guard**: a binding that took arms the guards (:func:`numabind._guard.arm`), whoever
+   entered.
 
 A plan that skips (one NUMA node, a launcher's own process, a bad variable) stops after
 step 1's check: no kernel layer, no ctypes, no registry is loaded for it.
@@ -123,6 +123,8 @@ class Binding:
         self.kept_cpus: frozenset[int] | None = None
         self.thread_env: tuple[tuple[str, str], ...] = ()  # thread variables it was given
         self._previous_affinity: dict[int, frozenset[int]] = {}
+        # every thread's mask as this binding left it (a later apply() tells what changed)
+        self.masks: dict[int, frozenset[int]] = {}
         self._previous_policy: tuple[str, frozenset[int]] | None = None
         self._restored = False
 
@@ -219,7 +221,7 @@ class Binding:
         check`` compares against), with the thread settings it was given."""
         from ._kernel import start_time
         from ._model import NOT_PERMITTED
-        from ._registry import Entry
+        from ._registry import Entry, listed_buffers
 
         p = self.plan
         pid = os.getpid()
@@ -230,9 +232,11 @@ class Binding:
             if self.refused and not self.policy_applied
             else (self.policy_nodes or p.memory_nodes)
         )
-        memory = sys.modules.get("numabind._memory")  # host buffers, when any were made
+        device_plans, thread_devices = _thread_entries(p)
         return Entry(
-            buffers=getattr(memory, "buffers", tuple)(),
+            buffers=listed_buffers(),
+            device_plans=device_plans,
+            thread_devices=thread_devices,
             pid=pid,
             start=start_time(pid) or "0",
             local_rank=p.local_rank,
@@ -255,6 +259,51 @@ class Binding:
     def active(self) -> bool:
         """Applied and not restored yet (the guards and the registry follow it)."""
         return self in ACTIVE
+
+    def changes(self) -> str | None:
+        """What moved since this binding: each thread whose mask is no longer what it left
+        (another binder, a library's own pinning), named with who did it where the
+        thread's name tells; None when nothing moved."""
+        from . import _kernel
+        from ._model import binder_of
+
+        moved = []
+        pid = os.getpid()
+        own = {tid: stack[-1].plan.cpus for tid, stack in THREADS.items() if stack}
+        for tid in _kernel.thread_ids():
+            now, was = _kernel.affinity_of(tid), self.masks.get(tid)
+            if now is None or now == was or (was is None and now <= self.cpus):
+                continue  # as it was left, or started since inside the binding
+            if now == own.get(tid):
+                continue  # numabind.bind_thread's own
+            name = _kernel.thread_name(pid, tid)
+            who = binder_of(name)
+            moved.append(
+                f"thread {tid} {name!r} "
+                + (f"{fmt(was)} -> {fmt(now)}" if was is not None else f"on {fmt(now)}")
+                + (f" ({who}?)" if who else "")
+            )
+        if not moved:
+            return None
+        more = f"; and {len(moved) - 4} more" if len(moved) > 4 else ""
+        return (
+            "since numabind bound this process another binder moved "
+            + "; ".join(moved[:4])
+            + more
+            + ": bound again"
+        )
+
+    def policy_holds(self) -> bool:
+        """Whether the calling thread still has the memory policy this binding set (it was
+        set for the thread that applied it, and what that thread started)."""
+        if not self.policy_applied:
+            return True
+        from . import _kernel
+
+        try:
+            return _kernel.get_mempolicy() == (self.policy_applied, self.policy_nodes)
+        except OSError:
+            return False
 
     def restore(self) -> None:
         """Put back the CPU masks and the calling thread's memory policy seen before.
@@ -318,14 +367,143 @@ class Binding:
         self.restore()
 
 
-def bound_plan() -> Plan | None:
-    """The plan of this process's latest active binding that binds, None when numabind has
-    not bound it (host buffers and DataLoader workers take their node and device here)."""
+def bound_plan(process: bool = False) -> Plan | None:
+    """The plan the calling thread runs under: its own :func:`numabind.bind_thread` block,
+    else this process's latest active binding that binds; None when numabind has bound
+    neither (host buffers and DataLoader workers take their node and device here).
+    ``process`` asks for the process's binding alone."""
     with LOCK:
+        if not process:
+            mine = THREADS.get(_tid())
+            if mine:
+                return mine[-1].plan
         for b in reversed(ACTIVE):
             if b.plan.bound:
                 return b.plan
     return None
+
+
+# --- one thread's binding ----------------------------------------------------------------------
+
+THREADS: dict[int, list[ThreadBinding]] = {}  # thread id -> its active blocks, innermost last
+
+
+def _tid() -> int:
+    return _thread.get_native_id()
+
+
+class ThreadBinding:
+    """The calling thread bound to one device's plan (:func:`numabind.bind_thread`): its
+    CPUs and memory policy, inherited by the threads and processes it starts, put back by
+    :meth:`restore` or at the end of a ``with`` block.  ``str()`` is one line; ``ok`` is
+    False when the kernel refused part of it (``pin`` says what)."""
+
+    def __init__(self, plan: Plan) -> None:
+        from ._pin import ThreadPin
+
+        self.plan = plan
+        self.pin = ThreadPin(plan.placement)
+        self.tid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The plan binds and the kernel accepted all of it."""
+        return self.plan.bound and self.pin.ok
+
+    def apply(self) -> ThreadBinding:
+        """Bind the calling thread (once) and list it in the registry entry."""
+        if self.tid is not None or not self.plan.bound:
+            return self
+        self.pin.apply()
+        self.tid = _tid()
+        with LOCK:
+            THREADS.setdefault(_tid(), []).append(self)
+        reregister()
+        return self
+
+    def restore(self) -> None:
+        """Put back the thread's CPUs and memory policy; blocks nest, innermost first."""
+        with LOCK:
+            mine = THREADS.get(_tid(), [])
+            if self not in mine:
+                return
+            if mine[-1] is not self:
+                from ._errors import BindingError
+
+                raise BindingError(
+                    "restore() out of order: a later bind_thread block of this thread is "
+                    "still active; restore it first"
+                )
+            self.pin.undo()
+            mine.pop()
+            if not mine:
+                THREADS.pop(_tid(), None)
+        reregister()
+
+    def __str__(self) -> str:
+        p = self.plan
+        if not p.bound:
+            return f"this thread: not bound: {p.reason}"
+        parts = [f"this thread: {p.placement.describe()} ({p.reason})"]
+        if self.pin.cpu_error is not None:
+            parts.append(f"[error: {self.pin.cpu_error}]")
+        parts += [f"[{err}]" for err in self.pin.errors]
+        parts += [f"[{n}]" for n in (*p.notes, *self.pin.notes)]
+        return " ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<ThreadBinding {self}>"
+
+    def __enter__(self) -> ThreadBinding:
+        return self.apply()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+
+def reregister() -> None:
+    """Write this process's registry entry again (its threads or host buffers changed),
+    when a binding of it is registered."""
+    with LOCK:  # the entry is read and written under the lock: the last writer is current
+        top = next((b for b in reversed(ACTIVE) if b.registered), None)
+        if top is not None:
+            from . import _registry
+
+            _registry.register(top.entry())
+
+
+def _thread_entries(
+    plan: Plan,
+) -> tuple[
+    tuple[tuple[str, frozenset[int], str, frozenset[int]], ...], tuple[tuple[int, int], ...]
+]:
+    """The registry's ``device_plans`` (each device of a multi-device plan, and each device
+    a bind_thread block uses) and ``thread_devices`` (the threads in such a block)."""
+    plans = [q for q in plan.per_device if q.bound and q.device is not None]
+    pairs: list[tuple[int, int]] = []
+    with LOCK:
+        blocks = [(tid, stack[-1].plan) for tid, stack in THREADS.items() if stack]
+    for tid, p in blocks:
+        if p.device is None:
+            continue
+        same = [i for i, q in enumerate(plans) if q.device == p.device and q.cpus == p.cpus]
+        if not p.bound:
+            continue
+        if not same:
+            plans.append(p)
+            same = [len(plans) - 1]
+        pairs.append((tid, same[0]))
+    device_plans = tuple(
+        (q.device.pci, q.cpus, q.memory_policy, q.memory_nodes)
+        for q in plans
+        if q.device is not None
+    )
+    return device_plans, tuple(pairs)
 
 
 def intended_cpus() -> frozenset[int] | None:
@@ -386,7 +564,13 @@ def enter(
 
         places = apply_places(cfg.omp_places, env)
     with LOCK:
+        previous = _same_binding(plan)
+        changed = previous.changes() if previous is not None else None
+        if previous is not None and not changed and previous.policy_holds():
+            return previous  # apply() twice: nothing to do, nothing to say
         b = apply_with_rule(plan, machine, cfg.enable, env, migrate=migrate)
+        if changed:
+            b.warnings.append(changed)
         if strict and (b.errors or b.refused):
             what = "; ".join([*b.errors, *(f"{c} refused" for c in b.refused)])
             b.restore()
@@ -406,7 +590,32 @@ def enter(
         b.notes.extend(cfg.notes)
     if report:
         b.report(cfg.verbose, prefix)
+    if b.ok:
+        _arm(cfg)
     return b
+
+
+def _same_binding(plan: Plan) -> Binding | None:
+    """The active binding of this process that placed exactly ``plan``'s placement for the
+    same device (the caller holds the lock), None when there is none."""
+    for b in reversed(ACTIVE):
+        if b.plan.bound and b.cpus_applied:
+            same = b.plan.placement == plan.placement and b.plan.device == plan.device
+            return b if same else None
+    return None
+
+
+def _arm(cfg: Config) -> None:
+    """Step 5 of the protocol, for every entry point: a binding that took arms the guards
+    (they cost nothing until torch, numpy or c10d is imported)."""
+    if cfg.guard:
+        from ._guard import arm
+
+        arm(intended_cpus)
+    if cfg.omp_places != "off":
+        from ._guard import arm_places
+
+        arm_places(intended_cpus)
 
 
 def _enter_threads(
@@ -586,9 +795,16 @@ def apply_with_rule(
     """Judge the mask in place (``machine`` None: apply the plan exactly, as ``force``)
     and apply ``plan`` accordingly; the caller holds the lock."""
     node = machine.node(plan.numa_node) if machine and plan.numa_node is not None else None
+    node_cpus = node.cpus if node is not None else None
+    if plan.per_device:
+        # several devices: a mask is "inside" only where it holds a CPU of every device's
+        # share (a mask on one device's node would starve the threads of the others)
+        shares = [p.cpus for p in plan.per_device if p.bound]
+        current = frozenset(os.sched_getaffinity(0))
+        node_cpus = plan.cpus if all(current & s for s in shares) else frozenset()
     existing, decision = judge(
         plan.cpus,
-        node.cpus if node is not None else None,
+        node_cpus,
         machine.allowed.cpus if machine is not None else frozenset(),
         enable if machine is not None else "force",
         environ,
@@ -653,13 +869,14 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
     from . import _kernel
 
     tids = _kernel.thread_ids() if all_threads else [0]
-    self_tid = getattr(os, "gettid", lambda: os.getpid())()
+    self_tid = _thread.get_native_id()
     for tid in tids:
         current = _kernel.affinity_of(tid)
         if current is None:
             continue  # exited meanwhile
         if current == cpus or (current <= cpus and not rebind_inside):
             b.threads_kept += 1
+            b.masks[tid] = current
             continue
         try:
             _kernel.set_thread_affinity(tid, cpus)
@@ -672,6 +889,7 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
             continue
         b._previous_affinity[tid] = current
         b.threads_rebound += 1
+        b.masks[tid] = cpus
         if tid in (0, self_tid):
             got = _kernel.affinity_of(tid)
             if got is not None and got != cpus:

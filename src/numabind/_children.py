@@ -45,10 +45,9 @@ def _machine_once() -> Machine:
     global _machine
     with _lock:
         if _machine is None:
-            from ._environ import Config
             from ._topology import Machine
 
-            _machine = Machine.from_root(Config.from_env().sysroot)
+            _machine = Machine.here()
         return _machine
 
 

@@ -18,8 +18,6 @@ every message quotes values with ``repr``.
 from __future__ import annotations
 
 from ._model import (
-    BY_KEY,
-    NVIDIA,
     VENDORS,
     Accelerator,
     Record,
@@ -103,12 +101,12 @@ def reachable(
         devs = [a for a in (machine.accelerator(b) for b in driver) if a is not None]
     else:
         devs = [a for a in machine.accelerators if a.vendor == vendor.key]
-    slurm = _slurm_gpu_minors(environ) if vendor is NVIDIA else None
+    slurm = _slurm_gpu_minors(environ) if vendor.numbers_by_minor else None
     if slurm is not None:
         devs = [machine.detailed(d) for d in devs]  # the minor numbers are the driver's
     if slurm is not None and devs and all(d.minor is not None for d in devs):
         var, minors = slurm
-        cvd = environ.get("CUDA_VISIBLE_DEVICES", "")
+        cvd = environ.get(vendor.visibility[0].variable, "")
         cvd_set = {
             int(x)
             for x in cvd.split(",", 1024)[:1024]
@@ -142,7 +140,7 @@ def _by_uuid(
     token: str, devs: tuple[Accelerator, ...], nvml: NvmlBackend | LazyNvml | None, vendor: Vendor
 ) -> tuple[Accelerator | None, str | None]:
     found = _match_uuid(token, devs)
-    if not found and nvml is not None and vendor is NVIDIA:
+    if not found and nvml is not None and vendor.runtime:
         bdf = nvml.pci_of_uuid(token)
         found = [d for d in devs if d.pci == bdf]
     if len(found) == 1:
@@ -150,8 +148,8 @@ def _by_uuid(
     if len(found) > 1:
         return None, f"{short(token)} matches {len(found)} GPUs (a UUID prefix must be unique)"
     if not any(d.uuid for d in devs):
-        how = "without NVML" if vendor is NVIDIA else "(no unique_id in sysfs)"
-        if vendor is not NVIDIA or nvml is None:
+        how = f"without {vendor.runtime}" if vendor.runtime else f"(no {vendor.uuid_file} in sysfs)"
+        if not vendor.runtime or nvml is None:
             return None, f"{short(token)} cannot be checked: no GPU UUIDs are readable {how}"
     return None, f"no reachable GPU has UUID {short(token)}"
 
@@ -240,14 +238,8 @@ def resolve(
     """Turn the environment's visibility variables into the ordered visible devices."""
     vendor = selecting(environ)
     notes: list[str] = []
-    if vendor is NVIDIA and "CUDA_VISIBLE_DEVICES" in environ:
-        devs, n = reachable(machine, vendor, environ)
-        if not devs:
-            # ROCm reads CUDA_VISIBLE_DEVICES too (as HIP's fallback): on an AMD machine
-            # it selects AMD devices
-            amd_devs, _ = reachable(machine, BY_KEY["amd"], environ)
-            if amd_devs:
-                vendor = BY_KEY["amd"]
+    if vendor is not None:
+        vendor = _fallback_owner(machine, vendor, environ)
     if vendor is None:
         for v in VENDORS:
             devs, n = reachable(machine, v, environ)
@@ -257,7 +249,7 @@ def resolve(
                     devices=devs,
                     vendor=v.key,
                     source=f"all {len(devs)} reachable {v.key} GPU{'s' if len(devs) != 1 else ''}",
-                    notes=_order_notes(devs, environ, notes),
+                    notes=_order_notes(v, devs, environ, notes),
                 )
         return Visible(devices=(), vendor=None, source="no accelerator found")
     devs, n = reachable(machine, vendor, environ)
@@ -299,23 +291,37 @@ def resolve(
         devices=devs,
         vendor=vendor.key,
         source=" + ".join(sources) or f"all {len(devs)} reachable {vendor.key} GPUs",
-        notes=_order_notes(devs, environ, notes) if vendor is NVIDIA else tuple(notes),
+        notes=_order_notes(vendor, devs, environ, notes),
     )
 
 
+def _fallback_owner(machine: Machine, vendor: Vendor, environ: Mapping[str, str]) -> Vendor:
+    """Another vendor whose runtime reads the variable that selected ``vendor`` as a
+    fallback (ROCm reads CUDA_VISIBLE_DEVICES where HIP_VISIBLE_DEVICES is unset), on a
+    machine with that vendor's devices and none of ``vendor``'s; else ``vendor``."""
+    named = {vis.variable for vis in vendor.visibility if vis.variable in environ}
+    others = [
+        o
+        for o in VENDORS
+        if o is not vendor and any(v.fallback_for and v.variable in named for v in o.visibility)
+    ]
+    if not others or reachable(machine, vendor, environ)[0]:
+        return vendor
+    return next((o for o in others if reachable(machine, o, environ)[0]), vendor)
+
+
 def _order_notes(
-    devs: tuple[Accelerator, ...], environ: Mapping[str, str], notes: list[str]
+    vendor: Vendor, devs: tuple[Accelerator, ...], environ: Mapping[str, str], notes: list[str]
 ) -> tuple[str, ...]:
+    """A note where the runtime may number mixed models out of PCI order (the vendor's
+    ``device_order`` variable is not set to PCI order)."""
+    order = vendor.device_order
     models = {d.model for d in devs}
-    if (
-        all(d.vendor == "nvidia" for d in devs)
-        and len(models) > 1
-        and environ.get("CUDA_DEVICE_ORDER", "") != "PCI_BUS_ID"
-    ):
+    if order is not None and len(models) > 1 and environ.get(order[0], "") != order[1]:
+        var, value = order
         notes.append(
-            "GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers "
-            "the fastest first, so indices may not follow PCI order; set "
-            "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+            f"GPUs of different models and {var} is not {value}: the runtime numbers the "
+            f"fastest first, so indices may not follow PCI order; set {var}={value}"
         )
     return tuple(notes)
 
@@ -348,3 +354,38 @@ def find_device(
     if len(found) > 1:
         return None, f"{short(spec)} matches {len(found)} devices (a UUID prefix must be unique)"
     return None, f"no accelerator {short(spec)} on this machine"
+
+
+MAX_DEVICES = 64  # devices one process may ask to be bound to (NUMABIND_DEVICES, devices=)
+
+
+def find_devices(
+    specs: str | tuple[int | str, ...], visible: Visible, machine: Machine
+) -> tuple[tuple[Accelerator, ...], str | None]:
+    """The devices a process asks to drive: ``"all"`` (every visible device) or specs as
+    :func:`find_device` takes them (an index, a PCI address, a UUID), in the order given,
+    each once.  Returns (devices, None) or ((), why not): one spec that names no device
+    refuses them all, rather than bind to some of them."""
+    if specs == "all":
+        if not visible.devices:
+            return (), f"no device is visible ({visible.source})"
+        return visible.devices, None
+    items: tuple[int | str, ...] = (
+        tuple(_spec(t) for t in specs.split(",")[: MAX_DEVICES + 1])
+        if isinstance(specs, str)
+        else specs
+    )
+    if not items or len(items) > MAX_DEVICES:
+        return (), f"give 1 to {MAX_DEVICES} devices, not {len(items)}"
+    found: list[Accelerator] = []
+    for spec in items:
+        dev, why = find_device(spec, visible, machine)
+        if dev is None:
+            return (), f"device {short(str(spec))}: {why}"
+        found.append(dev)
+    return tuple(dict.fromkeys(found)), None
+
+
+def _spec(token: str) -> int | str:
+    token = token.strip()
+    return int(token) if token.isascii() and token.isdigit() and len(token) < 5 else token

@@ -38,11 +38,10 @@ ranks, whatever they inherited: binding the agent would pin all of its workers.
 from __future__ import annotations
 
 import os
-import stat
-import sys
 
 from ._model import (
     MODE_NAMES,
+    NO_RESERVE,
     OMP_PLACES_VALUES,
     RANK_VARIABLE_NAMES,
     RANK_VARIABLES,
@@ -51,8 +50,9 @@ from ._model import (
     USER_POLICIES,
     WORKER_PLACEMENTS,
     Record,
+    Reserve,
 )
-from ._sysfs import short
+from ._sysfs import redirect, short
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,6 +129,16 @@ KNOBS: tuple[Knob, ...] = (
         binding=True,
         help="all: every hardware thread of a rank's cores; 1: one per core (the thread "
         "budget follows)",
+    ),
+    Knob(
+        name="NUMABIND_DEVICES",
+        field="devices",
+        kind="devices",
+        default="",
+        binding=True,
+        help="all, or a list of devices (indices, PCI addresses or UUIDs): bind a process that "
+        "drives several GPUs to the union of their nodes; each thread then takes its own "
+        "device's share (numabind.bind_thread, torch.cuda.set_device with numabind.torch)",
     ),
     Knob(
         name="NUMABIND_STRICT",
@@ -253,7 +263,7 @@ KNOBS: tuple[Knob, ...] = (
 )
 BY_NAME = {k.name: k for k in KNOBS}
 # the variables that make the startup hook look further besides a rank variable
-SWITCHES = ("NUMABIND_TORCH", "NUMABIND_RAY")
+SWITCHES = ("NUMABIND_TORCH", "NUMABIND_RAY", "NUMABIND_DEVICES")
 
 
 def _invalid(message: str) -> ConfigError:
@@ -289,14 +299,14 @@ def parse_threads(raw: str | None, name: str = "NUMABIND_THREADS") -> str:
     raise _invalid(f"{name}={short(raw)} is not off, auto or a thread count below {MAX_THREADS}")
 
 
-def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> str:
-    """``n``, ``n/node`` or ``n/rank`` (n physical cores, 0 for none), as the canonical
-    ``n/node`` / ``n/rank`` or ``""`` for no reservation."""
+def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> Reserve:
+    """``n``, ``n/node`` or ``n/rank`` (n physical cores; 0, empty, ``off`` or ``none``
+    for none) as a :class:`~numabind._model.Reserve`: the one parser of a reservation."""
     if raw is None:
-        return ""
+        return NO_RESERVE
     value = raw.strip().lower()
     if value in ("", *FALSE, "none"):
-        return ""
+        return NO_RESERVE
     count, sep, scope = value.partition("/")
     scope = scope.strip() if sep else "node"
     count = count.strip()
@@ -307,10 +317,34 @@ def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> str:
         and len(count) < 6
         and int(count) <= MAX_RESERVE
     ):
-        return f"{int(count)}/{scope}" if int(count) else ""
+        return Reserve(count=int(count), scope=scope) if int(count) else NO_RESERVE
     raise _invalid(
         f"{name}={short(raw)} is not n, n/node or n/rank (n physical cores, 0 to {MAX_RESERVE})"
     )
+
+
+MAX_DEVICE_TEXT = 4096  # a list of 64 UUIDs with their prefixes
+
+
+def parse_devices(raw: str | None, name: str = "NUMABIND_DEVICES") -> str:
+    """``""`` (off), ``all``, or a comma list of device tokens (indices, PCI addresses,
+    UUIDs: resolved against the machine later), stripped and bounded, as one string."""
+    if raw is None or not raw.strip():
+        return ""
+    value = raw.strip()
+    if value.lower() == "all":
+        return "all"
+    tokens = [t.strip() for t in value.split(",", 65)]
+    if (
+        len(value) > MAX_DEVICE_TEXT
+        or len(tokens) > 64
+        or not all(t and len(t) <= 128 and t.isascii() and t.isprintable() for t in tokens)
+    ):
+        raise _invalid(
+            f"{name}={short(raw)} is not all or a list of up to 64 devices (indices, PCI "
+            "addresses or UUIDs, comma-separated)"
+        )
+    return ",".join(tokens)
 
 
 def _choice(knob: Knob, raw: str | None) -> str:
@@ -322,85 +356,10 @@ def _choice(knob: Knob, raw: str | None) -> str:
     return value
 
 
-# --- redirections an interpreter does not take blindly -----------------------------------------
-
-# kernel pseudo file systems: a "registry" there would write into the kernel's own files
-_PSEUDO_FS = frozenset(
-    {
-        "proc", "sysfs", "cgroup", "cgroup2", "devtmpfs", "debugfs", "tracefs", "securityfs",
-        "configfs", "bpf", "pstore", "efivarfs", "fusectl", "mqueue", "devpts", "binfmt_misc",
-        "autofs", "rpc_pipefs", "nsfs", "selinuxfs", "hugetlbfs",
-    }
-)  # fmt: skip
-
-
-def root_owned_path(path: str) -> str | None:
-    """None when every directory on ``path`` (as written and as resolved) is owned by
-    root and not writable by group or others (sticky directories excepted), else why."""
-    if not path.startswith("/"):
-        return "not an absolute path"
-    real = os.path.realpath(path)
-    for spelled in dict.fromkeys((os.path.abspath(path), real)):
-        parts = [p for p in spelled.split("/") if p]
-        prefix = ""
-        for part in ["", *parts]:
-            prefix = f"{prefix}/{part}" if part else "/"
-            try:
-                st = os.lstat(prefix)
-            except OSError as err:
-                return f"{prefix} cannot be examined ({err.strerror})"
-            if st.st_uid != 0:
-                return f"{prefix} is owned by uid {st.st_uid}"
-            if stat.S_ISLNK(st.st_mode):
-                continue  # its target is checked as the resolved spelling
-            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-                return f"{prefix} is writable by group or others"
-    return None
-
-
-def fs_type(path: str) -> str | None:
-    """The file system type of the mount holding ``path`` (/proc/self/mountinfo)."""
-    from ._sysfs import read_opt
-
-    real = os.path.realpath(path)
-    best, kind = -1, None
-    for line in (read_opt("/proc/self/mountinfo", 4 << 20) or "").splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        sep = fields.index("-")
-        if sep < 5 or sep + 1 >= len(fields):
-            continue
-        point = fields[4].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:
-            best, kind = len(point), fields[sep + 1]
-    return kind
-
-
 def _redirect(knob: Knob, raw: str | None, own: bool, notes: list[str]) -> str:
-    if raw is None or raw.strip() == "":
-        return knob.default
-    if own and sys.flags.ignore_environment:
-        notes.append(f"{knob.name} ignored: python -I/-E ignores the environment's redirections")
-        return knob.default
-    if own and os.geteuid() == 0:
-        why = root_owned_path(raw)
-        if why is None and knob.field == "registry":
-            real = os.path.realpath(raw)
-            kernel = [p for p in ("/proc", "/sys", "/dev") if real == p or real.startswith(p + "/")]
-            if not os.path.isdir(raw):
-                why = "not a directory"
-            elif kernel and not (real == "/dev/shm" or real.startswith("/dev/shm/")):
-                why = f"under {kernel[0]}, the kernel's own files"
-            else:
-                kind = fs_type(raw)
-                if kind is None or kind in _PSEUDO_FS:
-                    why = f"on a {kind or 'unknown'} file system, not a regular one"
-        if why is not None:
-            notes.append(f"{knob.name}={short(raw)} ignored for root: {why}")
-            return knob.default
-    return raw
+    return redirect(
+        knob.name, raw, knob.default, own=own, registry=knob.field == "registry", notes=notes
+    )
 
 
 class Config(Record):
@@ -412,8 +371,9 @@ class Config(Record):
     enable: str = "auto"
     mode: str = "node"
     memory: str = "preferred"
-    reserve: str = ""  # "" or the canonical "n/node" / "n/rank"
+    reserve: Reserve = NO_RESERVE
     smt: str = "all"
+    devices: str = ""  # "", "all" or a comma list of device tokens
     strict: bool = False
     threads: str = "off"  # "off", "auto" or a decimal count
     omp_places: str = "off"
@@ -457,6 +417,8 @@ class Config(Record):
                     value = parse_threads(raw, knob.name)
                 elif knob.kind == "reserve":
                     value = parse_reserve(raw, knob.name)
+                elif knob.kind == "devices":
+                    value = parse_devices(raw, knob.name)
                 elif knob.kind == "path":
                     value = _redirect(knob, raw, own, notes)
                 else:
@@ -468,11 +430,6 @@ class Config(Record):
                 value = knob.default in TRUE if knob.kind == "flag" else knob.default
             values[knob.field] = value
         return cls(**values, warnings=tuple(warnings), notes=tuple(notes))
-
-
-def config_from_env(environ: Mapping[str, str]) -> Config:
-    """``Config.from_env(environ)`` (the name older callers use)."""
-    return Config.from_env(environ)
 
 
 def registry_base(environ: Mapping[str, str]) -> str:

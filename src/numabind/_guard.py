@@ -8,11 +8,12 @@ and OpenBLAS pins its threads.  NCCL 2.29.2-2.29.7 left the thread that called
 ``torch.distributed.init_process_group`` pinned to GPU-local CPUs (nccl#2033).
 
 Each guard compares with the process's *intended binding* (:func:`numabind._apply.
-intended_cpus`: the latest binding numabind applied, late ones included), read when the
-guard runs, so it never restores a mask that a later, legitimate binding replaced.  The
-import guard costs nothing until the first of those imports (an import hook on those names
-only); then it checks every thread once.  The ``init_process_group`` guard checks only
-the calling thread: threads NCCL pins on purpose (its proxy threads) are left alone.
+intended_cpus`, handed over when the binder arms the guards: the latest binding numabind
+applied, late ones included), read when the guard runs, so it never restores a mask that
+a later, legitimate binding replaced.  The import guard costs nothing until the first of
+those imports (an import hook on those names only); then it checks every thread once.
+The ``init_process_group`` guard checks only the calling thread: threads NCCL pins on
+purpose (its proxy threads) are left alone.
 ``NUMABIND_GUARD=0`` turns both off.
 
 The import hook (:func:`after_import`): a finder at the front of ``sys.meta_path`` answers
@@ -57,12 +58,24 @@ def _say_once(key: str, message: str) -> None:
     say(message)
 
 
+def _nothing() -> frozenset[int] | None:
+    return None
+
+
+# where the guards read the process's intended binding: handed over by the binder that arms
+# them (numabind._apply.intended_cpus), so that this module never imports the binder
+_intended: list[Callable[[], frozenset[int] | None]] = [_nothing]
+
+
 def _expected(expected: frozenset[int] | None) -> frozenset[int] | None:
     if expected is not None:
         return expected
-    from ._apply import intended_cpus
+    return _intended[0]()
 
-    return intended_cpus()
+
+def _read_intended_from(intended: Callable[[], frozenset[int] | None] | None) -> None:
+    if intended is not None:
+        _intended[0] = intended
 
 
 def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, frozenset[int]]]:
@@ -134,13 +147,15 @@ def keep_importer(what: str, armed: frozenset[int] | None) -> frozenset[int] | N
     return now
 
 
-def arm_places() -> None:
+def arm_places(intended: Callable[[], frozenset[int] | None] | None = None) -> None:
     """Watch the imports that load an OpenMP runtime and keep the importing thread on the
-    CPUs it has now (or the binding numabind applies later): the main thread, and what it
-    starts afterwards, keep the rank's CPUs while the OpenMP workers hold their places."""
+    CPUs it has now (or the binding numabind applies later, as ``intended`` reads it): the
+    main thread, and what it starts afterwards, keep the rank's CPUs while the OpenMP
+    workers hold their places."""
     from ._kernel import affinity_of
     from ._threads import PLACES_MODULES
 
+    _read_intended_from(intended)
     armed = affinity_of(0)
 
     def run(module: ModuleType) -> None:
@@ -206,9 +221,11 @@ def guard_c10d(c10d: Any) -> None:
     around_init_process_group(c10d, "guard", _guarded)
 
 
-def arm() -> None:
-    """Arm the guards (numabind._guard) for the first import of torch, numpy and torch's
-    c10d; the guard's own module is imported only when one of them is."""
+def arm(intended: Callable[[], frozenset[int] | None] | None = None) -> None:
+    """Arm the guards for the first import of torch, numpy and torch's c10d; ``intended``
+    reads the process's intended CPUs whenever a guard runs (the binder's
+    :func:`numabind._apply.intended_cpus`)."""
+    _read_intended_from(intended)
 
     def guard(what: str) -> Callable[[ModuleType], None]:
         def run(module: ModuleType) -> None:

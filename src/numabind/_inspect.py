@@ -35,6 +35,7 @@ from ._model import (
     RANK_VARIABLE_NAMES,
     THREAD_ROLES,
     Record,
+    binder_of,
 )
 from ._threads import AFFINITY_VARIABLES
 from ._threads import VARIABLES as THREAD_VARIABLES
@@ -82,11 +83,14 @@ class PlanView(Record):
     problem: str | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()  # reserved for helpers: on plan too
+    # threads bound to one device of a multi-device process (numabind.bind_thread): thread
+    # id -> (that device's PCI address, its plan's CPUs), judged against those CPUs
+    thread_plans: dict[int, tuple[str, frozenset[int]]] = {}  # noqa: RUF012 (immutable)
 
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
-        return cls(**{k: d[k] for k in cls._fields if k in d}).replace(
+        return cls(**{k: d[k] for k in cls._fields if k in d and k != "thread_plans"}).replace(
             cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes, helpers=p.helpers
         )
 
@@ -106,7 +110,18 @@ class PlanView(Record):
             reason=_sysfs.clean_line(e.reason, 500),
             threads=e.threads,
             helpers=e.helpers,
+            thread_plans={
+                tid: (e.device_plans[i][0], e.device_plans[i][1]) for tid, i in e.thread_devices
+            },
         )
+
+    def allowed_for(self, tid: int, main: int | None) -> frozenset[int]:
+        """The CPUs thread ``tid`` belongs on: its own device's plan, else the compute set
+        (the main thread) or the compute set and the helper cores (any other)."""
+        own = self.thread_plans.get(tid)
+        if own is not None:
+            return own[1]
+        return self.cpus if tid == main else self.cpus | self.helpers
 
     @property
     def bound(self) -> bool:
@@ -213,8 +228,11 @@ def roles_of(
     off-node helper is visible at a glance; ``names`` are the threads' names, read once
     by the caller; nothing is signalled."""
     found: dict[tuple[str, str], list[tuple[int, frozenset[int]]]] = {}
+    own = expected.thread_plans if expected is not None else {}
     for tid, cpus in threads.items():
         role = "main" if tid == pid else role_of(names.get(tid, ""))
+        if tid in own and tid != pid:
+            role = f"device {own[tid][0]}"  # a thread bound to one device of several
         found.setdefault((role, "threads"), []).append((tid, cpus))
     for child in _kernel.child_pids(pid, sorted(threads)):
         mask = _kernel.cpus_allowed(child, child)
@@ -228,8 +246,8 @@ def roles_of(
         cpus = frozenset().union(*(c for _, c in members))
         on_plan = None
         if expected is not None and expected.bound:
-            allowed = expected.cpus if role == "main" else expected.cpus | expected.helpers
-            on_plan = cpus <= allowed
+            main = pid if kind == "threads" else None
+            on_plan = all(c <= expected.allowed_for(i, main) for i, c in members)
         ids = tuple(sorted(i for i, _ in members)[:ROLE_IDS])
         out.append(
             RoleGroup(role=role, kind=kind, count=len(members), ids=ids, cpus=cpus, on_plan=on_plan)
@@ -556,7 +574,9 @@ def check_pid(
     # may run on the reserved cores with its first thread
     helper = role_of(names.get(pid, "")) in HELPER_PROCESS_ROLES
     main = None if helper else pid
-    share = _judge(expected, source, main, threads, policy, own, min_locality, problems, notes)
+    share = _judge(
+        expected, source, main, threads, policy, own, min_locality, problems, notes, names
+    )
     if shared.pages:
         notes.append(
             f"{shared.pages * 4 // 1024} MiB of its pages are still shared copy-on-write with "
@@ -575,6 +595,19 @@ def check_pid(
     )
 
 
+def _escaped_text(
+    tid: int, mask: frozenset[int], expected: PlanView, names: Mapping[int, str]
+) -> str:
+    """``thread 812 'uccl_proxy' on CPUs 0-223 OFF PLAN (UCCL's, by its name)``."""
+    name = names.get(tid, "")
+    text = f"thread {tid}" + (f" {name!r}" if name else "") + f" on CPUs {fmt(mask)} OFF PLAN"
+    own = expected.thread_plans.get(tid)
+    if own is not None:
+        text += f" (its device {own[0]}: CPUs {fmt(own[1])})"
+    who = binder_of(name)
+    return text + (f", re-pinned by {who}? (its name says so)" if who else "")
+
+
 def _judge(
     expected: PlanView,
     source: str,
@@ -585,25 +618,28 @@ def _judge(
     min_locality: float,
     problems: list[str],
     notes: list[str],
+    names: Mapping[int, str] | None = None,
 ) -> float | None:
     """Compare a bound process with its plan: CPUs of every thread, memory policy, where
     its own pages are; the main thread belongs on the compute CPUs, any other thread may
-    also run on the plan's helper cores (NUMABIND_RESERVE).  Returns the share of its
+    also run on the plan's helper cores (NUMABIND_RESERVE), and a thread bound to one
+    device of a multi-device process on that device's CPUs.  A thread off its plan is
+    named, with its name and who moved it where its name tells.  Returns the share of its
     pages on the plan's nodes."""
+    names = names or {}
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
-    roles = cpus | expected.helpers
-    escaped = {t: c for t, c in threads.items() if not c <= (cpus if t == main else roles)}
-    if escaped and len(escaped) == len(threads):
+    escaped = {t: c for t, c in threads.items() if not c <= expected.allowed_for(t, main)}
+    if escaped and len(escaped) == len(threads) and not expected.thread_plans:
         sample = next(iter(escaped.values()))
         problems.append(
             f"bound by someone else: every thread runs on CPUs {fmt(sample)}, plan {fmt(cpus)}"
         )
     elif escaped:
-        tids = ", ".join(str(t) for t in sorted(escaped)[:5])
+        shown = [_escaped_text(t, c, expected, names) for t, c in sorted(escaped.items())[:5]]
         problems.append(
-            f"threads that escaped the plan's CPUs {fmt(cpus)}: {tids}"
-            + (" ..." if len(escaped) > 5 else "")
+            f"threads that left the plan's CPUs {fmt(cpus)}: {'; '.join(shown)}"
+            + (f"; and {len(escaped) - 5} more" if len(escaped) > 5 else "")
         )
     want = expected.memory_policy
     if want not in ("none", "not-permitted") and source != "registry" and not _permitted():

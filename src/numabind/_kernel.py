@@ -267,13 +267,26 @@ class _Libc:
             cls._instance = _Libc()
         return cls._instance
 
-    def call(self, name: str, asked: str, *args: Any) -> int:
+    def call(self, name: str, asked: str, *values: Any) -> int:
+        """Call ``name`` with ``values`` converted as its row of :data:`SYSCALLS` says
+        (``i``/``I`` int, ``l``/``L`` long, ``P`` a pointer: an address, a ctypes
+        reference or None): the table is the one place a call's signature is spelled."""
         ct = self.ctypes
+        kinds = BY_NAME[name].args
+        if len(values) != len(kinds):
+            raise TypeError(f"{name} takes {len(kinds)} arguments, not {len(values)}")
+        args = [self._arg(kind, value) for kind, value in zip(kinds, values)]
         ct.set_errno(0)
         res = int(ct.syscall(ct.c_long(self.numbers[name]), *args))
         if res < 0:
             raise error(name, ct.get_errno(), asked)
         return res
+
+    def _arg(self, kind: str, value: Any) -> Any:
+        ct = self.ctypes
+        if kind == "P":
+            return ct.c_void_p(value) if isinstance(value, int) else value
+        return {"i": ct.c_int, "I": ct.c_uint, "l": ct.c_long, "L": ct.c_ulong}[kind](value)
 
     def mask(self, nodes: Iterable[int]) -> Any:
         arr = self.ctypes.array(self.ctypes.c_ulong, _WORDS)()
@@ -313,8 +326,8 @@ def _policy_nodes(lib: _Libc, code: int, nodes: frozenset[int]) -> tuple[Any, An
     nodes (NULL, 0); the others a mask of MAX_NODES bits (maxnode is bits + 1)."""
     ct = lib.ctypes
     if code in (POLICIES["default"].code, POLICIES["local"].code):
-        return None, ct.c_ulong(0)
-    return ct.byref(lib.mask(nodes)), ct.c_ulong(MAX_NODES + 1)
+        return None, 0
+    return ct.byref(lib.mask(nodes)), MAX_NODES + 1
 
 
 def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
@@ -323,9 +336,7 @@ def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
     nodes = frozenset(nodes)
     code = _code(policy)
     mask, maxnode = _policy_nodes(lib, code, nodes)
-    lib.call(
-        "set_mempolicy", f"{policy}, nodes {_fmt(nodes)}", lib.ctypes.c_int(code), mask, maxnode
-    )
+    lib.call("set_mempolicy", f"{policy}, nodes {_fmt(nodes)}", code, mask, maxnode)
 
 
 def set_policy(
@@ -361,15 +372,7 @@ def get_mempolicy() -> tuple[str, frozenset[int]]:
     ct = lib.ctypes
     mode = ct.c_int(0)
     mask = lib.mask(())
-    lib.call(
-        "get_mempolicy",
-        "self",
-        ct.byref(mode),
-        ct.byref(mask),
-        ct.c_ulong(MAX_NODES + 1),
-        None,
-        ct.c_ulong(0),
-    )
+    lib.call("get_mempolicy", "self", ct.byref(mode), ct.byref(mask), MAX_NODES + 1, None, 0)
     code = mode.value & ~(MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES)
     found = POLICY_BY_CODE.get(code)
     return (found.name if found is not None else str(code)), _nodes_of(mask)
@@ -378,20 +381,11 @@ def get_mempolicy() -> tuple[str, frozenset[int]]:
 def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int = 0) -> None:
     """Set the policy of an address range; with ``MPOL_MF_MOVE`` also move its pages."""
     lib = _Libc.get()
-    ct = lib.ctypes
     nodes = frozenset(nodes)
     code = _code(policy)
     mask, maxnode = _policy_nodes(lib, code, nodes)
-    lib.call(
-        "mbind",
-        f"0x{addr:x}+{length}, {policy}, nodes {_fmt(nodes)}, flags {flags}",
-        ct.c_void_p(addr),
-        ct.c_ulong(length),
-        ct.c_int(code),
-        mask,
-        maxnode,
-        ct.c_uint(flags),
-    )
+    asked = f"0x{addr:x}+{length}, {policy}, nodes {_fmt(nodes)}, flags {flags}"
+    lib.call("mbind", asked, addr, length, code, mask, maxnode, flags)
 
 
 MADV_DONTFORK = 10  # fork does not copy the range (pages pinned for DMA would be copied)
@@ -422,15 +416,7 @@ def name_mapping(addr: int, length: int, name: str) -> bool:
 def madvise(addr: int, length: int, advice: int) -> None:
     """madvise(2) through ``syscall``, which releases the GIL (CPython's ``mmap.madvise``
     holds it): threads populating parts of one buffer run in parallel."""
-    lib = _Libc.get()
-    ct = lib.ctypes
-    lib.call(
-        "madvise",
-        f"0x{addr:x}+{length}, advice {advice}",
-        ct.c_void_p(addr),
-        ct.c_ulong(length),
-        ct.c_int(advice),
-    )
+    _Libc.get().call("madvise", f"0x{addr:x}+{length}, advice {advice}", addr, length, advice)
 
 
 def move_pages(pages: list[int], nodes: list[int] | None = None, pid: int = 0) -> list[int]:
@@ -447,16 +433,7 @@ def move_pages(pages: list[int], nodes: list[int] | None = None, pid: int = 0) -
     arr = ct.array(ct.c_void_p, n)(*pages)
     status = ct.array(ct.c_int, n)()
     node_arr = ct.array(ct.c_int, n)(*nodes) if nodes is not None else None
-    lib.call(
-        "move_pages",
-        f"pid {pid}, {n} pages",
-        ct.c_int(pid),
-        ct.c_ulong(n),
-        arr,
-        node_arr,
-        status,
-        ct.c_int(MPOL_MF_MOVE),
-    )
+    lib.call("move_pages", f"pid {pid}, {n} pages", pid, n, arr, node_arr, status, MPOL_MF_MOVE)
     return list(status)
 
 
@@ -467,14 +444,8 @@ def migrate_pages(pid: int, old: Iterable[int], new: Iterable[int]) -> int:
     ct = lib.ctypes
     old, new = frozenset(old), frozenset(new)
     a, b = lib.mask(old), lib.mask(new)
-    return lib.call(
-        "migrate_pages",
-        f"pid {pid}, {_fmt(old)} -> {_fmt(new)}",
-        ct.c_int(pid),
-        ct.c_ulong(MAX_NODES + 1),
-        ct.byref(a),
-        ct.byref(b),
-    )
+    asked = f"pid {pid}, {_fmt(old)} -> {_fmt(new)}"
+    return lib.call("migrate_pages", asked, pid, MAX_NODES + 1, ct.byref(a), ct.byref(b))
 
 
 # --- CPU affinity ------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import weakref
 
 from . import _kernel, _sysfs
 from ._errors import ConfigError, DriverError, NumabindError, RegistrationError
-from ._model import POLICIES, Record
+from ._model import Record
 from ._pin import pin_cpus
 from ._range import Mover, where
 from ._sysfs import format_cpulist
@@ -102,10 +102,9 @@ def placement(address: int, nbytes: int) -> dict[int | None, int]:
 
 
 def _machine() -> Machine:
-    from ._environ import Config
     from ._topology import Machine
 
-    return Machine.from_root(Config.from_env().sysroot)
+    return Machine.here()
 
 
 def target_nodes(
@@ -182,12 +181,10 @@ def _kernel_policy(machine: Machine, policy: str, nodes: tuple[int, ...]) -> tup
     if policy not in BUFFER_POLICIES:
         raise ConfigError(f"policy={policy!r}: use one of {', '.join(BUFFER_POLICIES)}")
     if policy == "preferred" and len(nodes) > 1:
-        many = POLICIES["preferred-many"]
-        if many.min_kernel is None or machine.kernel_at_least(*many.min_kernel):
-            return many.name, None
-        return "preferred", (
-            f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {nodes[0]}"
-        )
+        from ._plan import preferred_over
+
+        chosen, _, note = preferred_over(machine, frozenset(nodes), nodes[0])
+        return chosen, note
     return policy, None
 
 
@@ -449,38 +446,19 @@ def _release(held: _Held, collected: bool) -> None:
     held.registration = None
 
 
-_live: dict[int, tuple[int, int, tuple[int, ...], str]] = {}  # id -> what the registry lists
-_live_lock = threading.Lock()
-
-
 def _remember(buf: HostBuffer) -> None:
-    with _live_lock:
-        _live[id(buf)] = (buf.address, buf.mapped_bytes, buf.nodes, buf.policy)
-    _register()
+    """List the buffer in this process's registry entry, so ``check`` measures it."""
+    from . import _apply, _registry
+
+    _registry.list_buffer(id(buf), (buf.address, buf.mapped_bytes, buf.nodes, buf.policy))
+    _apply.reregister()
 
 
 def _forget(buf: HostBuffer) -> None:
-    with _live_lock:
-        _live.pop(id(buf), None)
-    _register()
+    from . import _apply, _registry
 
-
-def buffers() -> tuple[tuple[int, int, tuple[int, ...], str], ...]:
-    """The host buffers this process made and has not closed (for the registry)."""
-    with _live_lock:
-        return tuple(sorted(_live.values()))
-
-
-def _register() -> None:
-    """Re-register this process's binding with its buffers, so ``check`` measures them."""
-    from ._apply import ACTIVE
-
-    top = next((b for b in reversed(ACTIVE) if b.registered), None)
-    if top is None:
-        return
-    from . import _registry
-
-    _registry.register(top.entry())
+    _registry.list_buffer(id(buf), None)
+    _apply.reregister()
 
 
 def _map(mapped: int, shared: bool, hugetlb: bool) -> tuple[mmap.mmap, int | None]:

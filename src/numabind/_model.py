@@ -54,17 +54,6 @@ def _restore(cls: type[R], values: dict[str, Any]) -> R:
     return cls(**values)
 
 
-def _warn_positional(cls: type) -> None:
-    import warnings
-
-    warnings.warn(
-        f"positional arguments to {cls.__name__}() are deprecated and will be removed in "
-        "numabind 0.3; pass every field by name",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
 class _RecordMeta(type):
     """Turn ``name: type [= default]`` annotations into slots, defaults and field order."""
 
@@ -92,29 +81,19 @@ class _RecordMeta(type):
 class Record(metaclass=_RecordMeta):
     """Base of the model's value objects: immutable once built, compared by value.
 
-    Construction is keyword-only.  A record listed in ``numabind.__all__`` sets
-    ``_positional`` and still accepts the old positional form, with a
-    ``DeprecationWarning`` (see the changelog).
+    Construction is keyword-only (positional arguments, deprecated in 0.2, were removed
+    in 0.4: a field named at the call cannot be taken for another when a field is added).
     """
 
     __slots__ = ()
     _fields: ClassVar[tuple[str, ...]] = ()
     _defaults: ClassVar[dict[str, Any]] = {}
-    _positional: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self)
         fields = cls._fields
         if args:
-            if not cls._positional:
-                raise TypeError(f"{cls.__name__}() takes keyword arguments only")
-            if len(args) > len(fields):
-                raise TypeError(f"{cls.__name__}() takes at most {len(fields)} arguments")
-            _warn_positional(cls)
-            for n, v in zip(fields, args):
-                if n in kwargs:
-                    raise TypeError(f"{cls.__name__}() got multiple values for {n!r}")
-                kwargs[n] = v
+            raise TypeError(f"{cls.__name__}() takes keyword arguments only")
         defaults = cls._defaults
         for n in fields:
             if n in kwargs:
@@ -217,49 +196,22 @@ class Node(Record):
 
 
 class NodeKind(Record):
-    """One kind of NUMA node memory: how ``show`` names it, what it is, and whether a rank's
-    default memory policy may use it (``default``: only CPU memory; the others only when
-    the user names the node)."""
+    """One kind of NUMA node memory (docs/memory-tiers.rst says how each is told): how
+    ``show`` names it, and whether ``check`` notes a rank's pages there that the rank did
+    not ask for (``wrong_tier``: a GPU's memory, far memory).  Only ``cpu`` (a node with
+    CPUs) is memory a rank's default policy uses."""
 
     name: str
     label: str
-    help: str
-    default: bool = False
-    wrong_tier: bool = False  # ``check`` notes a rank's pages here that it did not ask for
+    wrong_tier: bool = False
 
 
 NODE_KIND_TABLE: tuple[NodeKind, ...] = (
-    NodeKind(
-        name="cpu",
-        label="CPU memory",
-        help="a node with CPUs: the DRAM (or Grace LPDDR, or HBM-only Xeon Max) next to them",
-        default=True,
-    ),
-    NodeKind(
-        name="gpu",
-        label="GPU memory",
-        help="a GPU's own memory as a CPU-less node (GH200/GB200 in NUMA mode, POWER9 "
-        "with V100): named by the GPU driver, hwloc's GPUMemory, or the GPU's numa_node",
-        wrong_tier=True,
-    ),
-    NodeKind(
-        name="hbm",
-        label="high-bandwidth memory",
-        help="CPU-less high-bandwidth memory (Xeon Max in flat mode): hwloc's HBM, a faster "
-        "kernel memory tier than the CPU nodes', or twice their HMAT bandwidth",
-    ),
-    NodeKind(
-        name="far",
-        label="far memory",
-        help="CXL or other far memory: a slower kernel memory tier than the CPU nodes', "
-        "hwloc's CXL/NVM, half their HMAT bandwidth, or farther than any two CPU nodes",
-        wrong_tier=True,
-    ),
-    NodeKind(
-        name="memory",
-        label="memory only, kind unknown",
-        help="a CPU-less node no fact classifies: numabind does not guess what it is",
-    ),
+    NodeKind(name="cpu", label="CPU memory"),
+    NodeKind(name="gpu", label="GPU memory", wrong_tier=True),
+    NodeKind(name="hbm", label="high-bandwidth memory"),
+    NodeKind(name="far", label="far memory", wrong_tier=True),
+    NodeKind(name="memory", label="memory only, kind unknown"),
 )
 NODE_KINDS = {k.name: k for k in NODE_KIND_TABLE}
 
@@ -433,13 +385,15 @@ class Visibility(Record):
 
     Grammars: ``cuda`` (indices, ``GPU-<uuid>`` prefixes, ``MIG-<uuid>`` and the legacy
     ``MIG-GPU-<uuid>/<gi>/<ci>``); ``rocm`` (indices and ``GPU-<unique id>``); ``level-zero``
-    (indices and ``<device>.<sub-device>``).  ``applies_after`` names the variable this one
-    renumbers (HIP_VISIBLE_DEVICES selects among what ROCR_VISIBLE_DEVICES left)."""
+    (indices and ``<device>.<sub-device>``).  A vendor's variables apply in the order of
+    its row, each renumbering what the ones before it left (HIP_VISIBLE_DEVICES selects
+    among what ROCR_VISIBLE_DEVICES left); ``fallback_for`` names a variable this one is
+    read only without (ROCm reads CUDA_VISIBLE_DEVICES only where HIP_VISIBLE_DEVICES is
+    unset)."""
 
     variable: str
     grammar: Grammar
-    applies_after: str | None = None
-    fallback_for: str | None = None  # read only when this other variable is unset
+    fallback_for: str | None = None
 
 
 class HostRegisterApi(Record):
@@ -541,6 +495,14 @@ class Vendor(Record):
     driver_numa_key: str | None = None
     torch_module: str | None = None  # the torch module whose set_device selects its devices
     host_register: HostRegisterApi | None = None  # how its driver registers host memory
+    # the variable that makes the runtime number devices in PCI order, and its value (CUDA
+    # numbers the fastest first by default: indices then need not follow PCI order)
+    device_order: tuple[str, str] | None = None
+
+    @property
+    def numbers_by_minor(self) -> bool:
+        """The driver names each device by a minor number (what Slurm's GPU gres list)."""
+        return any(field == "minor" for field, _ in self.driver_info_keys)
 
     def is_compute(self, device_id: int | None, pci_class: int | None) -> bool:
         """Whether a PCI function of this vendor is a compute device.
@@ -580,6 +542,7 @@ NVIDIA = Vendor(
     driver_numa_key="Node",
     torch_module="torch.cuda",
     host_register=CUDA_DRIVER,
+    device_order=("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
 )
 AMD = Vendor(
     key="amd",
@@ -590,14 +553,9 @@ AMD = Vendor(
     vga_min_device=0x6000,
     visibility=(
         Visibility(variable="ROCR_VISIBLE_DEVICES", grammar="rocm"),
+        Visibility(variable="HIP_VISIBLE_DEVICES", grammar="rocm"),
         Visibility(
-            variable="HIP_VISIBLE_DEVICES", grammar="rocm", applies_after="ROCR_VISIBLE_DEVICES"
-        ),
-        Visibility(
-            variable="CUDA_VISIBLE_DEVICES",
-            grammar="rocm",
-            applies_after="ROCR_VISIBLE_DEVICES",
-            fallback_for="HIP_VISIBLE_DEVICES",
+            variable="CUDA_VISIBLE_DEVICES", grammar="rocm", fallback_for="HIP_VISIBLE_DEVICES"
         ),
     ),
     # amdgpu's unique_id is the hex id ROCm prints as "GPU-<id>" (rocminfo, rocm-smi)
@@ -919,6 +877,25 @@ MODE_NAMES: tuple[str, ...] = tuple(m.name for m in MODE_TABLE)
 SMT_LEVELS: tuple[str, ...] = ("all", "1")
 # what the n of NUMABIND_RESERVE=n/<scope> counts: cores per node, or per local rank on it
 RESERVE_SCOPES: tuple[str, ...] = ("node", "rank")
+
+
+class Reserve(Record):
+    """NUMABIND_RESERVE, parsed once (``_environ.parse_reserve``): ``count`` physical
+    cores kept out of the compute sets per node (``scope="node"``) or per local rank on it
+    (``"rank"``), for the system and the ranks' helpers.  A count of 0 reserves nothing and
+    is false; ``str()`` is the canonical text (``2/node``; empty for none)."""
+
+    count: int = 0
+    scope: str = "node"
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def __str__(self) -> str:
+        return f"{self.count}/{self.scope}" if self.count > 0 else ""
+
+
+NO_RESERVE = Reserve()
 # NUMABIND_OMP_PLACES: off, or the OMP_PLACES value numabind sets (with OMP_PROC_BIND=close)
 OMP_PLACES_VALUES: tuple[str, ...] = ("off", "cores", "threads")
 # what it sets besides OMP_PLACES: the binding OpenMP documents for a pool that fills a
@@ -937,5 +914,26 @@ THREAD_ROLES: tuple[tuple[str, str], ...] = (
     ("torch", "pt_"),
 )
 HELPER_PROCESS_ROLES: tuple[str, ...] = ("dataloader worker",)  # may run on reserved cores
+# who moves threads off a binding, told by the moved thread's name (first word found in it,
+# case-insensitive): what ``check`` and a second ``apply()`` say about a thread re-pinned
+# since numabind bound it (TensorRT-LLM#18848: a second configure_cpu_affinity() put every
+# pinned thread back on all CPUs; UCCL's proxies pin their own threads, uccl#1030)
+BINDERS: tuple[tuple[str, str], ...] = (
+    ("trtllm", "TensorRT-LLM"),
+    ("tensorrt", "TensorRT-LLM"),
+    ("uccl", "UCCL"),
+    ("nccl", "NCCL"),
+    ("omp", "an OpenMP runtime"),
+    ("gomp", "an OpenMP runtime"),
+    ("openblas", "OpenBLAS"),
+)
+
+
+def binder_of(name: str) -> str | None:
+    """Who a thread's own name says moved it (:data:`BINDERS`), if any."""
+    low = name.lower()
+    return next((who for word, who in BINDERS if word in low), None)
+
+
 # NUMABIND_WORKERS: where a rank's DataLoader workers run (numabind.torch)
 WORKER_PLACEMENTS: tuple[str, ...] = ("share", "spread", "reserved")

@@ -19,8 +19,8 @@ applier (:mod:`numabind._apply`) sets the calling thread's policy through it too
 
 from __future__ import annotations
 
+import _thread
 import errno
-import os
 
 from . import _kernel
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def _tid() -> int:
-    return getattr(os, "gettid", os.getpid)()
+    return _thread.get_native_id()
 
 
 class ThreadPin:

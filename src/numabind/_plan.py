@@ -18,6 +18,7 @@ from . import _sysfs
 from ._model import (
     BY_KEY,
     MODE_NAMES,
+    NO_RESERVE,
     POLICIES,
     RESERVE_SCOPES,
     SMT_LEVELS,
@@ -26,6 +27,7 @@ from ._model import (
     USER_POLICIES,
     Accelerator,
     Record,
+    Reserve,
     SubNuma,
 )
 
@@ -67,7 +69,6 @@ fmt = _sysfs.format_cpulist
 class Request(Record):
     """What to plan for: a local rank, the devices its runtime sees, and how to bind."""
 
-    _positional = True
     local_rank: int | None
     local_world_size: int | None = None
     rank_source: str | None = None
@@ -82,8 +83,11 @@ class Request(Record):
     # the startup hook asks for it only with NUMABIND_THREADS set, and reads their files
     # only then
     budget: bool = True
-    reserve: str = ""  # NUMABIND_RESERVE in canonical form: "" or "n/node", "n/rank"
+    reserve: Reserve = NO_RESERVE  # NUMABIND_RESERVE, parsed
     smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
+    # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
+    # union is planned (see plan_devices); empty: one device, picked by rank or argument
+    devices: tuple[Accelerator, ...] = ()
 
 
 def request_for(
@@ -92,7 +96,7 @@ def request_for(
     mode: str,
     memory: str,
     *,
-    reserve: str = "",
+    reserve: Reserve = NO_RESERVE,
     smt: str = "all",
 ) -> Request:
     """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
@@ -109,6 +113,24 @@ def request_for(
         size_source=info.size_source,
         notes=info.notes,
     )
+
+
+def with_devices(
+    request: Request,
+    machine: Machine,
+    specs: str | tuple[int | str, ...],
+    source: str,
+) -> Request:
+    """``request`` for a process that asks to drive several devices (``specs``: ``all`` or
+    what :func:`numabind._devices.find_devices` takes; ``source`` names who asked, for the
+    plan's line): the devices found, or the problem that refuses them all."""
+    from ._devices import Visible, find_devices
+
+    visible = request.visible or Visible(devices=(), vendor=None, source="no device resolved")
+    devices, why = find_devices(specs, visible, machine)
+    if why is not None:
+        return request.replace(problem=f"{source}: {why}")
+    return request.replace(devices=devices, rank_source=source)
 
 
 class NodeChoice(Record):
@@ -241,7 +263,6 @@ class Plan(Record):
     ``n/rank``), where ``check`` counts a thread as on plan too.
     """
 
-    _positional = True
     local_rank: int | None
     rank_source: str | None = None
     local_world_size: int | None = None
@@ -261,7 +282,7 @@ class Plan(Record):
     node_how: NodeHow | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()
-    reserve: str = ""
+    reserve: Reserve = NO_RESERVE
     smt: str = "all"
     # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
     # plan per device, each what the rank driving that device alone would get; the fields
@@ -317,14 +338,25 @@ class Plan(Record):
             "problem": self.problem,
             "threads": self.threads,
             "helpers": sorted(self.helpers),
-            "reserve": self.reserve,
+            "reserve": str(self.reserve),
             "smt": self.smt,
             "per_device": [p.to_dict() for p in self.per_device],
         }
 
     def who(self) -> str:
         """``local rank 3 (LOCAL_RANK; 8 local ranks from LOCAL_WORLD_SIZE)``, or for a
-        device named by an argument, ``device 4 (0000:9b:00.0; argument)``."""
+        device named by an argument, ``device 4 (0000:9b:00.0; argument)``, or for a
+        process that drives several, ``devices 0, 3 (NUMABIND_DEVICES)``."""
+        if self.per_device:
+            shown = ", ".join(
+                str(p.device_index if p.device_index is not None else p.device.pci)
+                for p in self.per_device
+                if p.device is not None
+            )
+            return f"devices {shown} ({self.rank_source or 'argument'})"
+        if self.rank_source == PER_DEVICE and self.device is not None:
+            index = "" if self.device_index is None else f"{self.device_index} "
+            return f"device {index}({self.device.pci}; its share of a multi-device process)"
         if self.local_rank is None and self.device is not None and self.rank_source:
             index = "" if self.device_index is None else f"{self.device_index} "
             return f"device {index}({self.device.pci}; {self.rank_source})"
@@ -354,8 +386,11 @@ class Plan(Record):
 
 def plan(machine: Machine, request: Request) -> Plan:
     """Plan one rank's binding: ``request`` (its rank, visible devices, mode and memory
-    policy) on ``machine``.  Pure and never raises (an odd machine is a skip with its
+    policy) on ``machine``; for a request naming several ``devices``, their union (see
+    :func:`plan_devices`).  Pure and never raises (an odd machine is a skip with its
     reason)."""
+    if request.devices:
+        return plan_devices(machine, request)
     try:
         return _Planner(machine, request).run()
     except Exception as err:  # a capture we did not foresee must not break a process
@@ -366,6 +401,107 @@ def plan(machine: Machine, request: Request) -> Plan:
             f"numabind could not plan on this machine ({type(err).__name__}: "
             f"{_sysfs.clean_line(str(err), 200)})",
         )
+
+
+PER_DEVICE = "per-device"  # the rank source of one device's share of a multi-device plan
+
+
+def plan_devices(machine: Machine, request: Request) -> Plan:
+    """The plan of a process that drives several devices (``request.devices``).
+
+    Device k's share is exactly what the rank driving k alone would get in a job with one
+    rank per visible device (its index among them as the local rank, their count as the
+    local world size): its node in node mode, its package in socket mode, its disjoint
+    share of its node's cores in exclusive mode, its cache domain in core-complex mode,
+    each less the cores ``NUMABIND_RESERVE`` keeps and one thread per core under
+    ``NUMABIND_SMT=1``.  Those plans are ``per_device`` (what a thread bound to k gets:
+    :func:`numabind.bind_thread`); the process gets their union: the CPUs and helper
+    cores of all, and memory under the asked policy over all their nodes (``preferred``
+    over several nodes is MPOL_PREFERRED_MANY), so that each of its threads and children
+    can take its own device's share.  A device whose own plan skips is left out, with a
+    note; when every one skips, the process skips with the first reason."""
+    visible = request.visible.devices if request.visible is not None else ()
+    subs: list[Plan] = []
+    for dev in dict.fromkeys(request.devices):
+        index = visible.index(dev) if dev in visible else None
+        subs.append(
+            plan(
+                machine,
+                request.replace(
+                    devices=(),
+                    device=dev,
+                    local_rank=index,
+                    local_world_size=len(visible) if index is not None else None,
+                    rank_source=PER_DEVICE,
+                    size_source="visible devices",
+                ),
+            )
+        )
+    bound = [p for p in subs if p.bound]
+    planner = _Planner(machine, request.replace(devices=()))
+    if not bound:
+        first = subs[0]
+        return planner.skipped(first.skip or "bad-input", first.reason).replace(
+            per_device=tuple(subs)
+        )
+    notes = list(dict.fromkeys(n for p in bound for n in p.notes))
+    for p in subs:
+        if not p.bound and p.device is not None:
+            notes.append(f"{describe_device(p.device, p.device_index)} left out: {p.reason}")
+    cpus = frozenset().union(*(p.cpus for p in bound))
+    nodes = frozenset().union(*(p.memory_nodes for p in bound))
+    home = bound[0].numa_node
+    policy = request.memory
+    if policy == "preferred" and len(nodes) > 1:
+        policy, nodes, note = preferred_over(machine, nodes, home)
+        if note:
+            notes.append(note)
+    elif policy == "none" or not nodes:
+        policy, nodes = "none", frozenset()
+    budgets = [p.threads for p in bound if p.threads is not None]
+    where = ", ".join(
+        f"{p.device_index if p.device_index is not None else p.device.pci if p.device else '?'}"
+        f" (node {p.numa_node if p.numa_node is not None else '?'})"
+        for p in bound
+    )
+    return Plan(
+        local_rank=request.local_rank,
+        rank_source=request.rank_source,
+        local_world_size=request.local_world_size,
+        size_source=request.size_source,
+        numa_node=home,
+        cpus=cpus,
+        memory_nodes=nodes,
+        memory_policy=policy,
+        mode=request.mode,
+        status="bound",
+        reason=f"devices {where}: the union of their plans",
+        notes=tuple(notes),
+        threads=sum(budgets) if budgets else None,
+        helpers=frozenset().union(*(p.helpers for p in bound)),
+        reserve=request.reserve,
+        smt=request.smt,
+        per_device=tuple(subs),
+    )
+
+
+def preferred_over(
+    machine: Machine, nodes: frozenset[int], home: int | None
+) -> tuple[str, frozenset[int], str | None]:
+    """``preferred`` over several nodes: MPOL_PREFERRED_MANY where the kernel has it
+    (5.15+), else the home node alone, with the note that says so.  The one place this
+    choice is made (the planner, host buffers and the union of several devices ask it);
+    a kernel that refuses it anyway falls back at run time in
+    :func:`numabind._kernel.set_policy`."""
+    many = POLICIES["preferred-many"]
+    if many.min_kernel is None or machine.kernel_at_least(*many.min_kernel):
+        return many.name, nodes, None
+    first = home if home in nodes else min(nodes)
+    return (
+        "preferred",
+        frozenset({first}),
+        f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}",
+    )
 
 
 class _Place(Record):
@@ -493,7 +629,7 @@ class _Planner:
             raise _Skip(
                 "bad-input", f"unknown SMT level {r.smt!r} (use one of {', '.join(SMT_LEVELS)})"
             )
-        if r.reserve and reserve_parts(r.reserve) is None:
+        if not isinstance(r.reserve, Reserve) or r.reserve.scope not in RESERVE_SCOPES:
             raise _Skip("bad-input", f"unknown reservation {r.reserve!r} (use n, n/node or n/rank)")
         if r.problem:
             raise _Skip("bad-input", r.problem)
@@ -582,9 +718,7 @@ class _Planner:
         towards its reservation; the rest are taken from the end of the node's core list.
         A reservation that would leave a node no core is dropped, with one note."""
         assert where.node is not None
-        parsed = reserve_parts(self.r.reserve)
-        assert parsed is not None  # checked with the request
-        n, scope = parsed
+        n, scope = self.r.reserve.count, self.r.reserve.scope  # checked with the request
         label = f"{n}/{scope}"
         ranks = where.peers[1] if where.peers else None
         if scope == "rank" and ranks is None:
@@ -727,14 +861,10 @@ class _Planner:
             )
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
-            many = POLICIES["preferred-many"]
-            if many.min_kernel is None or self.m.kernel_at_least(*many.min_kernel):
-                return frozenset(mem), many.name
-            first = node_id if node_id in mem else min(mem)
-            self.notes.append(
-                f"kernel before 5.15 has no MPOL_PREFERRED_MANY: preferring node {first}"
-            )
-            return frozenset({first}), "preferred"
+            policy, nodes, note = preferred_over(self.m, frozenset(mem), node_id)
+            if note:
+                self.notes.append(note)
+            return nodes, policy
         return frozenset(mem), policy
 
 
@@ -825,16 +955,6 @@ def fallback_order(machine: Machine, home: int, nodes: Iterable[int]) -> tuple[i
     dist = dict(full.distances) if full is not None else {}
     others = [n for n in set(nodes) if n != home]
     return tuple(sorted(others, key=lambda n: (dist.get(n, 1 << 16), n)))
-
-
-def reserve_parts(text: str) -> tuple[int, str] | None:
-    """``(n, "node"|"rank")`` of a reservation as ``_environ.parse_reserve`` writes it
-    (``n/node``, ``n/rank``; a bare ``n`` is per node), None when it is not one."""
-    count, sep, scope = text.partition("/")
-    scope = scope if sep else "node"  # a bare count is per node
-    if not (scope in RESERVE_SCOPES and count.isascii() and count.isdigit() and 0 < len(count) < 6):
-        return None
-    return int(count), scope
 
 
 def one_per_core(machine: Machine, cpus: frozenset[int]) -> frozenset[int]:

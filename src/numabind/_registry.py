@@ -31,6 +31,7 @@ built like setuid code (threat model in docs/security.rst):
 
 from __future__ import annotations
 
+import _thread
 import os
 import stat
 
@@ -41,15 +42,34 @@ from ._sysfs import normalize_pci
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
     from typing import Any
 
 DEFAULT_BASE = "/dev/shm"
 PREFIX = "numabind-"
-ENTRY_CAP = 4096  # bytes of one entry
+ENTRY_CAP = 8192  # bytes of one entry
 DIR_CAP = 1 << 16  # entries looked at per directory, directories per base
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _registered: dict[str, object] = {}  # what this process wrote: path, pid
+# the host buffers this process made and has not closed, as its entry lists them (written
+# by numabind._memory, read by the binding's entry): id -> (address, bytes, nodes, policy)
+_held: dict[int, tuple[int, int, tuple[int, ...], str]] = {}
+_held_lock = _thread.allocate_lock()
+
+
+def list_buffer(key: int, item: tuple[int, int, tuple[int, ...], str] | None) -> None:
+    """Add a host buffer to what this process's entry lists (``item`` None: remove it)."""
+    with _held_lock:
+        if item is None:
+            _held.pop(key, None)
+        else:
+            _held[key] = item
+
+
+def listed_buffers() -> tuple[tuple[int, int, tuple[int, ...], str], ...]:
+    """The host buffers this process made and has not closed (for its entry)."""
+    with _held_lock:
+        return tuple(sorted(_held.values()))
 
 
 # --- the entry ---------------------------------------------------------------------------------
@@ -82,6 +102,12 @@ class Entry(Record):
     # the cores kept for the process's helpers (NUMABIND_RESERVE): check counts a thread
     # there as on plan
     helpers: frozenset[int] = frozenset()
+    # a process that drives several devices: each device's plan (PCI address, CPUs,
+    # memory policy, its nodes), at most MAX_DEVICE_PLANS, and the threads bound to one
+    # of them (numabind.bind_thread: thread id, index into device_plans), at most
+    # MAX_THREAD_DEVICES; check judges those threads against their own device's plan
+    device_plans: tuple[tuple[str, frozenset[int], str, frozenset[int]], ...] = ()
+    thread_devices: tuple[tuple[int, int], ...] = ()
 
     def encode(self) -> bytes:
         lines = []
@@ -96,6 +122,14 @@ class Entry(Record):
                     f"{a:x}+{n}@{_sysfs.format_cpulist(nodes)}/{policy}"
                     for a, n, nodes, policy in value[:MAX_BUFFERS]
                 )
+            elif name == "device_plans":
+                fmt = _sysfs.format_cpulist
+                text = ";".join(
+                    f"{pci}/{fmt(cpus)}/{policy}/{fmt(nodes)}"
+                    for pci, cpus, policy, nodes in value[:MAX_DEVICE_PLANS]
+                )
+            elif name == "thread_devices":
+                text = ",".join(f"{tid}:{i}" for tid, i in value[:MAX_THREAD_DEVICES])
             else:
                 text = "" if value is None else str(value)
             lines.append(f"{name}={_sysfs.clean_line(text, 1000)}\n")
@@ -130,6 +164,7 @@ class Entry(Record):
     def _sane(self) -> bool:
         return (
             self.pid <= 1 << 31
+            and all(i < len(self.device_plans) for _, i in self.thread_devices)
             and self.memory_policy in REGISTRY_POLICIES
             # numabind writes a PCI address in sysfs spelling, nothing else
             and (not self.device or normalize_pci(self.device) == self.device)
@@ -150,22 +185,73 @@ def _field(name: str, value: str | None, default: Any) -> Any:
         if name == "memory_nodes":
             return _sysfs.parse_nodelist(value or "")
         return _sysfs.parse_cpulist(value or "")
-    if name == "thread_env":
-        if not value:
-            return ()
-        if value.count(",") >= 16:
-            raise ValueError(name)  # more variables than numabind sets
-        pairs = []
-        for item in value.split(","):
-            k, _, v = item.partition(":")
-            number = v.isascii() and v.isdigit() and len(v) < 7
-            if not (_is_name(k) and (number or v in PLACES_WORDS)):
-                raise ValueError(name)
-            pairs.append((k, v))
-        return tuple(pairs)
-    if name == "buffers":
-        return _buffers(value or "")
+    parser = _STRUCTURED.get(name)
+    if parser is not None:
+        return parser(value or "")
     return default if value is None else value
+
+
+def _thread_env(value: str) -> tuple[tuple[str, str], ...]:
+    """``NAME:value,...`` of the thread variables numabind sets; ValueError otherwise."""
+    if not value:
+        return ()
+    if value.count(",") >= 16:
+        raise ValueError("thread_env")  # more variables than numabind sets
+    pairs = []
+    for item in value.split(","):
+        k, _, v = item.partition(":")
+        number = v.isascii() and v.isdigit() and len(v) < 7
+        if not (_is_name(k) and (number or v in PLACES_WORDS)):
+            raise ValueError("thread_env")
+        pairs.append((k, v))
+    return tuple(pairs)
+
+
+MAX_DEVICE_PLANS = 16  # devices of one process listed with their plans
+MAX_THREAD_DEVICES = 64  # threads bound to one of them, listed
+
+
+def _device_plans(value: str) -> tuple[tuple[str, frozenset[int], str, frozenset[int]], ...]:
+    """``pci/cpus/policy/nodes;...``, each part bounded; ValueError otherwise."""
+    from ._model import REGISTRY_POLICIES
+
+    if not value:
+        return ()
+    items = value.split(";", MAX_DEVICE_PLANS)
+    if len(items) > MAX_DEVICE_PLANS:
+        raise ValueError("device_plans")
+    out = []
+    for item in items:
+        parts = item.split("/")
+        if (
+            len(parts) != 4
+            or normalize_pci(parts[0]) != parts[0]
+            or parts[2] not in REGISTRY_POLICIES
+        ):
+            raise ValueError("device_plans")
+        out.append(
+            (parts[0], _sysfs.parse_cpulist(parts[1]), parts[2], _sysfs.parse_nodelist(parts[3]))
+        )
+    return tuple(out)
+
+
+def _thread_devices(value: str) -> tuple[tuple[int, int], ...]:
+    """``tid:index,...`` (an index into device_plans), bounded; ValueError otherwise."""
+    if not value:
+        return ()
+    items = value.split(",", MAX_THREAD_DEVICES)
+    if len(items) > MAX_THREAD_DEVICES:
+        raise ValueError("thread_devices")
+    out = []
+    for item in items:
+        tid, _, index = item.partition(":")
+        if not (
+            tid.isascii() and tid.isdigit() and len(tid) < 11
+            and index.isascii() and index.isdigit() and len(index) < 3
+        ):  # fmt: skip
+            raise ValueError("thread_devices")
+        out.append((int(tid), int(index)))
+    return tuple(out)
 
 
 MAX_BUFFERS = 16  # host buffers listed per entry (check measures each)
@@ -195,6 +281,13 @@ def _buffers(value: str) -> tuple[tuple[int, int, tuple[int, ...], str], ...]:
     return tuple(out)
 
 
+# the fields with a structure of their own, and the one parser of each
+_STRUCTURED: dict[str, Callable[[str], Any]] = {
+    "thread_env": _thread_env,
+    "buffers": _buffers,
+    "device_plans": _device_plans,
+    "thread_devices": _thread_devices,
+}
 _NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})
 _NAME = frozenset("_0123456789")
 

@@ -65,11 +65,10 @@ def state_key(
 
 
 def roles_key(cfg: Config) -> str:
-    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT add (empty by default,
-    so that keys recorded by an older numabind still match)."""
-    if not cfg.reserve and cfg.smt == "all":
-        return ""
-    return f"|reserve={cfg.reserve}|smt={cfg.smt}"
+    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_DEVICES add
+    (empty by default, so that keys recorded by an older numabind still match)."""
+    key = "" if not cfg.reserve and cfg.smt == "all" else f"|reserve={cfg.reserve}|smt={cfg.smt}"
+    return key + (f"|devices={cfg.devices[:200]}" if cfg.devices else "")
 
 
 def record_state(binding: Binding, info: RankInfo, mode: str, memory: str, roles: str = "") -> None:
@@ -129,7 +128,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
                 "themselves)"
             )
         return None
-    if info.local_rank is None and info.problem is None:
+    if info.local_rank is None and info.problem is None and not cfg.devices:
         return None
     key = state_key(info, env, cfg.mode, cfg.memory, roles_key(cfg))
     recorded, _, status = cfg.state.rpartition("#")
@@ -154,7 +153,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     """Plan and bind a rank found in the environment (the hook's work after its checks)."""
     from ._apply import enter
-    from ._plan import nothing_to_bind, plan, request_for
+    from ._plan import nothing_to_bind, plan, request_for, with_devices
     from ._topology import Machine
 
     global last
@@ -166,6 +165,8 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
 
             visible = resolve(machine, env, LazyNvml())
         request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+        if cfg.devices and visible is not None and request.problem is None:
+            request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")
         p = plan(machine, request.replace(budget=cfg.threads != "off"))
         # strict mode here is an exit before user code, after the binding's own line
         binding = enter(p, machine, cfg, environ=env, strict=False, threads="env", report=False)
@@ -177,14 +178,6 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         _fail(str(binding), cfg.strict)
     else:
         binding.report(cfg.verbose)
-    if cfg.guard and binding.ok:
-        from ._guard import arm
-
-        arm()
-    if cfg.omp_places != "off" and binding.ok:
-        from ._guard import arm_places
-
-        arm_places()
     if cfg.report:  # bound or not: the report says where the rank is either way
         from ._report import arm as arm_report
 

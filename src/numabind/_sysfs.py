@@ -1,8 +1,10 @@
 """Leaf helpers: bounded, non-blocking reads of kernel text files, and the kernel's formats
 (CPU and node lists, masks, numbers, PCI addresses).
 
-This module is on the startup path of every rank process: it imports nothing but ``os``
-and ``stat`` (both loaded by the interpreter before any ``.pth`` runs).
+This module is on the startup path of every rank process: it imports nothing but ``os``,
+``stat`` and ``sys`` (all loaded by the interpreter before any ``.pth`` runs).  It also
+holds the one rule for a path the environment redirects numabind to (:func:`redirect`),
+which the machine reader and the registry both obey.
 
 Everything read here is input, and input can be hostile: a capture someone sent, a tree
 named by ``NUMABIND_SYSROOT``, a file another user planted.  So every read
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -359,3 +362,90 @@ def pci_sort_key(bdf: str) -> tuple[int, ...]:
         except ValueError:
             out.append(0)
     return tuple(out)
+
+
+# --- paths the environment may redirect numabind to -----------------------------------------
+
+# kernel pseudo file systems: a "registry" there would write into the kernel's own files
+_PSEUDO_FS = frozenset(
+    {
+        "proc", "sysfs", "cgroup", "cgroup2", "devtmpfs", "debugfs", "tracefs", "securityfs",
+        "configfs", "bpf", "pstore", "efivarfs", "fusectl", "mqueue", "devpts", "binfmt_misc",
+        "autofs", "rpc_pipefs", "nsfs", "selinuxfs", "hugetlbfs",
+    }
+)  # fmt: skip
+
+
+def root_owned_path(path: str) -> str | None:
+    """None when every directory on ``path`` (as written and as resolved) is owned by
+    root and not writable by group or others (sticky directories excepted), else why."""
+    if not path.startswith("/"):
+        return "not an absolute path"
+    real = os.path.realpath(path)
+    for spelled in dict.fromkeys((os.path.abspath(path), real)):
+        parts = [p for p in spelled.split("/") if p]
+        prefix = ""
+        for part in ["", *parts]:
+            prefix = f"{prefix}/{part}" if part else "/"
+            try:
+                st = os.lstat(prefix)
+            except OSError as err:
+                return f"{prefix} cannot be examined ({err.strerror})"
+            if st.st_uid != 0:
+                return f"{prefix} is owned by uid {st.st_uid}"
+            if stat.S_ISLNK(st.st_mode):
+                continue  # its target is checked as the resolved spelling
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+                return f"{prefix} is writable by group or others"
+    return None
+
+
+def fs_type(path: str) -> str | None:
+    """The file system type of the mount holding ``path`` (/proc/self/mountinfo)."""
+    real = os.path.realpath(path)
+    best, kind = -1, None
+    for line in (read_opt("/proc/self/mountinfo", 4 << 20) or "").splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        if sep < 5 or sep + 1 >= len(fields):
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, kind = len(point), fields[sep + 1]
+    return kind
+
+
+def redirect(
+    name: str, raw: str | None, default: str, *, own: bool, registry: bool, notes: list[str]
+) -> str:
+    """The path a variable redirects numabind to (``NUMABIND_SYSROOT``, where the machine
+    is read; ``NUMABIND_REGISTRY``, where entries are written), or ``default`` with the
+    reason in ``notes``: ignored under ``python -I``/``-E`` (for the process's own
+    environment, ``own``), and for euid 0 unless every directory of the path is root's and
+    nobody else may write it (a registry also on a regular file system, not the kernel's
+    own).  docs/security.rst has the threat model."""
+    if raw is None or raw.strip() == "":
+        return default
+    if own and sys.flags.ignore_environment:
+        notes.append(f"{name} ignored: python -I/-E ignores the environment's redirections")
+        return default
+    if own and os.geteuid() == 0:
+        why = root_owned_path(raw)
+        if why is None and registry:
+            real = os.path.realpath(raw)
+            kernel = [p for p in ("/proc", "/sys", "/dev") if real == p or real.startswith(p + "/")]
+            if not os.path.isdir(raw):
+                why = "not a directory"
+            elif kernel and not (real == "/dev/shm" or real.startswith("/dev/shm/")):
+                why = f"under {kernel[0]}, the kernel's own files"
+            else:
+                kind = fs_type(raw)
+                if kind is None or kind in _PSEUDO_FS:
+                    why = f"on a {kind or 'unknown'} file system, not a regular one"
+        if why is not None:
+            notes.append(f"{name}={short(raw)} ignored for root: {why}")
+            return default
+    return raw

@@ -82,6 +82,30 @@ class Machine:
         return cls(SysfsSource(tree))
 
     @classmethod
+    def here(cls) -> Machine:
+        """This machine, as every entry point reads it: ``/``, or the directory
+        ``NUMABIND_SYSROOT`` names where its rules allow (ignored under ``python -I``/``-E``,
+        and for root unless root owns the whole path).  Use it as a context manager::
+
+            with numabind.Machine.here() as machine:
+                print(machine.cpu_nodes)
+        """
+        import os
+
+        from ._sysfs import redirect
+
+        raw = os.environ.get("NUMABIND_SYSROOT")
+        return cls.from_root(
+            redirect("NUMABIND_SYSROOT", raw, "/", own=True, registry=False, notes=[])
+        )
+
+    def __enter__(self) -> Machine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
     def from_capture(cls, path: str) -> Machine:
         """The machine in a capture: a directory laid out like ``/`` (or holding one such
         directory), a tarball of one (``numabind gather``, ``hwloc-gather-topology``) or an

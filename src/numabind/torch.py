@@ -53,6 +53,7 @@ from __future__ import annotations
 import multiprocessing as _stdlib_mp
 
 from ._errors import IntegrationError
+from ._model import VENDORS
 from ._output import say
 
 TYPE_CHECKING = False
@@ -63,12 +64,12 @@ if TYPE_CHECKING:
 
 TESTED_TORCH = ("2.13",)  # major.minor versions whose internals the tests run against
 _installed: dict[str, Any] = {}
-# (module, attribute, device type) of every function that selects a device for the process
-SELECTORS = (
-    ("torch.cuda", "set_device", "cuda"),
-    ("torch.accelerator", "set_device_index", None),
-    ("torch.accelerator", "set_device_idx", None),
-    ("torch.xpu", "set_device", "xpu"),
+# (module, attribute) of every function that selects a device for the process: each
+# vendor's torch module (numabind._model.VENDORS) and torch's device-neutral ones
+SELECTORS: tuple[tuple[str, str], ...] = (
+    *((m, "set_device") for m in dict.fromkeys(v.torch_module for v in VENDORS if v.torch_module)),
+    ("torch.accelerator", "set_device_index"),
+    ("torch.accelerator", "set_device_idx"),
 )
 _selected: dict[str, Any] = {}  # the first selection's node, once made
 _seen: set[int] = set()  # device indices already handled (the selectors' fast path)
@@ -211,6 +212,12 @@ def _on_select(what: str, device: Any) -> None:
     index = _device_index(device)
     if index is None or index < 0:
         return
+    from ._apply import bound_plan
+
+    process = bound_plan(process=True)
+    if process is not None and process.per_device:
+        _bind_selecting_thread(what, index)
+        return
     _seen.add(index)
     checked: set[int] | None = _selected.get("checked")
     if checked is not None:
@@ -219,8 +226,6 @@ def _on_select(what: str, device: Any) -> None:
             _say_second(what, index)
         return
     _selected["first"], _selected["checked"] = index, {index}
-    from ._apply import bound_plan
-
     bound = bound_plan()
     if bound is not None:
         # bound already (the startup hook, numabind.apply, a numabind child): left alone,
@@ -233,6 +238,33 @@ def _on_select(what: str, device: Any) -> None:
 
     binding = bind(device=index, migrate=True, strict=False, prefix=f"{what}({index}): ")
     _selected["node"] = binding.plan.numa_node
+
+
+# thread id -> (device index, its ThreadBinding) from a selection
+_threads_selected: dict[int, tuple[int, Any]] = {}
+
+
+def _bind_selecting_thread(what: str, index: int) -> None:
+    """A process bound to several devices (NUMABIND_DEVICES, ``apply(devices=...)``): the
+    thread that selects device ``index`` is bound to that device's share, until it selects
+    another; the process's own binding (the union) is left as it is."""
+    import _thread
+
+    from ._api import bind_thread
+
+    tid = _thread.get_native_id()
+    current = _threads_selected.get(tid)
+    if current is not None:
+        if current[0] == index:
+            return
+        try:
+            current[1].restore()
+        except Exception:  # a bind_thread block of the user's own is inside: leave both
+            return
+    binding = bind_thread(index)
+    _threads_selected[tid] = (index, binding)
+    if not binding.ok:
+        say(f"{what}({index}): {binding}")
 
 
 def _say_second(what: str, index: int) -> None:
@@ -263,6 +295,7 @@ def _wrap_selector(module: Any, name: str, what: str) -> None:
     @functools.wraps(original)
     def selector(device: Any, *args: Any, **kwargs: Any) -> Any:
         # a later call with a device already seen costs one type test and one set lookup
+        # (a process bound to several devices binds per thread: it never adds to seen)
         if type(device) is not int or device not in seen:
             try:
                 _on_select(what, device)
@@ -281,7 +314,7 @@ def install_set_device() -> None:
     import importlib
 
     found = 0
-    for mod_name, attr, _kind in SELECTORS:
+    for mod_name, attr in SELECTORS:
         try:
             module = importlib.import_module(mod_name)
         except ImportError:
@@ -295,7 +328,7 @@ def install_set_device() -> None:
         raise TorchIntegrationError(
             f"numabind.torch cannot hook device selection in torch {torch.__version__} "
             f"(tested: {', '.join(TESTED_TORCH)}): none of "
-            + ", ".join(f"{m}.{a}" for m, a, _ in SELECTORS)
+            + ", ".join(f"{m}.{a}" for m, a in SELECTORS)
             + " exists"
         )
 

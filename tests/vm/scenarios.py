@@ -367,6 +367,15 @@ def scenario_host_memory(results: dict[str, Any]) -> None:
     )
 
 
+def scenario_several(results: dict[str, Any]) -> None:
+    """One process, several GPUs: a thread per GPU in bind_thread(device=k), each touching
+    200 MB there; NUMABIND_DEVICES=all (the union); apply() twice, a second binder, check."""
+    results["several_threads"] = run(probe("several_gpus", 200), cpus=node_cpus(0))
+    results["several_all"] = run(probe("rank", 1), {"NUMABIND_DEVICES": "all"}, cpus=node_cpus(0))
+    results["several_rebinder"] = run(probe("rebinder"), {"LOCAL_RANK": "1"}, cpus=node_cpus(0))
+    results["several_expect"] = {"0": node_cpus(0), "1": node_cpus(1)}
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hook": scenario_hook,
     "late": scenario_late,
@@ -378,6 +387,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "fork": scenario_fork,
     "bench": scenario_bench,
     "host_memory": scenario_host_memory,
+    "several": scenario_several,
 }
 
 

@@ -136,28 +136,33 @@ def main() -> int:
     except Exception:
         results["errors"]["torchrun_run"] = traceback.format_exc()
     save()
-    # a process without a rank that picks its GPU with torch.cuda.set_device(1)
-    try:
-        t = time.time()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_", "NUMABIND"))}
-        env.update(NUMABIND_TORCH="1", NUMABIND_VM="1")
-        p = subprocess.run(
-            [sys.executable, os.path.join(HERE, "probes", "set_device.py")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
-        lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-        results["set_device"] = {
-            "rc": p.returncode,
-            "stderr": p.stderr[-3000:],
-            "data": json.loads(lines[-1]) if lines else None,
-            "seconds": round(time.time() - t, 1),
-        }
-    except Exception:
-        results["errors"]["set_device"] = traceback.format_exc()
-    save()
+    # a process without a rank that picks its GPU with torch.cuda.set_device(1); then one
+    # that drives both GPUs (NUMABIND_DEVICES=all), a thread per GPU selecting it
+    for name, args, extra in (
+        ("set_device", [], {}),
+        ("set_device_threads", ["threads"], {"NUMABIND_DEVICES": "all"}),
+    ):
+        try:
+            t = time.time()
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_", "NUMABIND"))}
+            env.update(NUMABIND_TORCH="1", NUMABIND_VM="1", **extra)
+            p = subprocess.run(
+                [sys.executable, os.path.join(HERE, "probes", "set_device.py"), *args],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=env,
+            )
+            lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+            results[name] = {
+                "rc": p.returncode,
+                "stderr": p.stderr[-3000:],
+                "data": json.loads(lines[-1]) if lines else None,
+                "seconds": round(time.time() - t, 1),
+            }
+        except Exception:
+            results["errors"][name] = traceback.format_exc()
+        save()
     empty_on_node(results)
     save()
     return 0

@@ -1,4 +1,5 @@
-"""The ``numabind`` command: ``show``, ``gather``, ``run``, ``check``, ``bench``.
+"""The ``numabind`` command: ``show``, ``gather``, ``run``, ``check``, ``bench``, ``doctor``
+(the parser below is the list; ``numabind --help`` prints it).
 
 ``main(argv) -> int`` returns the exit status (the table is :data:`._common.EXITS`).  A
 domain error prints one line on stderr, never a traceback; JSON goes to stdout,
@@ -17,7 +18,14 @@ import sys
 from .. import __version__
 from .._environ import KNOBS, MAX_LOCAL, parse_reserve
 from .._errors import CaptureError, UsageError
-from .._model import MEMORY_POLICY_TABLE, MODE_NAMES, MODE_TABLE, SMT_LEVELS, USER_POLICIES
+from .._model import (
+    MEMORY_POLICY_TABLE,
+    MODE_NAMES,
+    MODE_TABLE,
+    SMT_LEVELS,
+    USER_POLICIES,
+    Reserve,
+)
 from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -104,7 +112,7 @@ def _int_in(name: str, lo: int, hi: int) -> Any:
     return parse
 
 
-def _reserve(text: str) -> str:
+def _reserve(text: str) -> Reserve:
     """``--reserve``: n, n/node or n/rank, as NUMABIND_RESERVE."""
     try:
         return parse_reserve(text, "--reserve")
@@ -522,14 +530,13 @@ def console_main() -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .._environ import Config
     from .._topology import Machine
     from ._doctor import Finding, doctor, lines
 
     machine = None
     problem = None
     try:
-        machine = Machine.from_root(Config.from_env().sysroot)
+        machine = Machine.here()
     except (CaptureError, ValueError, OSError) as err:
         problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
     try:
@@ -661,7 +668,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # The command's own startup hook must see this binding as inherited, not plan anew
     # with other settings: hand it the same mode, memory policy and rank.
     os.environ["NUMABIND_MODE"], os.environ["NUMABIND_MEMORY"] = mode, memory
-    os.environ["NUMABIND_RESERVE"], os.environ["NUMABIND_SMT"] = reserve or "0", smt
+    os.environ["NUMABIND_RESERVE"], os.environ["NUMABIND_SMT"] = str(reserve) or "0", smt
     info = detect(os.environ)
     if args.local_rank is not None and info.local_rank != args.local_rank:
         os.environ["LOCAL_RANK"] = str(args.local_rank)

@@ -262,7 +262,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
 
 def _roles_text(plans: list[Plan]) -> str:
     """``, reserve 2/node, smt 1`` where the plans were made with core roles."""
-    out = "".join(f", reserve {r}" for r in sorted({p.reserve for p in plans if p.reserve}))
+    out = "".join(f", reserve {r}" for r in sorted({str(p.reserve) for p in plans if p.reserve}))
     return out + (", smt 1" if any(p.smt == "1" for p in plans) else "")
 
 

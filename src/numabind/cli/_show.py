@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import NODE_KINDS, Allowed, Node, OtherDevice, Record
+from .._model import NO_RESERVE, NODE_KINDS, Allowed, Node, OtherDevice, Record, Reserve
 from .._plan import Plan, Request, device_node, fallback_order, plan, split_of
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -40,7 +40,7 @@ def plans_for(
     nproc: int | None,
     mode: str,
     memory: str,
-    reserve: str = "",
+    reserve: Reserve = NO_RESERVE,
     smt: str = "all",
 ) -> tuple[Visible, list[Plan], str]:
     """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
@@ -421,7 +421,6 @@ def _memory_cell(p: Plan) -> str:
 def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
     """The machine ``show`` plans for and the environment it is planned under: an
     example sees itself, a capture its recorded variables, a live machine ours."""
-    from .._environ import Config
     from .._topology import Machine
 
     if args.input is not None and args.example is not None:
@@ -433,7 +432,7 @@ def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
             machine = Machine.from_capture(args.input)
             recorded = machine.recorded_environ
             return machine, (recorded if recorded is not None else os.environ)
-        return Machine.from_root(Config.from_env().sysroot), os.environ
+        return Machine.here(), os.environ
     except (CaptureError, ValueError) as err:
         raise UsageError(f"numabind show: {err}") from err
 
