@@ -372,3 +372,297 @@ def test_doctor_names_the_bios_setting_when_a_gpu_node_is_too_small(
     spread = synth.snc3()
     spread.gpus = [synth.Gpu(f"0000:{0x10 + i:02x}:00.0", i) for i in range(6)]
     assert subnuma_findings(mem(spread), {}) == [], "one GPU per cluster: its fair share"
+
+
+# --- policies that never fall through to the wrong tier ------------------------------------------
+
+
+def _plans(m: Machine, n: int | None = None, **over: object) -> list:  # type: ignore[type-arg]
+    from numabind._devices import resolve
+    from numabind._plan import Request, plan
+
+    visible = resolve(m, {})
+    count = n if n is not None else max(len(visible.devices), 1)
+    return [
+        plan(m, Request(local_rank=r, local_world_size=count, visible=visible, **over))  # type: ignore[arg-type]
+        for r in range(count)
+    ]
+
+
+def _capture(name: str) -> Machine:
+    return Machine.from_capture(str(Path(__file__).parent / "data" / "hwloc" / name))
+
+
+WRONG_TIER_MACHINES: dict[str, tuple[Callable[[], Machine], int | None]] = {
+    "gh200": (lambda: mem(synth.gh200()), None),
+    "gb200": (lambda: mem(synth.gb200()), None),
+    "cxl": (lambda: mem(synth.cxl()), None),
+    "xeon-max": (lambda: mem(synth.xeon_max()), None),
+    "power9 capture": (lambda: _capture("nvidiagpunumanodes.tar.bz2"), None),
+    # no GPU in it: four local ranks of a CPU-only job, spread over the clusters
+    "hwloc snc4 hbm": (lambda: _capture("64intel64-heteromem.xml"), 4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_TIER_MACHINES))
+@pytest.mark.parametrize("mode", ["node", "socket"])
+def test_no_default_policy_names_or_reaches_a_node_that_is_not_cpu_memory(
+    name: str, mode: str
+) -> None:
+    """On every machine with GPU memory, HBM or far memory, every rank's default plan puts
+    its memory on CPU memory only, and keeps the kernel from falling back elsewhere: the
+    kernel gets MPOL_BIND over CPU-memory nodes (its home first: the allocating CPU's
+    nearest), since MPOL_PREFERRED would spill anywhere."""
+    make, ranks = WRONG_TIER_MACHINES[name]
+    m = make()
+    ps = [p for p in _plans(m, ranks, mode=mode) if p.bound]
+    assert ps, [p.reason for p in _plans(m, ranks, mode=mode)]
+    cpu = {n.id for n in m.nodes if n.kind == "cpu"}
+    assert {n.id for n in m.nodes} - cpu, "the machine has memory that is not CPU memory"
+    usable = frozenset(m.node_ids) & (m.allowed.mems or frozenset(m.node_ids))
+    for p in ps:
+        assert p.memory_nodes and p.memory_nodes <= cpu, p.summary()
+        policy, nodes = p.placement.kernel_policy
+        # what the kernel may fall back onto: the bind mask, else what cpuset.mems allows
+        reachable = nodes if policy == "bind" else usable
+        assert reachable <= cpu and p.memory_nodes <= reachable, p.summary()
+        assert str(p.spill) == "cpu"
+        assert p.memory_mask == (nodes if usable - cpu else frozenset())
+
+
+def test_the_mask_is_the_cpu_nodes_this_process_may_use() -> None:
+    """cpuset.mems bounds the mask; where it leaves no wrong-tier node the kernel could
+    reach (the POWER9 capture's cpuset: effective mems 0), the policy stays preferred."""
+    power9 = [p for p in _plans(_capture("nvidiagpunumanodes.tar.bz2")) if p.bound]
+    assert power9 and all(p.placement.kernel_policy == ("preferred", {0}) for p in power9)
+    spec = synth.gb200()
+    spec.cgroup_cpus, spec.cgroup_mems = list(range(144)), [0, 1, 2]
+    ps = _plans(mem(spec))
+    assert [p.memory_mask for p in ps] == [frozenset({0, 1})] * 4
+    assert ps[0].memory_text() == "preferred on node 0, then only node 1"
+    spec.cgroup_mems = [0, 2]
+    assert _plans(mem(spec))[0].memory_mask == {0}, "node 1's memory is not this process's"
+
+
+def test_machines_whose_nodes_all_have_cpus_keep_preferred(synth_machine: MakeMachine) -> None:
+    """There the kernel's fallback is CPU memory already: the plan is what it was."""
+    for spec in (synth.dgx_h100(filler_pci=0), synth.snc3(), synth.nps4()):
+        for p in _plans(mem(spec)):
+            assert p.memory_mask == frozenset() and p.placement.kernel_policy[0] == "preferred"
+
+
+def test_cpuset_mems_that_keep_gpu_memory_out_leave_preferred() -> None:
+    spec = synth.gb200()
+    spec.cgroup_cpus = list(range(144))
+    spec.cgroup_mems = [0, 1]
+    p = _plans(mem(spec))[0]
+    assert p.memory_mask == frozenset() and p.placement.kernel_policy == ("preferred", {0})
+
+
+def test_spill_any_is_the_kernel_s_fallback_and_named_nodes_join_the_mask() -> None:
+    from numabind._environ import parse_spill
+
+    m = mem(synth.gb200())
+    p = _plans(m, spill=parse_spill("any"))[0]
+    assert p.memory_mask == frozenset() and p.placement.kernel_policy == ("preferred", {0})
+    p = _plans(m, spill=parse_spill("cpu,2"))[0]
+    assert (
+        p.memory_mask == {0, 1, 2} and p.memory_text() == "preferred on node 0, then only nodes 1-2"
+    )
+    p = _plans(m, spill=parse_spill("2"))[0]
+    assert p.memory_mask == {0, 2}, "without cpu: the home node and the named one"
+    p = _plans(m, spill=parse_spill("cpu,2-5"))[0]
+    assert p.memory_mask == frozenset() and p.placement.kernel_policy[0] == "preferred", (
+        "every node named: nothing left to keep out"
+    )
+    p = _plans(m, spill=parse_spill("cpu,9"))[0]
+    assert p.memory_mask == {0, 1}
+    assert "NUMABIND_SPILL names node 9, which this machine does not have: left out" in p.notes
+    spec = synth.gb200()
+    spec.cgroup_cpus, spec.cgroup_mems = list(range(144)), [0, 1, 3]
+    p = _plans(mem(spec), spill=parse_spill("cpu,2"))[0]
+    assert p.memory_mask == {0, 1} and any(
+        "outside this process's cpuset.mems" in n for n in p.notes
+    )
+
+
+def test_policies_that_do_not_spill_by_themselves_get_no_mask() -> None:
+    m = mem(synth.gb200())
+    for memory, kernel in (("bind", ("bind", {0})), ("interleave", ("interleave", {0}))):
+        p = _plans(m, memory=memory)[0]
+        assert p.memory_mask == frozenset() and p.placement.kernel_policy == kernel
+    p = _plans(m, memory="local")[0]
+    assert p.placement.kernel_policy == ("bind", {0, 1}), "local, then the nearest CPU node"
+    assert _plans(m, memory="none")[0].placement.kernel_policy == ("none", frozenset())
+
+
+def test_socket_mode_masks_over_every_cpu_node() -> None:
+    p = _plans(mem(synth.xeon_max()), mode="socket")[0]
+    assert p.memory_policy == "preferred-many" and p.memory_nodes == {0, 1, 2, 3}
+    assert p.placement.kernel_policy == ("bind", frozenset(range(8)))
+
+
+def test_a_one_cpu_node_machine_with_gpu_memory_binds_memory_only() -> None:
+    """GH200: nothing to choose for CPUs, but node 0's only fallback is the GPU's memory."""
+    from numabind._environ import parse_spill
+    from numabind._plan import nothing_to_bind
+
+    m = mem(synth.gh200())
+    [p] = _plans(m)
+    assert p.bound and p.cpus == frozenset() and p.threads is None
+    assert p.memory_nodes == {0} and p.placement.kernel_policy == ("bind", {0})
+    assert p.summary() == (
+        "local rank 0: CPUs unchanged, memory preferred on node 0, no other node: GPU 0 "
+        "(0009:01:00.0) is on node 0, the one node with CPUs: CPUs left as they are, "
+        "memory kept off node 1 (no CPUs)"
+    )
+    assert not nothing_to_bind(m, "node")
+    assert nothing_to_bind(m, "node", "preferred", parse_spill("any"))
+    assert nothing_to_bind(m, "node", "none")
+    assert nothing_to_bind(m, "node", "bind"), "bind keeps node 0 alone anyway"
+    [skip] = _plans(m, spill=parse_spill("any"))
+    assert skip.skip == "one-node"
+    [named] = _plans(m, spill=parse_spill("cpu,1"))
+    assert named.skip == "one-node", "the GPU's memory named: nothing left to keep out"
+    assert nothing_to_bind(mem(synth.one_node()), "node")
+
+
+def test_the_appliers_give_the_kernel_the_mask() -> None:
+    """This machine has one node: a mask of node 0 is MPOL_BIND 0 from either applier."""
+    from numabind import _kernel
+    from numabind._apply import apply_plan
+    from numabind._pin import ThreadPin
+    from numabind._plan import Placement, Plan
+
+    with ThreadPin(
+        Placement(
+            memory_policy="preferred", memory_nodes=frozenset({0}), memory_mask=frozenset({0})
+        )
+    ) as pin:
+        assert _kernel.get_mempolicy() == ("bind", frozenset({0}))
+        assert pin.policy == ("bind", frozenset({0}))
+    assert _kernel.get_mempolicy() != ("bind", frozenset({0}))
+    p = Plan(
+        local_rank=0,
+        numa_node=0,
+        memory_policy="preferred",
+        memory_nodes=frozenset({0}),
+        memory_mask=frozenset({0}),
+        status="bound",
+    )
+    b = apply_plan(p, migrate=False)
+    try:
+        assert b.policy_applied == "bind" and b.policy_nodes == {0}
+        assert _kernel.get_mempolicy() == ("bind", frozenset({0}))
+    finally:
+        b.restore()
+
+
+def test_the_registry_entry_says_where_memory_may_only_spill() -> None:
+    from numabind._apply import Binding
+    from numabind._plan import Plan
+    from numabind._registry import Entry
+
+    p = Plan(
+        local_rank=0,
+        numa_node=0,
+        memory_policy="preferred",
+        memory_nodes=frozenset({0}),
+        memory_mask=frozenset({0, 1}),
+        status="bound",
+    )
+    b = Binding(p)
+    b.policy_applied, b.policy_nodes = "bind", frozenset({0, 1})
+    entry = b.entry()
+    assert entry.memory_policy == "bind" and entry.memory_nodes == {0, 1} and entry.spill == {1}
+    back = Entry.parse(entry.encode())
+    assert back is not None and back.spill == {1}
+    b.policy_applied, b.policy_nodes = "preferred", frozenset({0})  # an older plan: no mask
+    assert b.entry().spill == frozenset()
+
+
+def test_check_judges_locality_on_the_home_node_not_the_spill_mask() -> None:
+    from numabind._inspect import PlanView, _judge
+
+    p = _plans(mem(synth.gb200()))[0]
+    view = PlanView.of_plan(p)
+    assert (view.memory_policy, view.memory_nodes, view.spill_nodes) == ("bind", {0, 1}, {1})
+    assert view.home_nodes == {0}
+    problems: list[str] = []
+    notes: list[str] = []
+    share = _judge(
+        view,
+        "its environment",
+        1,
+        {1: p.cpus},
+        ("bind", frozenset({0, 1})),
+        {0: 10, 1: 90},
+        0.9,
+        problems,
+        notes,
+    )
+    assert share == pytest.approx(0.1)
+    assert problems == ["pages left remote: 10.0% on node(s) 0, 0 MiB on node 1"]
+    problems.clear()
+    _judge(
+        view,
+        "its environment",
+        1,
+        {1: p.cpus},
+        ("preferred", frozenset({0})),
+        {0: 10},
+        0.9,
+        problems,
+        notes,
+    )
+    assert problems == ["memory policy is preferred 0, plan bind 0-1"]
+    gh = PlanView.of_plan(_plans(mem(synth.gh200()))[0])
+    problems.clear()
+    _judge(
+        gh,
+        "its environment",
+        1,
+        {1: frozenset({0, 5})},
+        ("bind", frozenset({0})),
+        {0: 9},
+        0.9,
+        problems,
+        notes,
+    )
+    assert problems == [], "a plan for memory alone does not judge the CPUs"
+
+
+def test_numactl_lines_give_the_mask(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_main(capsys, "show", "--example", "gb200", "--numactl")[1]
+    assert "rank 0: numactl --physcpubind=0-71 --membind=0-1 -- CMD" in out
+    out = run_main(capsys, "show", "--example", "gb200", "--numactl", "--spill", "any")[1]
+    assert "rank 0: numactl --physcpubind=0-71 --preferred=0 -- CMD" in out
+    out = run_main(capsys, "show", "--example", "gh200", "--numactl")[1]
+    assert "rank 0: numactl --membind=0 -- CMD" in out
+
+
+def test_show_says_what_memory_never_reaches(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_main(capsys, "show", "--example", "cxl")[1]
+    assert "preferred 0, then 1" in out
+    assert (
+        "note: NUMABIND_SPILL=cpu: once a rank's nodes are full its memory spills onto the "
+        "other CPU-memory nodes, nearest first, and never onto nodes 2-3 (far memory)"
+    ) in out
+    assert "NUMABIND_SPILL=any lets memory spill anywhere instead" in out
+    out = run_main(capsys, "show", "--example", "dgx-h100")[1]
+    assert "NUMABIND_SPILL" not in out and "spill" not in out
+    rc, _, err = run_main(capsys, "show", "--example", "cxl", "--spill", "nowhere")
+    assert rc == 2 and "--spill='nowhere' is not cpu, any" in err
+
+
+def test_the_spill_knob_binds_and_refuses_a_bad_value() -> None:
+    from numabind._environ import Config
+    from numabind._errors import ConfigError
+    from numabind._startup import roles_key
+
+    assert str(Config.from_env({}).spill) == "cpu"
+    cfg = Config.from_env({"NUMABIND_SPILL": " cpu, 4 "})
+    assert str(cfg.spill) == "cpu,4" and cfg.spill.nodes == {4}
+    assert roles_key(cfg) == "|spill=cpu,4" and roles_key(Config.from_env({})) == ""
+    with pytest.raises(ConfigError, match="NUMABIND_SPILL='elsewhere'"):
+        Config.from_env({"NUMABIND_SPILL": "elsewhere"})

@@ -213,6 +213,7 @@ def _plan(
         memory or cfg.memory,
         reserve=cfg.reserve if reserve is None else reserve,
         smt=smt or cfg.smt,
+        spill=cfg.spill,
     )
     wanted = devices if devices is not None else (cfg.devices or None)
     if wanted is not None and device is None:
@@ -406,7 +407,9 @@ def _thread_plan(
         if mine is not None:
             return mine
     if found is None:
-        request = request_for(RankInfo(rank_source="bind_thread"), visible, cfg.mode, cfg.memory)
+        request = request_for(
+            RankInfo(rank_source="bind_thread"), visible, cfg.mode, cfg.memory, spill=cfg.spill
+        )
         return plan(m, request.replace(problem=f"device {device!r}: {why}"))
     return _plan(
         m, os.environ, cfg, None, None, mode, memory, None, roles=roles, devices=(device,)

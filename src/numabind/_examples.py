@@ -576,6 +576,7 @@ def one_node() -> Spec:
 EXAMPLES = {
     "dgx-h100": dgx_h100,
     "gb200": gb200,
+    "gh200": gh200,
     "xeon-max": xeon_max,
     "snc3": snc3,
     "cxl": cxl,

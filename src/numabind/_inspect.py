@@ -83,6 +83,10 @@ class PlanView(Record):
     problem: str | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()  # reserved for helpers: on plan too
+    # nodes of ``memory_nodes`` that are only where memory may spill (``memory_policy`` is
+    # then the kernel's: MPOL_BIND over the spill mask, NUMABIND_SPILL=cpu); locality is
+    # measured on the others
+    spill_nodes: frozenset[int] = frozenset()
     # threads bound to one device of a multi-device process (numabind.bind_thread): thread
     # id -> (that device's PCI address, its plan's CPUs), judged against those CPUs
     thread_plans: dict[int, tuple[str, frozenset[int]]] = {}  # noqa: RUF012 (immutable)
@@ -90,9 +94,20 @@ class PlanView(Record):
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
+        policy, nodes = p.placement.kernel_policy if p.bound else (p.memory_policy, p.memory_nodes)
         return cls(**{k: d[k] for k in cls._fields if k in d and k != "thread_plans"}).replace(
-            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes, helpers=p.helpers
+            cpus=p.cpus,
+            memory_nodes=nodes,
+            memory_policy=policy,
+            notes=p.notes,
+            helpers=p.helpers,
+            spill_nodes=nodes - p.memory_nodes,
         )
+
+    @property
+    def home_nodes(self) -> frozenset[int]:
+        """Where its memory belongs: the policy's nodes less those it may only spill onto."""
+        return self.memory_nodes - self.spill_nodes
 
     @classmethod
     def of_entry(cls, e: Entry) -> PlanView:
@@ -110,6 +125,7 @@ class PlanView(Record):
             reason=_sysfs.clean_line(e.reason, 500),
             threads=e.threads,
             helpers=e.helpers,
+            spill_nodes=e.spill,
             thread_plans={
                 tid: (e.device_plans[i][0], e.device_plans[i][1]) for tid, i in e.thread_devices
             },
@@ -382,7 +398,9 @@ def expected_plan(
     except ValueError as err:
         return None, str(err), None
     visible = resolve(machine, environ)
-    request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+    request = request_for(
+        info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt, spill=cfg.spill
+    )
     p = plan(machine, request)
     return PlanView.of_plan(p), source, None
 
@@ -630,6 +648,8 @@ def _judge(
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
     escaped = {t: c for t, c in threads.items() if not c <= expected.allowed_for(t, main)}
+    if not cpus and not expected.thread_plans:
+        escaped = {}  # a plan for memory alone (one node with CPUs): CPUs are not its promise
     if escaped and len(escaped) == len(threads) and not expected.thread_plans:
         sample = next(iter(escaped.values()))
         problems.append(
@@ -657,7 +677,8 @@ def _judge(
                 f"memory policy is {got_name} {fmt(got_nodes) or '(no nodes)'}, plan "
                 f"{want} {fmt(mem_nodes)}".rstrip()
             )
-    check_nodes = mem_nodes or (
+    home = mem_nodes - expected.spill_nodes if mem_nodes else mem_nodes
+    check_nodes = home or (
         frozenset({expected.numa_node}) if expected.numa_node is not None else frozenset()
     )
     share = locality(own, check_nodes) if check_nodes else None

@@ -685,11 +685,18 @@ class MemoryPolicy(Record):
     fallback: str | None = None
     migrate_as: str | None = None  # None: pages are not moved under it
     task: bool = True  # a task policy the kernel's NUMA balancing does not scan
+    # the kernel's fallback for it, once its nodes are full, is any node (GPU memory and far
+    # memory included), and MPOL_BIND over the nodes a rank may spill onto, nearest first,
+    # has the same first choices: under NUMABIND_SPILL=cpu the kernel gets that instead
+    # (Placement.kernel_policy).  interleave falls back anywhere too, and no policy keeps
+    # its round-robin while keeping nodes out
+    spill_by_bind: bool = False
 
 
 MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     MemoryPolicy(
         name="preferred",
+        spill_by_bind=True,
         code=1,
         numa_maps="prefer",
         help="allocate on the GPU's node, spill to others when it is full (default)",
@@ -711,6 +718,7 @@ MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     ),
     MemoryPolicy(
         name="local",
+        spill_by_bind=True,
         code=4,
         numa_maps="local",
         help="allocate on the node of the CPU that touches the page first",
@@ -726,6 +734,7 @@ MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     ),
     MemoryPolicy(
         name="preferred-many",
+        spill_by_bind=True,
         code=5,
         numa_maps="prefer_many",  # written "prefer (many)": see parse_numa_maps_policy
         help="prefer every node of the plan (socket mode; the planner chooses it)",
@@ -744,6 +753,48 @@ MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     ),
 )
 POLICIES = {p.name: p for p in MEMORY_POLICY_TABLE}
+
+
+class Spill(Record):
+    """``NUMABIND_SPILL``, parsed once (``_environ.parse_spill``): where a rank's memory
+    may go once the nodes of its plan are full.  ``cpu``: the other CPU-memory nodes
+    this process may use (nearest first, by the kernel's distance order), and then the
+    allocation fails (the default); ``anywhere``: the kernel's own fallback, every node
+    including a GPU's memory and far memory; ``nodes``: nodes the user names, which the
+    rank may spill onto besides (or, without ``cpu``, instead of) CPU memory.
+    ``str()`` is the canonical text (``cpu``, ``any``, ``cpu,4``, ``2-3``)."""
+
+    cpu: bool = True
+    anywhere: bool = False
+    nodes: frozenset[int] = frozenset()
+
+    def __str__(self) -> str:
+        if self.anywhere:
+            return "any"
+        words = ["cpu"] if self.cpu else []
+        if self.nodes:
+            words.append(_nodelist(self.nodes))
+        return ",".join(words)
+
+
+def _nodelist(nodes: frozenset[int]) -> str:
+    """``0-2,5`` (the kernel's list form; _sysfs has the same, but the model is a leaf)."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in sorted(nodes):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+SPILL_CPU = Spill()
+SPILL_ANY = Spill(cpu=False, anywhere=True)
 USER_POLICIES: tuple[str, ...] = tuple(p.name for p in MEMORY_POLICY_TABLE if p.user)
 POLICY_BY_CODE = {p.code: p for p in MEMORY_POLICY_TABLE if p.code is not None}
 POLICY_BY_NUMA_MAPS = {p.numa_maps: p for p in MEMORY_POLICY_TABLE if p.numa_maps}

@@ -22,12 +22,15 @@ from ._model import (
     POLICIES,
     RESERVE_SCOPES,
     SMT_LEVELS,
+    SPILL_ANY,
+    SPILL_CPU,
     SUBNUMA,
     SUBNUMA_OTHER,
     USER_POLICIES,
     Accelerator,
     Record,
     Reserve,
+    Spill,
     SubNuma,
 )
 
@@ -85,6 +88,7 @@ class Request(Record):
     budget: bool = True
     reserve: Reserve = NO_RESERVE  # NUMABIND_RESERVE, parsed
     smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
+    spill: Spill = SPILL_CPU  # NUMABIND_SPILL: where memory goes once the plan's nodes are full
     # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
     # union is planned (see plan_devices); empty: one device, picked by rank or argument
     devices: tuple[Accelerator, ...] = ()
@@ -98,11 +102,13 @@ def request_for(
     *,
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
+    spill: Spill = SPILL_CPU,
 ) -> Request:
     """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
     return Request(
         reserve=reserve,
         smt=smt,
+        spill=spill,
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         rank_source=info.rank_source,
@@ -201,10 +207,59 @@ def describe_device(dev: Accelerator, index: int | None) -> str:
     return f"{label} {where}"
 
 
-def nothing_to_bind(machine: Machine, mode: str) -> bool:
+def nothing_to_bind(
+    machine: Machine, mode: str, memory: str = "preferred", spill: Spill = SPILL_CPU
+) -> bool:
     """The one-node shortcut: with one node that has CPUs, node and socket modes have
-    nothing to choose, so the startup hook need not even look at devices."""
-    return len(machine.cpu_nodes) <= 1 and mode in ("node", "socket")
+    nothing to choose, so the startup hook need not even look at devices.  Memory may
+    still have something to keep out: a GH200's one CPU node falls back onto its GPU's
+    memory node, and ``NUMABIND_SPILL=cpu`` keeps it off (:func:`spill_mask`)."""
+    if len(machine.cpu_nodes) > 1 or mode not in ("node", "socket"):
+        return False
+    found = POLICIES.get(memory)
+    if found is None or not found.spill_by_bind:
+        return True
+    home = frozenset(n.id for n in machine.cpu_nodes)
+    return not spill_mask(machine, home, memory, spill)[0]
+
+
+def spill_mask(
+    machine: Machine, nodes: frozenset[int], policy: str, spill: Spill
+) -> tuple[frozenset[int], list[str]]:
+    """The nodes a memory ``policy`` over ``nodes`` may use under ``spill``
+    (``NUMABIND_SPILL``), when the kernel must be told (see
+    :attr:`Placement.kernel_policy`), and notes about nodes the setting named that
+    cannot be used.  Empty when the kernel's own fallback already stays inside them: the
+    policy does not spill by itself (bind, interleave), ``spill`` is ``any``, or every node
+    this process may use is one the rank may spill onto (a machine whose nodes all have
+    CPUs: there ``preferred`` already spills onto CPU memory only, and the plan is
+    unchanged).  The one place this is decided: the planner, several devices' union and
+    host buffers ask it."""
+    notes: list[str] = []
+    if spill.anywhere or policy not in POLICIES or not POLICIES[policy].spill_by_bind:
+        return frozenset(), notes
+    ids = frozenset(machine.node_ids)
+    allowed = machine.allowed.mems
+    usable = ids & allowed if allowed is not None else ids
+    mask = set(nodes)
+    if spill.cpu:
+        mask |= {n.id for n in machine.cpu_nodes}
+    named = spill.nodes
+    if named - ids:
+        notes.append(
+            f"NUMABIND_SPILL names node{'s' if len(named - ids) > 1 else ''} "
+            f"{fmt(named - ids)}, which this machine does not have: left out"
+        )
+    if (named & ids) - usable:
+        notes.append(
+            f"NUMABIND_SPILL names node {fmt((named & ids) - usable)}, outside this process's "
+            "cpuset.mems: left out"
+        )
+    mask |= named & usable
+    mask &= usable
+    if not mask or usable <= mask:
+        return frozenset(), notes
+    return frozenset(mask), notes
 
 
 def _plural(n: int, word: str) -> str:
@@ -232,23 +287,45 @@ class Placement(Record):
     memory_nodes: frozenset[int] = frozenset()
     home: int | None = None
     threads: int | None = None
+    # the only nodes the kernel may put this memory on (NUMABIND_SPILL=cpu: the plan's
+    # nodes and the CPU-memory nodes it may spill onto); empty: the kernel's own fallback
+    memory_mask: frozenset[int] = frozenset()
 
     @property
     def sets_memory(self) -> bool:
         """Whether applying it sets a memory policy."""
         return self.memory_policy != "none"
 
+    @property
+    def kernel_policy(self) -> tuple[str, frozenset[int]]:
+        """The policy and nodes the kernel is given: ``memory_policy`` over
+        ``memory_nodes``, or, with a ``memory_mask``, MPOL_BIND over the mask.  The kernel
+        takes a bind mask's nodes nearest first from the allocating CPU, so memory still
+        lands on ``memory_nodes`` first (the rank's CPUs are there) and spills onto the
+        rest of the mask, never elsewhere; ``preferred`` would spill anywhere."""
+        if self.memory_mask and POLICIES[self.memory_policy].spill_by_bind:
+            return "bind", self.memory_mask
+        return self.memory_policy, self.memory_nodes
+
     def describe(self) -> str:
         """``CPUs 0-3, memory preferred on node 0``."""
-        mem = memory_text(self.memory_policy, self.memory_nodes)
+        mem = memory_text(self.memory_policy, self.memory_nodes, self.memory_mask)
         return f"CPUs {fmt(self.cpus) or 'unchanged'}, memory {mem}"
 
 
-def memory_text(policy: str, nodes: frozenset[int]) -> str:
-    """``preferred on node 1``: a memory policy and its nodes, as every summary says it."""
+def memory_text(policy: str, nodes: frozenset[int], mask: frozenset[int] = frozenset()) -> str:
+    """``preferred on node 1``: a memory policy and its nodes, as every summary says it;
+    with a spill mask, where it may go next (``preferred on node 1, then only node 0``)."""
+    text = policy
     if nodes and policy not in ("none", "local"):
-        return f"{policy} on node{'s' if len(nodes) > 1 else ''} " + fmt(nodes)
-    return policy
+        text = f"{policy} on node{'s' if len(nodes) > 1 else ''} " + fmt(nodes)
+    if mask and POLICIES[policy].spill_by_bind:
+        extra = mask - nodes
+        if extra:
+            text += f", then only node{'s' if len(extra) > 1 else ''} {fmt(extra)}"
+        else:
+            text += ", no other node"
+    return text
 
 
 class Plan(Record):
@@ -284,6 +361,10 @@ class Plan(Record):
     helpers: frozenset[int] = frozenset()
     reserve: Reserve = NO_RESERVE
     smt: str = "all"
+    # NUMABIND_SPILL as planned, and what it made of it: the only nodes the kernel may put
+    # this rank's memory on (empty: the kernel's own fallback; see Placement.kernel_policy)
+    spill: Spill = SPILL_ANY
+    memory_mask: frozenset[int] = frozenset()
     # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
     # plan per device, each what the rank driving that device alone would get; the fields
     # above are their union
@@ -306,6 +387,7 @@ class Plan(Record):
             memory_nodes=self.memory_nodes,
             home=self.numa_node,
             threads=self.threads,
+            memory_mask=self.memory_mask,
         )
 
     def for_device(self, device: Accelerator) -> Plan | None:
@@ -340,6 +422,8 @@ class Plan(Record):
             "helpers": sorted(self.helpers),
             "reserve": str(self.reserve),
             "smt": self.smt,
+            "spill": str(self.spill),
+            "memory_mask": sorted(self.memory_mask),
             "per_device": [p.to_dict() for p in self.per_device],
         }
 
@@ -375,13 +459,14 @@ class Plan(Record):
 
     def memory_text(self) -> str:
         """``preferred on node 1``: the memory part of the one-line summary."""
-        return memory_text(self.memory_policy, self.memory_nodes)
+        return memory_text(self.memory_policy, self.memory_nodes, self.memory_mask)
 
     def summary(self) -> str:
         """One line: what this rank gets, or why it gets nothing."""
         if not self.bound:
             return f"{self.who()}: not bound: {self.reason}"
-        return f"{self.who()}: CPUs {fmt(self.cpus)}, memory {self.memory_text()}: {self.reason}"
+        cpus = fmt(self.cpus) or "unchanged"
+        return f"{self.who()}: CPUs {cpus}, memory {self.memory_text()}: {self.reason}"
 
 
 def plan(machine: Machine, request: Request) -> Plan:
@@ -458,6 +543,8 @@ def plan_devices(machine: Machine, request: Request) -> Plan:
             notes.append(note)
     elif policy == "none" or not nodes:
         policy, nodes = "none", frozenset()
+    mask, spilled = spill_mask(machine, nodes, policy, request.spill)
+    notes.extend(n for n in spilled if n not in notes)
     budgets = [p.threads for p in bound if p.threads is not None]
     where = ", ".join(
         f"{p.device_index if p.device_index is not None else p.device.pci if p.device else '?'}"
@@ -481,6 +568,8 @@ def plan_devices(machine: Machine, request: Request) -> Plan:
         helpers=frozenset().union(*(p.helpers for p in bound)),
         reserve=request.reserve,
         smt=request.smt,
+        spill=request.spill,
+        memory_mask=mask,
         per_device=tuple(subs),
     )
 
@@ -575,10 +664,13 @@ class _Planner:
     def _run(self) -> Plan:
         r = self.r
         devs = self._check_request()
-        if nothing_to_bind(self.m, r.mode):
+        one_node = len(self.m.cpu_nodes) <= 1 and r.mode in ("node", "socket")
+        if one_node:
             if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
                 self.device, self.index = self._pick_device(devs)
-            raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
+            if nothing_to_bind(self.m, r.mode, r.memory, r.spill):
+                raise _Skip("one-node", "this machine has one NUMA node with CPUs: nothing to bind")
+            return self._memory_only()
         self._machine_notes()
         if not devs and r.device is None:
             where = self._cpu_only_node(r.visible)
@@ -591,6 +683,7 @@ class _Planner:
             cpus = one_per_core(self.m, cpus)
             cores = len(cpus)
         mem_nodes, policy = self._memory(cpus, where.node)
+        mask = self._mask(mem_nodes, policy)
         return Plan(
             local_rank=r.local_rank,
             rank_source=r.rank_source,
@@ -611,7 +704,52 @@ class _Planner:
             helpers=self.helpers,
             reserve=r.reserve,
             smt=r.smt,
+            spill=r.spill,
+            memory_mask=mask,
         )
+
+    def _memory_only(self) -> Plan:
+        """One node with CPUs and memory-only nodes besides (a GH200: node 0 and its GPU's
+        memory): the CPUs have nothing to choose and are left as they are; the memory
+        policy keeps the rank's memory on CPU memory (see :func:`spill_mask`)."""
+        r = self.r
+        self._machine_notes()
+        node = self.m.cpu_nodes[0]
+        self.node, self.how = node.id, "one-node"
+        mem_nodes, policy = self._memory(node.cpus, node.id)
+        mask = self._mask(mem_nodes, policy)
+        kept = frozenset(self.m.node_ids) - mask
+        what = (
+            f"{describe_device(self.device, self.index)} is on node {node.id}"
+            if self.device is not None
+            else f"node {node.id}"
+        )
+        return Plan(
+            local_rank=r.local_rank,
+            rank_source=r.rank_source,
+            local_world_size=r.local_world_size,
+            size_source=r.size_source,
+            device=self.device,
+            device_index=self.index,
+            numa_node=node.id,
+            node_how="one-node",
+            memory_nodes=mem_nodes,
+            memory_policy=policy,
+            mode=r.mode,
+            status="bound",
+            reason=f"{what}, the one node with CPUs: CPUs left as they are, memory kept off "
+            f"node{'s' if len(kept) > 1 else ''} {fmt(kept)} (no CPUs)",
+            notes=tuple(self.notes),
+            reserve=r.reserve,
+            smt=r.smt,
+            spill=r.spill,
+            memory_mask=mask,
+        )
+
+    def _mask(self, nodes: frozenset[int], policy: str) -> frozenset[int]:
+        mask, notes = spill_mask(self.m, nodes, policy, self.r.spill)
+        self.notes.extend(n for n in notes if n not in self.notes)
+        return mask
 
     def _check_request(self) -> tuple[Accelerator, ...]:
         """Skip on bad input; the visible devices otherwise."""
@@ -1091,14 +1229,17 @@ def explicit(
     cpus: frozenset[int] | None = None,
     node: int | None = None,
     memory: str = "preferred",
+    spill: Spill = SPILL_CPU,
 ) -> Plan:
     """The plan of ``numabind run --node N`` or ``--cpus LIST`` (numactl's habits): those
     CPUs (of the node, as far as this process may use them) and the memory of their
-    nodes under ``memory``.  Never raises: a node without CPUs or CPUs outside the cgroup
-    are a skip with the reason."""
+    nodes under ``memory``, spilling as ``spill`` (``NUMABIND_SPILL``) says.  Never
+    raises: a node without CPUs or CPUs outside the cgroup are a skip with the reason."""
     allowed = machine.allowed.cpus
     source = f"--node {node}" if node is not None else f"--cpus {fmt(cpus or ())}"
-    planner = _Planner(machine, Request(local_rank=None, rank_source=source, memory=memory))
+    planner = _Planner(
+        machine, Request(local_rank=None, rank_source=source, memory=memory, spill=spill)
+    )
     if node is not None:
         found = machine.node(node)
         if found is None or not found.cpus:
@@ -1115,6 +1256,7 @@ def explicit(
         planner.notes.append(f"CPUs {fmt(wanted - chosen)} are outside the cgroup: left out")
     home = node if node is not None else machine.node_of_cpu(min(chosen))
     mem_nodes, policy = planner._memory(chosen, home)
+    mask = planner._mask(mem_nodes, policy)
     return Plan(
         local_rank=None,
         rank_source=source,
@@ -1125,6 +1267,8 @@ def explicit(
         status="bound",
         reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
         notes=tuple(planner.notes),
+        spill=spill,
+        memory_mask=mask,
     )
 
 

@@ -65,9 +65,11 @@ def state_key(
 
 
 def roles_key(cfg: Config) -> str:
-    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_DEVICES add
+    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_SPILL /
+    NUMABIND_DEVICES add
     (empty by default, so that keys recorded by an older numabind still match)."""
     key = "" if not cfg.reserve and cfg.smt == "all" else f"|reserve={cfg.reserve}|smt={cfg.smt}"
+    key += f"|spill={cfg.spill}" if str(cfg.spill) != "cpu" else ""
     return key + (f"|devices={cfg.devices[:200]}" if cfg.devices else "")
 
 
@@ -160,11 +162,13 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     machine = Machine.from_root(cfg.sysroot)
     try:
         visible = None
-        if info.problem is None and not nothing_to_bind(machine, cfg.mode):
+        if info.problem is None and not nothing_to_bind(machine, cfg.mode, cfg.memory, cfg.spill):
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
-        request = request_for(info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt)
+        request = request_for(
+            info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt, spill=cfg.spill
+        )
         if cfg.devices and visible is not None and request.problem is None:
             request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")
         p = plan(machine, request.replace(budget=cfg.threads != "off"))

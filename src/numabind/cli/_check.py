@@ -40,8 +40,11 @@ def process_lines(r: ProcessCheck) -> list[str]:
     if r.status == "bound" and p is not None:
         policy = "not permitted" if p.memory_policy == "not-permitted" else p.memory_policy
         where = (
-            f"node {p.numa_node}, CPUs {fmt(p.cpus)}, memory {policy} {fmt(p.memory_nodes)}"
+            f"node {p.numa_node}, CPUs {fmt(p.cpus) or 'unchanged'}, memory {policy} "
+            f"{fmt(p.memory_nodes)}"
         ).rstrip()
+        if p.spill_nodes:
+            where += f" (node {fmt(p.home_nodes)} first, spilling onto {fmt(p.spill_nodes)} only)"
         where += (
             f", {r.locality:.1%} of private pages local"
             if r.locality is not None

@@ -10,7 +10,17 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import NO_RESERVE, NODE_KINDS, Allowed, Node, OtherDevice, Record, Reserve
+from .._model import (
+    NO_RESERVE,
+    NODE_KINDS,
+    SPILL_CPU,
+    Allowed,
+    Node,
+    OtherDevice,
+    Record,
+    Reserve,
+    Spill,
+)
 from .._plan import Plan, Request, device_node, fallback_order, plan, split_of
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
@@ -42,6 +52,7 @@ def plans_for(
     memory: str,
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
+    spill: Spill = SPILL_CPU,
 ) -> tuple[Visible, list[Plan], str]:
     """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
     from .._devices import resolve
@@ -70,6 +81,7 @@ def plans_for(
                 memory=memory,
                 reserve=reserve,
                 smt=smt,
+                spill=spill,
                 size_source=source,
                 notes=info.notes if r == 0 else (),
             ),
@@ -115,6 +127,33 @@ def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str,
         "decision": decision.action,
         "message": decision.message,
     }
+
+
+def spill_line(machine: Machine, plans: list[Plan]) -> str | None:
+    """What the ranks' memory does once their nodes are full, where the machine has nodes
+    it could spill onto that are not CPU memory."""
+    masked = [p for p in plans if p.bound and p.memory_mask]
+    if not masked:
+        return None
+    kept = frozenset(machine.node_ids) - frozenset().union(*(p.memory_mask for p in masked))
+    kinds = {n.id: n.kind for n in machine.nodes}
+    what = ", ".join(
+        f"{fmt(frozenset(n for n in kept if kinds.get(n) == k))} ({NODE_KINDS[k].label})"
+        for k in dict.fromkeys(kinds[n] or "memory" for n in sorted(kept))
+        if k in NODE_KINDS
+    )
+    spill = masked[0].spill
+    onto = "the other CPU-memory nodes" if spill.cpu else "no CPU-memory node"
+    named = spill.nodes & frozenset().union(*(p.memory_mask for p in masked))
+    if named:
+        onto += f" and node{'s' if len(named) > 1 else ''} {fmt(named)} (named)"
+    never = f"node{'s' if len(kept) > 1 else ''} {what}"
+    return (
+        f"NUMABIND_SPILL={spill}: once a rank's nodes are full its memory spills onto {onto}, "
+        f"nearest first, and never onto {never}; when those are full too an allocation "
+        "fails (the kernel's OOM killer ends the rank).  NUMABIND_SPILL=any lets memory "
+        "spill anywhere instead"
+    )
 
 
 def balancing_line(machine: Machine, plans: list[Plan]) -> str | None:
@@ -350,6 +389,7 @@ def show_text(
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
     roles += ", smt 1" if first and first.smt == "1" else ""
+    roles += f", spill {first.spill}" if first and first.bound and first.memory_mask else ""
     out += [
         "",
         f"Plan (mode {mode}, memory {memory}{roles}; {plural(len(plans), 'local rank')}: {source})",
@@ -374,6 +414,9 @@ def show_text(
     line = balancing_line(machine, plans)
     if line:
         out += ["", f"note: {line}"]
+    line = spill_line(machine, plans)
+    if line:
+        out += ["", f"note: {line}"]
     return out
 
 
@@ -391,10 +434,12 @@ def numactl_line(p: Plan) -> str:
     """The numactl command line that gives a rank ``p``'s binding (taskset where the plan
     sets no memory policy), for people who must hard-code a wrapper."""
     cpus = fmt(p.cpus)
-    option = _NUMACTL.get(p.memory_policy)
+    policy, nodes = p.placement.kernel_policy  # a spill mask: --membind over it
+    option = _NUMACTL.get(policy)
     if option is None:
         return f"taskset -c {cpus} CMD"
-    return f"numactl --physcpubind={cpus} {option.format(nodes=fmt(p.memory_nodes))} -- CMD"
+    where = f"--physcpubind={cpus} " if cpus else ""
+    return f"numactl {where}{option.format(nodes=fmt(nodes))} -- CMD"
 
 
 def numactl_lines(plans: list[Plan]) -> list[str]:
@@ -413,9 +458,13 @@ def numactl_lines(plans: list[Plan]) -> list[str]:
 def _memory_cell(p: Plan) -> str:
     if not p.bound:
         return "-"
+    text = p.memory_policy
     if p.memory_nodes and p.memory_policy != "none":
-        return f"{p.memory_policy} {fmt(p.memory_nodes)}"
-    return p.memory_policy
+        text = f"{p.memory_policy} {fmt(p.memory_nodes)}"
+    if p.memory_mask:  # NUMABIND_SPILL=cpu kept other nodes out: where it may still go
+        extra = p.memory_mask - p.memory_nodes
+        text += f", then {fmt(extra)}" if extra else ", no spill"
+    return text
 
 
 def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -487,12 +536,13 @@ def run_show(args: argparse.Namespace) -> int:
         args.memory = args.memory or cfg.memory
         args.reserve = cfg.reserve if args.reserve is None else args.reserve
         args.smt = args.smt or cfg.smt
+        args.spill = args.spill or cfg.spill
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
         visible, plans, source = plans_for(
-            machine, environ, args.nproc, args.mode, args.memory, args.reserve, args.smt
+            machine, environ, args.nproc, args.mode, args.memory, args.reserve, args.smt, args.spill
         )
         report = show_data(machine, visible, plans)
         this = None if args.input or args.example else this_process(machine, environ, plans)
