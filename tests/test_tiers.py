@@ -666,3 +666,72 @@ def test_the_spill_knob_binds_and_refuses_a_bad_value() -> None:
     assert roles_key(cfg) == "|spill=cpu,4" and roles_key(Config.from_env({})) == ""
     with pytest.raises(ConfigError, match="NUMABIND_SPILL='elsewhere'"):
         Config.from_env({"NUMABIND_SPILL": "elsewhere"})
+
+
+# --- host buffers follow the same rule -----------------------------------------------------------
+
+
+def _range_policy(address: int) -> str:
+    """The policy numa_maps shows for the mapping at ``address`` (an oracle numabind does
+    not write)."""
+    for line in Path("/proc/self/numa_maps").read_text().splitlines():
+        fields = line.split()
+        if int(fields[0], 16) == address:
+            return fields[1]
+    raise AssertionError(f"no mapping at 0x{address:x}")
+
+
+def test_a_preferred_host_buffer_spills_onto_cpu_memory_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GH200 (generated; this kernel's node 0 is its node 0) a preferred buffer is
+    MPOL_BIND over CPU memory: preferred would spill onto the GPU's memory node.  With
+    NUMABIND_SPILL=any it is preferred again."""
+    import numabind
+
+    monkeypatch.setenv("NUMABIND_SYSROOT", synth.write(synth.gh200(), str(tmp_path / "gh")))
+    with numabind.host_buffer(1 << 20, node=0, policy="preferred", register=False) as buf:
+        assert buf.policy == "bind" and buf.nodes == (0,)
+        assert _range_policy(buf.address) == "bind:0"
+        assert any(
+            "spills onto CPU memory only (no other node: MPOL_BIND over 0" in n for n in buf.notes
+        )
+    with numabind.host_buffer(1 << 20, node=0, policy="bind", register=False) as buf:
+        assert buf.policy == "bind" and not any("spills" in n for n in buf.notes)
+    monkeypatch.setenv("NUMABIND_SPILL", "any")
+    with numabind.host_buffer(1 << 20, node=0, policy="preferred", register=False) as buf:
+        assert buf.policy == "preferred" and _range_policy(buf.address) == "prefer:0"
+
+
+def test_bind_range_preferred_keeps_the_range_on_cpu_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mmap
+
+    import numabind
+
+    monkeypatch.setenv("NUMABIND_SYSROOT", synth.write(synth.gh200(), str(tmp_path / "gh")))
+    region = mmap.mmap(-1, 16 * mmap.PAGESIZE)
+    try:
+        import ctypes
+
+        region.write(b"x" * len(region))
+        cell = ctypes.c_char.from_buffer(region)
+        address = ctypes.addressof(cell)
+        del cell
+        done = numabind.bind_range(address, len(region), 0, policy="preferred")
+        assert done.policy == "bind" and done.placement.get(0) == 16
+        assert any("spills onto CPU memory only" in n for n in done.notes)
+        assert _range_policy(address) == "bind:0"
+    finally:
+        region.close()
+
+
+def test_a_machine_whose_nodes_all_have_cpus_keeps_preferred_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numabind
+
+    monkeypatch.setenv("NUMABIND_SYSROOT", synth.write(synth.one_node(), str(tmp_path / "one")))
+    with numabind.host_buffer(1 << 20, node=0, policy="preferred", register=False) as buf:
+        assert buf.policy == "preferred" and _range_policy(buf.address) == "prefer:0"
