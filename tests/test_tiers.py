@@ -735,3 +735,73 @@ def test_a_machine_whose_nodes_all_have_cpus_keeps_preferred_buffers(
     monkeypatch.setenv("NUMABIND_SYSROOT", synth.write(synth.one_node(), str(tmp_path / "one")))
     with numabind.host_buffer(1 << 20, node=0, policy="preferred", register=False) as buf:
         assert buf.policy == "preferred" and _range_policy(buf.address) == "prefer:0"
+
+
+# --- check: memory per tier, and memory on a node it did not ask for ----------------------------
+
+
+def test_check_counts_memory_per_kind_and_warns_of_unasked_gpu_or_far_memory() -> None:
+    from numabind._inspect import PlanView, memory_by_kind, wrong_tier_notes
+    from numabind.cli._check import tiers_text
+
+    m = mem(synth.gb200())
+    pages = {0: 256 * 1024, 2: 450 * 1024}  # 1 GiB on node 0, 1.8 GiB on GPU 0's memory
+    assert memory_by_kind(m, pages) == {"cpu": 1 << 30, "gpu": 450 << 22}
+    assert tiers_text(memory_by_kind(m, pages)) == "CPU memory 1.0 GiB, GPU memory 1.8 GiB"
+    plan = PlanView.of_plan(_plans(m)[0])
+    assert wrong_tier_notes(m, pages, plan.memory_nodes, plan) == [
+        "warning: 1.8 GiB of this rank's memory is on node 2, GPU 0's memory (not a node "
+        "its plan uses)"
+    ]
+    assert wrong_tier_notes(m, pages, plan.memory_nodes | {2}, plan) == [], "asked for"
+    assert wrong_tier_notes(m, {0: 5, 3: 10}, frozenset(), None) == [
+        "warning: 1 MiB of this rank's memory is on node 3, GPU 1's memory (it has no plan)"
+    ]
+    far = mem(synth.cxl())
+    assert wrong_tier_notes(far, {2: 512}, frozenset({0, 1}), plan) == [
+        "warning: 2 MiB of this rank's memory is on node 2, far memory (not a node its plan uses)"
+    ]
+    hbm = mem(synth.xeon_max())
+    assert wrong_tier_notes(hbm, {8: 512}, frozenset({0}), plan) == [], "HBM is not a wrong tier"
+    assert memory_by_kind(hbm, {0: 1, 8: 1}) == {"cpu": 4096, "hbm": 4096}
+
+
+def test_check_reports_this_process_per_kind(synth_machine: MakeMachine) -> None:
+    """A rank checked live: its pages are on this kernel's node 0, CPU memory."""
+    import os
+
+    from numabind._inspect import check_pid
+
+    r = check_pid(os.getpid(), synth_machine(synth.gb200()), environ={"LOCAL_RANK": "0"})
+    assert set(r.tiers) == {"cpu"} and r.tiers["cpu"] > 0
+    assert r.to_dict()["tiers"] == r.tiers
+    assert not any("warning:" in n and "GPU" in n for n in r.notes)
+
+
+def test_an_interleaved_gpu_rank_is_noted_by_check_and_doctor() -> None:
+    from numabind._inspect import PlanView, _interleave_notes
+    from numabind.cli._doctor import interleave_finding
+
+    gpu = PlanView(
+        device_pci="0000:18:00.0", memory_policy="preferred", memory_nodes=frozenset({0})
+    )
+    [note] = _interleave_notes(("interleave", frozenset({0, 1, 2, 3})), gpu)
+    assert "interleaves over nodes 0-3: pinned staging buffers" in note
+    assert _interleave_notes(("interleave", frozenset({0})), gpu) == []
+    assert _interleave_notes(("interleave", frozenset({0, 1})), PlanView()) == [], "no GPU"
+    found = interleave_finding("interleave", frozenset({0, 1}))
+    assert found is not None and found.status == "warn" and "nodes 0-1" in found.detail
+    assert "NUMABIND=respect" in found.detail and "numabind.host_buffer" in found.detail
+    assert interleave_finding("preferred", frozenset({0})) is None
+
+
+def test_the_pin_thread_takes_the_rank_s_policy_under_a_blanket_interleave() -> None:
+    from numabind.torch import staging_policy_needed
+
+    p = _plans(mem(synth.gb200()))[0]
+    assert staging_policy_needed(("interleave", frozenset({0, 1, 2, 3, 4, 5})), p)
+    assert not staging_policy_needed(("interleave", frozenset({0})), p)
+    assert not staging_policy_needed(("bind", frozenset({0, 1})), p)
+    assert not staging_policy_needed(
+        ("interleave", frozenset({0, 1})), p.replace(memory_policy="interleave")
+    ), "interleave is what the rank asked for"

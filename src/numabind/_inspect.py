@@ -31,6 +31,7 @@ from ._model import (
     GLOBAL_RANK_VARIABLES,
     HELPER_PROCESS_ROLES,
     JOB_VARIABLES,
+    NODE_KINDS,
     POLICIES,
     RANK_VARIABLE_NAMES,
     THREAD_ROLES,
@@ -343,6 +344,8 @@ class ProcessCheck(Record):
     gpu: GpuSeen = GpuSeen()
     thread_names: dict[int, str] = {}  # noqa: RUF012 (records are immutable)
     mems_allowed: frozenset[int] | None = None  # its cpuset's memory nodes (/proc status)
+    # its private memory per node kind (NODE_KINDS: cpu, gpu, hbm, far, memory), in bytes
+    tiers: dict[str, int] = {}  # noqa: RUF012 (records are immutable)
 
 
 class NodeFacts(Record):
@@ -552,7 +555,9 @@ def check_pid(
         mems = _sysfs.parse_cpulist(status.get("Mems_allowed_list", "-"), what="node")
     except ValueError:
         mems = None
+    tiers = _tiers(machine, own, expected, entry, policy, notes)
     base: dict[str, Any] = {
+        "tiers": tiers,
         "pid": pid,
         "identity": Identity() if isinstance(env, OSError) else Identity.of_environ(env),
         "gpu": gpu_in_use(pid, machine, expected),
@@ -611,6 +616,85 @@ def check_pid(
         locality=share,
         **base,
     )
+
+
+def _tiers(
+    machine: Machine,
+    own: dict[int, int],
+    expected: PlanView | None,
+    entry: Entry | None,
+    policy: tuple[str, frozenset[int]] | None,
+    notes: list[str],
+) -> dict[str, int]:
+    """A rank's private memory per node kind, and the notes about its tiers: memory on a
+    GPU's or far node it did not ask for (its plan's nodes and spill mask, its host
+    buffers' nodes), and a policy that interleaves a GPU rank over every node."""
+    asked = (expected.memory_nodes if expected is not None else frozenset()) | frozenset(
+        n for b in (entry.buffers if entry is not None else ()) for n in b[2]
+    )
+    notes.extend(wrong_tier_notes(machine, own, asked, expected))
+    notes.extend(_interleave_notes(policy, expected))
+    return memory_by_kind(machine, own)
+
+
+def memory_by_kind(machine: Machine, pages: Mapping[int, int]) -> dict[str, int]:
+    """Bytes of ``pages`` (4 KiB units per node) per node kind; only nodes with pages are
+    looked at, and a machine's nodes are classified only when one of them has no CPUs."""
+    out: dict[str, int] = {}
+    memory_only = machine.memory_only_ids
+    for node, count in sorted(pages.items()):
+        kind = (machine.node_kind(node) or "memory") if node in memory_only else "cpu"
+        out[kind] = out.get(kind, 0) + count * 4096
+    return out
+
+
+def wrong_tier_notes(
+    machine: Machine, pages: Mapping[int, int], asked: frozenset[int], plan: PlanView | None
+) -> list[str]:
+    """A warning for each GPU-memory or far node holding some of a rank's memory that it
+    did not ask for (``asked``: its plan's nodes and spill mask, its host buffers' nodes).
+    A note, never a problem: the GPU driver itself migrates memory to GPU nodes on
+    coherent systems, and a rank may have placed it there on purpose."""
+    memory_only = machine.memory_only_ids
+    out = []
+    for node, count in sorted(pages.items()):
+        if node not in memory_only or node in asked or count <= 0:
+            continue
+        kind = NODE_KINDS.get(machine.node_kind(node) or "")
+        if kind is None or not kind.wrong_tier:
+            continue
+        gpu = machine.gpu_memory().get(node)
+        if gpu is not None:
+            same = [a.pci for a in machine.accelerators if a.vendor == gpu[0].vendor]
+            index = same.index(gpu[0].pci) if gpu[0].pci in same else None
+            what = f"GPU {index}'s memory" if index is not None else f"the memory of {gpu[0].pci}"
+        else:
+            what = kind.label
+        size = count * 4096
+        amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{max(size >> 20, 1)} MiB"
+        why = "not a node its plan uses" if plan is not None and plan.bound else "it has no plan"
+        out.append(f"warning: {amount} of this rank's memory is on node {node}, {what} ({why})")
+    return out
+
+
+def _interleave_notes(
+    policy: tuple[str, frozenset[int]] | None, plan: PlanView | None
+) -> list[str]:
+    """A GPU rank whose memory policy interleaves over several nodes (``numactl
+    --interleave=all``, kept where the rule keeps a deliberate binding): the pinned
+    staging buffers it allocates are spread over every one of them (colibri#82: the
+    host-to-device path 10x slower)."""
+    if policy is None or policy[0] != "interleave" or len(policy[1]) < 2:
+        return []
+    if plan is None or not plan.device_pci:
+        return []
+    return [
+        f"its memory policy interleaves over nodes {fmt(policy[1])}: pinned staging "
+        "buffers it allocates (torch pin_memory, cudaHostAlloc) are spread over all of "
+        "them (one report: the host-to-device path 10x slower); numabind.host_buffer and "
+        "numabind.torch.pinned_empty take a policy of their own, NUMABIND_TORCH=1 gives "
+        "the DataLoader's pin thread the rank's"
+    ]
 
 
 def _escaped_text(

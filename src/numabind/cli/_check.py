@@ -56,11 +56,26 @@ def process_lines(r: ProcessCheck) -> list[str]:
         where = "no plan"
     verdict = "UNKNOWN" if r.status == "unknown" else ("OK" if r.ok else "OFF PLAN")
     lines = [f"{verdict:8} {who}: {where}"]
+    if any(kind != "cpu" for kind in r.tiers):
+        lines.append("         memory by kind: " + tiers_text(r.tiers))
     lines += [f"         - {problem}" for problem in r.problems]
     lines += [f"         note: {note}" for note in r.notes]
     if len(r.roles) > 1 or any(g.on_plan is False for g in r.roles):
         lines.append("         roles: " + "; ".join(g.text() for g in r.roles))
     return lines
+
+
+def tiers_text(tiers: dict[str, int]) -> str:
+    """``CPU memory 3.2 GiB, GPU memory 1.8 GiB``: a rank's private memory per node kind."""
+    from .._model import NODE_KINDS
+
+    out = []
+    for name, kind in NODE_KINDS.items():
+        size = tiers.get(name, 0)
+        if size:
+            amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{size / 2**20:.0f} MiB"
+            out.append(f"{kind.label} {amount}")
+    return ", ".join(out)
 
 
 def exit_status(report: CheckReport, named: bool) -> int:

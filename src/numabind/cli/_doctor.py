@@ -497,8 +497,31 @@ def kernel_findings() -> list[Finding]:
         )
     else:
         out.append(Finding(check="memory policy", status="ok", detail="this process may set it"))
+    found = interleave_finding(policy, nodes)
+    if found is not None:
+        out.append(found)
     out.append(_migration())
     return out
+
+
+def interleave_finding(policy: str, nodes: frozenset[int]) -> Finding | None:
+    """This process (and what it starts: a launcher's ranks) runs under a policy that
+    interleaves over several nodes, ``numactl --interleave=all`` and the like."""
+    from .._sysfs import format_cpulist
+
+    if policy != "interleave" or len(nodes) < 2:
+        return None
+    return Finding(
+        check="interleave",
+        status="warn",
+        detail=f"this process's memory policy interleaves over nodes {format_cpulist(nodes)} "
+        "and every rank started from here inherits it: numabind replaces it with the "
+        "rank's plan, but keeps it where the rank's CPU mask is deliberate and inside its "
+        "GPU's node or NUMABIND=respect; a GPU rank that keeps it spreads its pinned "
+        "staging buffers over every node (torch pin_memory, cudaHostAlloc: one report "
+        "measured the host-to-device path 10x slower); numabind.host_buffer and "
+        "numabind.torch.pinned_empty take a policy of their own",
+    )
 
 
 def _migration() -> Finding:
