@@ -311,3 +311,21 @@ def test_the_entry_carries_device_plans_and_threads_and_refuses_hostile_ones() -
         key = bad.split("=")[0]
         lines = [ln for ln in base.splitlines() if not ln.startswith(key + "=")] + [bad]
         assert _registry.Entry.parse("\n".join(lines).encode()) is None, bad
+
+
+@two_cpus
+def test_bind_thread_to_a_device_not_there_says_one_line_and_strict_raises(two: str) -> None:
+    code = """
+import os, numabind
+b = numabind.bind_thread(7)
+print(b.ok, sorted(os.sched_getaffinity(0)))
+try:
+    numabind.bind_thread("GPU-nope", strict=True)
+except numabind.BindingError as err:
+    print("raised:", "GPU-nope" in str(err))
+"""
+    r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["False [0, 1]", "raised: True"]
+    (line,) = r.stderr.splitlines()
+    assert "device 7: device index 7 is not visible (2 are)" in line, line

@@ -376,11 +376,10 @@ def bind_thread(
         from ._errors import BindingError
 
         raise BindingError(str(binding))
-    if not binding.ok and p.bound:
-        binding_line = str(binding)
+    if (p.bound and not binding.ok) or (not p.bound and p.problem):
         from ._output import say
 
-        say(binding_line)
+        say(str(binding))  # asked for and not done: one line (a benign skip says nothing)
     return binding
 
 

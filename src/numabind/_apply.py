@@ -754,7 +754,9 @@ def decide(
     if enable == "force":
         return Decision(action="apply", rebind_inside=True)  # the plan, exactly
     if not existing.narrower or existing.current == plan_cpus:
-        return Decision(action="apply")  # nothing in place, or already the plan
+        # nothing in place, or already the plan; under respect a memory policy set for the
+        # process (numactl --membind) stays as well
+        return Decision(action="apply", memory_only_if_default=enable == "respect")
     if enable == "respect":
         return Decision(action="keep", memory_only_if_default=True)
     inside = node_cpus is not None and existing.current <= node_cpus

@@ -43,7 +43,7 @@ from . import _kernel, _sysfs
 from ._errors import ConfigError, DriverError, NumabindError, RegistrationError
 from ._model import Record
 from ._pin import pin_cpus
-from ._range import Mover, where
+from ._range import Mover, moved_onto, where
 from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
@@ -798,7 +798,6 @@ def bind_range(
     if left_out:
         notes.append(f"{left_out} bytes at the edges are not whole pages: left as they are")
     before = where(start, end - start)
-    off_before = sum(n for k, n in before.items() if k is not None and k not in nodes)
     if mask:
         # moved onto the nodes under MPOL_BIND (what does not fit stays where it is, never
         # onto a GPU's memory), then the range may spill onto its mask only
@@ -813,7 +812,7 @@ def bind_range(
     if mask:
         Mover(mask, "bind").bind(start, end, "the range", move=False)
     after = where(start, end - start)
-    off_after = sum(n for k, n in after.items() if k is not None and k not in nodes)
+    moved, off_after = moved_onto(before, after, nodes)
     if move and off_after and not not_moved:
         not_moved["unknown"] = off_after
     return RangeBinding(
@@ -822,7 +821,7 @@ def bind_range(
         left_out=left_out,
         nodes=nodes,
         policy=kpolicy,
-        moved=max(off_before - off_after, 0),
+        moved=moved,
         not_moved=not_moved,
         placement=after,
         notes=tuple(notes),

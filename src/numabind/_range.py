@@ -173,6 +173,18 @@ def numa_maps_pages(
     return out
 
 
+def moved_onto(
+    before: dict[int | None, int], after: dict[int | None, int], nodes: Sequence[int]
+) -> tuple[int, int]:
+    """(pages that left other nodes for ``nodes``, pages still on other nodes) between two
+    measurements of one range: a page that could not move (pinned for DMA, locked, shared)
+    is still off the nodes afterwards and is never counted as moved."""
+    wanted = set(nodes)
+    off_before = sum(n for k, n in before.items() if k is not None and k not in wanted)
+    off_after = sum(n for k, n in after.items() if k is not None and k not in wanted)
+    return max(off_before - off_after, 0), off_after
+
+
 def share_on(found: dict[int | None, int], nodes: Sequence[int] | frozenset[int]) -> float:
     """The share of all pages of a measurement that are on ``nodes``."""
     total = sum(found.values())
