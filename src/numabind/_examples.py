@@ -42,6 +42,11 @@ class Gpu:
     # /sys/bus/pci/devices/<bdf> is a link to it, as on a live machine (None: no tree).
     bridges: tuple[str, ...] | None = None
     rdma: str | None = None  # an RDMA adapter's /sys/class/infiniband name (mlx5_0)
+    # an AMD GPU's compute partitions (each one KFD node), and the modes amdgpu's
+    # current_compute_partition / current_memory_partition say (None: files absent)
+    partitions: int = 1
+    compute_partition: str | None = None
+    memory_partition: str | None = None
 
 
 @dataclass
@@ -67,6 +72,7 @@ class Spec:
     tiers: dict[int, int] | None = None  # node -> kernel memory tier (memory_tierN)
     bandwidth: dict[int, int] | None = None  # node -> HMAT read bandwidth (MB/s)
     vendor: str | None = None  # "intel" / "amd": /sys/devices/system/cpu/modalias
+    kfd: bool = False  # write AMD's KFD topology: a CPU agent per CPU node, then the GPUs'
 
 
 def _mask(cpus: Iterable[int]) -> str:
@@ -196,6 +202,10 @@ class _Tree:
         self.w(f"{base}/local_cpus", _mask(local))
         if g.unique_id is not None:
             self.w(f"{base}/unique_id", g.unique_id)
+        if g.compute_partition is not None:
+            self.w(f"{base}/current_compute_partition", g.compute_partition)
+        if g.memory_partition is not None:
+            self.w(f"{base}/current_memory_partition", g.memory_partition)
         if g.vendor == 0x10DE and g.pci_class >> 16 == 3 and spec.proc_nvidia and g.driver:
             pbase = f"/proc/driver/nvidia/gpus/{g.bdf}"
             self.w(
@@ -208,6 +218,34 @@ class _Tree:
             )
             if g.memory_node is not None:
                 self.w(f"{pbase}/numa_status", f"Node:      {g.memory_node}\nStatus:    online")
+
+    def kfd(self) -> None:
+        """AMD's KFD topology as amdgpu writes it: a CPU agent per node with CPUs, then
+        every AMD GPU's agents (one per compute partition), in PCI order; a partition's
+        ``location_id`` is its GPU's with the partition's index in the function bits."""
+        spec = self.spec
+        base = "/sys/class/kfd/kfd/topology/nodes"
+        node = 0
+        for cpus in spec.nodes:
+            if cpus:
+                props = f"cpu_cores_count {len(cpus)}\nsimd_count 0\nlocation_id 0\ndomain 0"
+                self.w(f"{base}/{node}/properties", props + "\ndrm_render_minor 0")
+                node += 1
+        minor = 128
+        for g in sorted(spec.gpus, key=lambda g: g.bdf):
+            if g.vendor != 0x1002:
+                continue
+            domain, bus, devfn = int(g.bdf[:4], 16), int(g.bdf[5:7], 16), int(g.bdf[8:10], 16) << 3
+            unique = int(g.unique_id or "0", 16)
+            for k in range(g.partitions):
+                loc = (bus << 8) | devfn | (k if g.partitions > 1 else 0)
+                self.w(
+                    f"{base}/{node}/properties",
+                    f"cpu_cores_count 0\nsimd_count {1216 // g.partitions}\nlocation_id {loc}\n"
+                    f"domain {domain}\ndrm_render_minor {minor}\nunique_id {unique}",
+                )
+                node += 1
+                minor += 1
 
     def process(self) -> None:
         spec = self.spec
@@ -235,6 +273,8 @@ def build(spec: Spec) -> _Tree:
     tree.nodes()
     tree.cpus()
     tree.pci()
+    if spec.kfd:
+        tree.kfd()
     tree.process()
     return tree
 
@@ -546,6 +586,36 @@ def mi300x() -> Spec:
     return Spec(nodes=[n0, n1], package_of_node=[0, 1], gpus=gpus)
 
 
+MI300X_BUSES = (0x05, 0x27, 0x47, 0x65, 0x85, 0xA7, 0xC7, 0xE5)
+
+
+def mi300x_cpx(compute: str = "CPX", memory: str = "NPS4", numa: tuple[int, ...] = ()) -> Spec:
+    """8 AMD MI300X in a compute-partition mode (CPX: 8 partitions each, 64 devices to
+    ROCm) and memory-partition mode (NPS4: each GPU's HBM in four parts), 4 per socket,
+    2 sockets of 96 cores; the GPUs' PCI addresses are those of a real CPX host's KFD
+    topology (tests/data/kfd).  ``numa`` overrides the GPUs' sysfs numa_node (-1: no
+    affinity, as amd-smi reports some)."""
+    parts = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4, "CPX": 8}[compute]
+    nodes = [list(range(0, 96)), list(range(96, 192))]
+    gpus = []
+    for i, bus in enumerate(MI300X_BUSES):
+        node = numa[i] if numa else (0 if i < 4 else 1)
+        gpus.append(
+            Gpu(
+                f"0000:{bus:02x}:00.0",
+                node,
+                vendor=0x1002,
+                device=0x74A1,
+                pci_class=0x120000,
+                unique_id=f"{0xE3A0B1C2D3E4F500 + i:x}",
+                partitions=parts,
+                compute_partition=compute,
+                memory_partition=memory,
+            )
+        )
+    return Spec(nodes=nodes, package_of_node=[0, 1], gpus=gpus, vendor="amd", kfd=True)
+
+
 def container_2_of_8() -> Spec:
     """A container granted GPUs 2 and 5 of a DGX: sysfs lists all 8, the driver's /proc
     only the two mounted ones; the cgroup allows both sockets' first 8 cores."""
@@ -581,6 +651,7 @@ EXAMPLES = {
     "snc3": snc3,
     "cxl": cxl,
     "mi300x": mi300x,
+    "mi300x-cpx": mi300x_cpx,
     "nps4": nps4,
     "container": container_2_of_8,
     "two-nodes": two_nodes,

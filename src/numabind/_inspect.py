@@ -38,6 +38,7 @@ from ._model import (
     Record,
     binder_of,
 )
+from ._sysfs import normalize_pci
 from ._threads import AFFINITY_VARIABLES
 from ._threads import VARIABLES as THREAD_VARIABLES
 
@@ -447,7 +448,7 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
                             by_minor[(a.vendor, a.minor)] = a.pci
                 pci = by_minor.get((row.vendor, minor))
             else:
-                pci = _drm_pci(row.name.format(n=minor))
+                pci = _render_pci(machine, row.vendor, row.name.format(n=minor), minor)
             if pci is not None and pci not in opened:
                 opened.append(pci)
     planned = expected.device_pci if expected is not None else None
@@ -474,6 +475,17 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
         source=source,
         open=tuple(opened[:16]),
     )
+
+
+def _render_pci(machine: Machine, vendor: str, name: str, minor: int) -> str | None:
+    """The PCI address of the GPU behind DRM render node ``name``: its ``device`` link;
+    for a compute partition (whose render node is a platform device, amdgpu_xcp) the GPU
+    the partition topology names."""
+    pci = _drm_pci(name)
+    if pci is not None and normalize_pci(pci) == pci:
+        return pci
+    devs = tuple(a for a in machine.accelerators if a.vendor == vendor)
+    return next((d.pci for d in machine.with_partitions(devs) if d.render_minor == minor), None)
 
 
 def _drm_pci(name: str) -> str | None:

@@ -256,24 +256,54 @@ class Accelerator(Record):
     minor: int | None = None
     # how much was read: "all", or "id"/"located" (Machine.located() and .detailed() read on)
     read: str = "all"
+    # one compute partition of a GPU split into several (AMD MI300 in DPX/QPX/CPX): its
+    # index among its GPU's partitions (the runtime's order), how many there are, and the
+    # modes the GPU is in; a partition has no PCI address of its own (``pci`` is its GPU's)
+    partition: int | None = None
+    partitions: int | None = None
+    compute_partition: str | None = None  # AMD current_compute_partition: SPX, CPX, ...
+    memory_partition: str | None = None  # AMD current_memory_partition: NPS1, NPS4
+    render_minor: int | None = None  # its DRM render node (/dev/dri/renderD<minor>)
 
     @property
     def detailed(self) -> bool:
         return self.read == "all"
 
     def __eq__(self, other: object) -> bool:
-        """One device is one PCI function: a brief and a detailed reading are equal."""
+        """One device is one PCI function (or one compute partition of it): a brief and a
+        detailed reading are equal."""
         if not isinstance(other, Accelerator):
             return NotImplemented
-        return (self.pci, self.vendor) == (other.pci, other.vendor)
+        return (self.pci, self.vendor, self.partition) == (
+            other.pci,
+            other.vendor,
+            other.partition,
+        )
 
     def __hash__(self) -> int:
-        return hash((self.pci, self.vendor))
+        return hash((self.pci, self.vendor, self.partition))
+
+    @property
+    def where(self) -> str:
+        """``0000:05:00.0`` or, for a compute partition, ``0000:05:00.0 partition 3``."""
+        return self.pci if self.partition is None else f"{self.pci} partition {self.partition}"
 
     @property
     def model(self) -> str:
         """What to compare when asking 'are these GPUs the same model?'."""
         return self.name or f"{self.vendor_id or 0:04x}:{self.device_id or 0:04x}"
+
+
+class KfdNode(Record):
+    """One GPU agent of a partition topology (AMD's KFD, ``topology/nodes/<node>``): the
+    node's number (the runtime enumerates agents in this order), the PCI address of the
+    GPU it is or belongs to, without the function (a compute partition has no address of
+    its own: its ``location_id`` is its GPU's with the partition in the function bits),
+    and its DRM render node."""
+
+    node: int
+    slot: str  # "0000:05:00": its GPU's PCI domain, bus and device
+    render_minor: int | None = None
 
 
 class Nic(Record):
@@ -498,6 +528,11 @@ class Vendor(Record):
     # the variable that makes the runtime number devices in PCI order, and its value (CUDA
     # numbers the fastest first by default: indices then need not follow PCI order)
     device_order: tuple[str, str] | None = None
+    # where the runtime's devices are listed one per compute partition, in its order (AMD:
+    # the KFD topology, which ROCr enumerates node by node), and the PCI attributes naming
+    # a GPU's compute and memory partition modes
+    partition_topology: str | None = None
+    partition_files: tuple[str, str] | None = None
 
     @property
     def numbers_by_minor(self) -> bool:
@@ -566,6 +601,8 @@ AMD = Vendor(
     hwloc_uuid_key="AMDUUID",
     torch_module="torch.cuda",  # ROCm builds of torch select HIP devices through torch.cuda
     host_register=HIP_RUNTIME,
+    partition_topology="/sys/class/kfd/kfd/topology/nodes",
+    partition_files=("current_compute_partition", "current_memory_partition"),
 )
 INTEL = Vendor(
     key="intel",

@@ -203,7 +203,7 @@ def device_node(machine: Machine, dev: Accelerator) -> NodeChoice:
 
 def describe_device(dev: Accelerator, index: int | None) -> str:
     label = BY_KEY[dev.vendor].label if dev.vendor in BY_KEY else dev.vendor
-    where = f"{dev.pci}" if index is None else f"{index} ({dev.pci})"
+    where = f"{dev.where}" if index is None else f"{index} ({dev.where})"
     return f"{label} {where}"
 
 

@@ -38,6 +38,7 @@ from ._model import (
     Accelerator,
     Allowed,
     CpuInfo,
+    KfdNode,
     Nic,
     Node,
     OtherDevice,
@@ -165,6 +166,12 @@ def read_paths() -> tuple[str, ...]:
             for name in (v.driver_info_file, v.driver_numa_file)
             if name
         ),
+        *(
+            f"{v.partition_topology}/{{partition}}/properties"
+            for v in VENDORS
+            if v.partition_topology
+        ),
+        *(f"{SYS_PCI}/{{bdf}}/{name}" for v in VENDORS for name in (v.partition_files or ())),
         "/proc/self/cgroup",
         "/proc/self/cpuset",
         "/proc/self/mounts",
@@ -266,6 +273,16 @@ class Source:
         """Who made the CPUs (``intel``, ``amd``, ...; None when the files do not say):
         what a sub-NUMA split is called (Intel SNC, AMD NPS) depends on it."""
         return None
+
+    def partition_nodes(self, vendor: Vendor, expected: int) -> tuple[KfdNode, ...]:
+        """The GPU agents of ``vendor``'s partition topology, in its order, when it lists
+        more than ``expected`` entries (its GPUs and CPU nodes: then some GPU is split into
+        compute partitions); () otherwise, having listed one directory."""
+        return ()
+
+    def partition_modes(self, vendor: Vendor, bdf: str) -> tuple[str | None, str | None]:
+        """A GPU's compute and memory partition modes (AMD: ``CPX``, ``NPS4``), or None."""
+        return None, None
 
     def close(self) -> None:
         pass
@@ -705,6 +722,43 @@ class SysfsSource(Source):
         value = _sysfs.parse_int(self._read(NUMA_BALANCING))
         return value if value is not None and 0 <= value < 256 else None
 
+    def partition_nodes(self, vendor: Vendor, expected: int) -> tuple[KfdNode, ...]:
+        base = vendor.partition_topology
+        if base is None:
+            return ()
+        names = [
+            n for n in self.root.listdir(base, MAX_PARTITION_NODES) if n.isascii() and n.isdigit()
+        ]
+        if len(names) <= expected:
+            return ()
+        out = []
+        for name in sorted(names, key=lambda n: (len(n), n)):
+            props: dict[str, int] = {}
+            for line in (self._read(f"{base}/{name}/properties") or "").splitlines()[:128]:
+                key, _, value = line.partition(" ")
+                if key in _KFD_KEYS:
+                    number = _sysfs.parse_int(value.strip())
+                    if number is not None and number >= 0:
+                        props[key] = number
+            if not props.get("simd_count") or "location_id" not in props:
+                continue  # a CPU agent, or not readable
+            loc, domain = props["location_id"], props.get("domain", 0)
+            if domain > 0xFFFF:
+                continue
+            slot = f"{domain:04x}:{(loc >> 8) & 0xFF:02x}:{(loc >> 3) & 0x1F:02x}"
+            minor = props.get("drm_render_minor")
+            out.append(KfdNode(node=int(name), slot=slot, render_minor=minor or None))
+        return tuple(out)
+
+    def partition_modes(self, vendor: Vendor, bdf: str) -> tuple[str | None, str | None]:
+        modes: list[str | None] = []
+        for name in vendor.partition_files or ():
+            text = self._read(f"{SYS_PCI}/{bdf}/{name}")
+            word = (text or "").strip().upper()
+            modes.append(word if word.isascii() and word.isalnum() and 0 < len(word) <= 8 else None)
+        padded = [*modes, None, None]
+        return padded[0], padded[1]
+
     def cpu_vendor(self) -> str | None:
         # x86 writes "cpu:type:x86,venVVVVfam...": the kernel's X86_VENDOR_* number
         text = self._read(f"{SYS_CPU}/modalias") or ""
@@ -727,6 +781,11 @@ class SysfsSource(Source):
 
 # the kernel's X86_VENDOR_* numbers, as /sys/devices/system/cpu/modalias writes them
 _X86_VENDORS = {"0000": "intel", "0002": "amd", "0009": "hygon"}
+MAX_PARTITION_NODES = 1024  # entries of a partition topology looked at
+# the KFD node properties numabind reads: compute units (0: a CPU agent), the PCI
+# location (bus << 8 | device << 3 | function, a partition's index in the low bits on
+# Linux 6.5+; domain apart) and the render node
+_KFD_KEYS = ("simd_count", "location_id", "domain", "drm_render_minor")
 CPUINFO_CAP = 4 << 20  # /proc/cpuinfo of a 1,024-CPU machine is ~1.5 MB
 _CPUINFO_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "hygon"}
 

@@ -9,11 +9,11 @@ for what its rank's plan touches, and the values never change once seen.
 
 from __future__ import annotations
 
-from ._model import Accelerator, Allowed, CpuInfo, Nic, Node, OtherDevice
+from ._model import BY_KEY, Accelerator, Allowed, CpuInfo, KfdNode, Nic, Node, OtherDevice
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from ._sources import Source
@@ -47,6 +47,7 @@ class Machine:
         self._kernel: str | None = _UNSET
         self._balancing: int | None = _UNSET
         self._classified: tuple[Node, ...] | None = None
+        self._partition_nodes: dict[str, dict[str, list[KfdNode]]] = {}
         self._gpu_memory: dict[int, tuple[Accelerator, str]] | None = None
         self._vendor: str | None = _UNSET
 
@@ -321,12 +322,13 @@ class Machine:
 
     def detailed(self, acc: Accelerator) -> Accelerator:
         """``acc`` with every fact read: its class, UUID, the driver's model name, minor
-        number and GPU-memory node, and its CPU locality."""
+        number and GPU-memory node, and its CPU locality (a compute partition: its GPU's,
+        the partition kept)."""
         if acc.detailed:
             return acc
         if acc.pci not in self._detailed:
             self._detailed[acc.pci] = self.source.accelerator(acc.pci, detail=True) or acc
-        return self._detailed[acc.pci]
+        return _as_partition(self._detailed[acc.pci], acc)
 
     @property
     def all_accelerators(self) -> tuple[Accelerator, ...]:
@@ -335,7 +337,46 @@ class Machine:
 
     def located(self, acc: Accelerator) -> Accelerator:
         """``acc`` with its ``numa_node`` (and, where that is -1, its CPU locality) read."""
-        return self.source.locate(acc)
+        return _as_partition(self.source.locate(_whole(acc)), acc)
+
+    def with_partitions(self, devs: Sequence[Accelerator]) -> tuple[Accelerator, ...]:
+        """``devs`` with each GPU that is split into compute partitions (AMD MI300 in
+        DPX/QPX/CPX mode) replaced by its partitions, in the order the runtime numbers
+        them (the partition topology's: AMD's KFD, which ROCr enumerates node by node).
+        A partition keeps its GPU's PCI address, node and locality.  Reads one directory
+        listing when no GPU is split, and the topology's node files only when one is."""
+        out: list[Accelerator] = []
+        for dev in devs:
+            parts = self._partitions(dev)
+            out.extend(parts or (dev,))
+        return tuple(out)
+
+    def _partitions(self, dev: Accelerator) -> tuple[Accelerator, ...]:
+        vendor = BY_KEY.get(dev.vendor)
+        if vendor is None or vendor.partition_topology is None or dev.partition is not None:
+            return ()
+        if vendor.key not in self._partition_nodes:
+            own = sum(1 for a in self.accelerators if a.vendor == vendor.key)
+            nodes = self.source.partition_nodes(vendor, own + len(self.cpu_nodes))
+            slots: dict[str, list[KfdNode]] = {}
+            for n in nodes:
+                slots.setdefault(n.slot, []).append(n)
+            self._partition_nodes[vendor.key] = slots
+        found = self._partition_nodes[vendor.key].get(dev.pci.rsplit(".", 1)[0], [])
+        if len(found) < 2:
+            return ()
+        compute, memory = self.source.partition_modes(vendor, dev.pci)
+        parts = found[:MAX_PARTITIONS]
+        return tuple(
+            dev.replace(
+                partition=k,
+                partitions=len(parts),
+                compute_partition=compute,
+                memory_partition=memory,
+                render_minor=n.render_minor,
+            )
+            for k, n in enumerate(parts)
+        )
 
     def local_cpus(self, acc: Accelerator) -> frozenset[int] | None:
         """The CPU locality of ``acc`` (read when a short reading left it out)."""
@@ -406,6 +447,36 @@ class Machine:
     def close(self) -> None:
         """Release what the source holds (a capture tarball's bytes)."""
         self.source.close()
+
+
+MAX_PARTITIONS = 64  # compute partitions of one GPU read (MI300X in CPX has 8)
+
+
+def _whole(acc: Accelerator) -> Accelerator:
+    """The GPU a compute partition belongs to (what the source reads and caches)."""
+    if acc.partition is None:
+        return acc
+    return acc.replace(
+        partition=None,
+        partitions=None,
+        compute_partition=None,
+        memory_partition=None,
+        render_minor=None,
+    )
+
+
+def _as_partition(found: Accelerator, asked: Accelerator) -> Accelerator:
+    """A reading of a GPU (``found``, cached per PCI address) as the compute partition of
+    it that was ``asked`` about."""
+    if asked.partition is None:
+        return found
+    return found.replace(
+        partition=asked.partition,
+        partitions=asked.partitions,
+        compute_partition=asked.compute_partition,
+        memory_partition=asked.memory_partition,
+        render_minor=asked.render_minor,
+    )
 
 
 # how much faster or slower (HMAT read bandwidth) a CPU-less node must be than its nearest

@@ -38,6 +38,11 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
         "{bdf}": ("/sys/bus/pci/devices", ""),
         "{driver}": (VENDORS[0].driver_dir or "", ""),
         "{tier}": (SYS_TIERING, "memory_tier"),
+        # every vendor's partition topology (AMD's KFD nodes): the pattern names its own
+        "{partition}": (
+            next((v.partition_topology for v in VENDORS if v.partition_topology), ""),
+            "",
+        ),
     }
     head, _, rest = pattern.partition("{")
     if not rest:

@@ -193,7 +193,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
     for p in plans:
         if p.device is not None and p.local_rank is not None:
             ranks_by_pci.setdefault(p.device.pci, []).append(p.local_rank)
-            index_of[p.device.pci] = p.device_index
+            index_of.setdefault(p.device.pci, p.device_index)  # a split GPU: its first
     accs = machine.all_accelerators
     hbm = {a.memory_node: a for a in accs if a.memory_node is not None}
     sets = _rank_sets(owner)

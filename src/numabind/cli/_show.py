@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._devices import Visible
+    from .._model import Accelerator
     from .._topology import Machine
 
 fmt = _sysfs.format_cpulist
@@ -191,6 +192,30 @@ class DeviceRow(Record):
     name: str | None
     local_cpus: frozenset[int] | None
     visible: bool
+    # a GPU split into compute partitions (AMD CPX...): their visible indices, how many
+    # there are, and the GPU's compute and memory partition modes
+    indices: tuple[int, ...] = ()
+    partitions: int | None = None
+    compute_partition: str | None = None
+    memory_partition: str | None = None
+
+
+def visible_indices(visible: Visible) -> dict[str, list[int]]:
+    """PCI address -> the visible indices of its devices (several: its compute partitions)."""
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(visible.devices):
+        out.setdefault(d.pci, []).append(i)
+    return out
+
+
+def partition_text(devs: list[Accelerator]) -> str:
+    """``CPX: 8 compute partitions, NPS4``: how a GPU is split, from its partitions."""
+    first = next((d for d in devs if d.partition is not None), None)
+    if first is None:
+        return ""
+    modes = f"{first.compute_partition}: " if first.compute_partition else ""
+    memory = f", {first.memory_partition}" if first.memory_partition else ""
+    return f"{modes}{first.partitions} compute partitions{memory}"
 
 
 class VisibleRow(Record):
@@ -225,13 +250,19 @@ class ShowReport(Record):
 
 
 def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowReport:
-    indices = {d.pci: i for i, d in enumerate(visible.devices)}
+    indices = visible_indices(visible)
+    parts = machine.with_partitions(machine.accelerators)
     devices = []
     for acc in machine.all_accelerators:
         choice = device_node(machine, acc)
+        split = [p for p in parts if p.pci == acc.pci and p.partition is not None]
         devices.append(
             DeviceRow(
-                index=indices.get(acc.pci),
+                indices=tuple(indices.get(acc.pci, ())),
+                partitions=split[0].partitions if split else None,
+                compute_partition=split[0].compute_partition if split else None,
+                memory_partition=split[0].memory_partition if split else None,
+                index=indices[acc.pci][0] if acc.pci in indices else None,
                 pci=acc.pci,
                 vendor=acc.vendor,
                 numa_node=acc.numa_node,
@@ -349,22 +380,25 @@ def show_text(
     accs = machine.all_accelerators
     inferred = False
     if accs:
-        indices = {d.pci: i for i, d in enumerate(visible.devices)}
+        indices = visible_indices(visible)
         rows = [["index", "pci", "vendor", "node", "mem-node", "uuid / model"]]
+        parts = machine.with_partitions(accs)
         for a in accs:
             choice = device_node(machine, a)
             node = "?" if choice.node is None else str(choice.node)
             if choice.inferred:
                 node += "*"
                 inferred = True
+            split = partition_text([p for p in parts if p.pci == a.pci])
             rows.append(
                 [
-                    str(indices[a.pci]) if a.pci in indices else "-",
+                    fmt(indices[a.pci]) if a.pci in indices else "-",
                     a.pci,
                     a.vendor,
                     node,
                     str(a.memory_node) if a.memory_node is not None else "-",
-                    " ".join(x for x in (a.uuid, a.name) if x) or "-",
+                    " ".join(x for x in (a.uuid, a.name, f"({split})" if split else "") if x)
+                    or "-",
                 ]
             )
         out += _table(rows)
@@ -506,7 +540,9 @@ def _emit(
     elif args.matrix:
         from ._matrix import matrix_lines
 
-        write_lines(matrix_lines(machine, visible.devices))
+        # one row per GPU: a GPU's compute partitions share its place in the PCI tree
+        gpus = tuple({d.pci: d for d in reversed(visible.devices)}.values())[::-1]
+        write_lines(matrix_lines(machine, gpus))
     else:
         write_lines(text())
 
