@@ -609,8 +609,11 @@ def check_pid(
     # may run on the reserved cores with its first thread
     helper = role_of(names.get(pid, "")) in HELPER_PROCESS_ROLES
     main = None if helper else pid
+    # locality is of its CPU memory: pages on a GPU's or far memory are in ``tiers`` and
+    # said in a note (the GPU driver migrates memory to GPU nodes by itself)
+    cpu_own = {n: c for n, c in own.items() if n not in wrong_tier_nodes(machine)}
     share = _judge(
-        expected, source, main, threads, policy, own, min_locality, problems, notes, names
+        expected, source, main, threads, policy, cpu_own, min_locality, problems, notes, names
     )
     if shared.pages:
         notes.append(
@@ -647,6 +650,16 @@ def _tiers(
     notes.extend(wrong_tier_notes(machine, own, asked, expected))
     notes.extend(_interleave_notes(policy, expected))
     return memory_by_kind(machine, own)
+
+
+def wrong_tier_nodes(machine: Machine) -> frozenset[int]:
+    """The machine's GPU-memory and far nodes (none are looked for when every node has
+    CPUs)."""
+    return frozenset(
+        n
+        for n in machine.memory_only_ids
+        if (kind := NODE_KINDS.get(machine.node_kind(n) or "")) is not None and kind.wrong_tier
+    )
 
 
 def memory_by_kind(machine: Machine, pages: Mapping[int, int]) -> dict[str, int]:

@@ -578,7 +578,13 @@ def machine_findings(machine: Any) -> list[Finding]:
         f"{len(machine.node_ids)} NUMA node(s), {len(with_cpus)} with CPUs; {seen}; this "
         f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
     )
-    if len(with_cpus) <= 1:
+    if len(with_cpus) <= 1 and machine.memory_only_ids:
+        only = format_cpulist(machine.memory_only_ids)
+        detail += (
+            f": one node with CPUs and memory-only node(s) {only}: ranks get a memory "
+            "policy alone, which keeps their memory off those nodes (NUMABIND_SPILL)"
+        )
+    elif len(with_cpus) <= 1:
         detail += ": one node with CPUs, nothing to bind on this machine"
     out.append(Finding(check="machine", status=status, detail=detail))
     others = machine.others()
