@@ -303,7 +303,8 @@ class Placement(Record):
         takes a bind mask's nodes nearest first from the allocating CPU, so memory still
         lands on ``memory_nodes`` first (the rank's CPUs are there) and spills onto the
         rest of the mask, never elsewhere; ``preferred`` would spill anywhere."""
-        if self.memory_mask and POLICIES[self.memory_policy].spill_by_bind:
+        found = POLICIES.get(self.memory_policy)
+        if self.memory_mask and found is not None and found.spill_by_bind:
             return "bind", self.memory_mask
         return self.memory_policy, self.memory_nodes
 
@@ -319,7 +320,8 @@ def memory_text(policy: str, nodes: frozenset[int], mask: frozenset[int] = froze
     text = policy
     if nodes and policy not in ("none", "local"):
         text = f"{policy} on node{'s' if len(nodes) > 1 else ''} " + fmt(nodes)
-    if mask and POLICIES[policy].spill_by_bind:
+    found = POLICIES.get(policy)
+    if mask and found is not None and found.spill_by_bind:
         extra = mask - nodes
         if extra:
             text += f", then only node{'s' if len(extra) > 1 else ''} {fmt(extra)}"
