@@ -31,6 +31,11 @@ _DROPPED = (
     "PYTHONPATH",
     "PYTHONSTARTUP",
     "PYTHONDEVMODE",
+    "UCX_",
+    "NVSHMEM_",
+    "NCCL_",
+    "UCCL_",
+    "MC_MS_",
 )
 
 
@@ -137,6 +142,31 @@ def venv_with_numabind(where: str, hook: bool) -> str:
 
 
 _RUNNABLE: dict[int, str] = {}
+_READABLE: list[str] = []
+
+
+def readable_src() -> str:
+    """A copy of numabind's sources that any user can read, for the tests that play
+    another (unprivileged) user: the checkout itself may sit in a folder that user cannot
+    enter (root's home, a 0750 home directory, ``mktemp -d``).  Made once per session
+    under /var/tmp (not /dev/shm, which some attacks replace), removed at exit; returns the
+    directory to put on that user's PYTHONPATH."""
+    if not _READABLE:
+        import atexit
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        src = Path(__file__).resolve().parent.parent / "src"
+        top = Path(tempfile.mkdtemp(prefix="numabind-readable-", dir="/var/tmp"))
+        atexit.register(shutil.rmtree, top, True)
+        shutil.copytree(
+            src / "numabind", top / "numabind", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        for path in (top, *top.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        _READABLE.append(str(top))
+    return _READABLE[0]
 
 
 def python_for(uid: int) -> str:
@@ -183,3 +213,14 @@ def rank0_env(root: str, **extra: str) -> dict[str, str]:
         NUMABIND="force",
         **extra,
     )
+
+
+def check_status(records: list[dict[str, object]]) -> int:
+    """The exit status ``numabind check --all`` gives for these process records (1: one
+    is off plan, 3: one could not be checked, 0: all on plan), as cli._check.exit_status
+    says.  ``check --all`` sees every rank on the machine, and a shared host (another test
+    run, another user's job) has ranks of its own: a test asserts the real status agrees
+    with every record printed, and judges its own processes by this."""
+    if any(r["status"] != "unknown" and not r["ok"] for r in records):
+        return 1
+    return 3 if any(r["status"] == "unknown" for r in records) else 0

@@ -17,7 +17,7 @@ from numabind._environ import Config
 from numabind._model import Accelerator, parse_numa_maps_policy
 from numabind._plan import Plan
 from numabind._sysfs import parse_nodelist
-from support import clean_env, two_cpus
+from support import check_status, clean_env, two_cpus
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_check_names_pages_left_remote(two: str, tmp_path: Path) -> None:
     page it has is on node 0, and check says so (not only that the policy differs)."""
     rank = _rank(two, tmp_path, 1, "preferred")
     try:
-        status, found = _verdicts(two, tmp_path)
+        status, found = _verdicts(two, tmp_path, [rank])
         problems = found[rank.pid]["problems"]
         assert status == 1
         assert any(p.startswith("pages left remote: 0.0% on node(s) 1") for p in problems), problems  # type: ignore[attr-defined]
@@ -198,10 +198,16 @@ def _rank(two: str, registry: Path, rank: int, memory: str) -> subprocess.Popen[
     return child
 
 
-def _verdicts(two: str, registry: Path) -> tuple[int, dict[int, dict[str, object]]]:
+def _verdicts(
+    two: str, registry: Path, mine: list[subprocess.Popen[str]]
+) -> tuple[int, dict[int, dict[str, object]]]:
+    """check --all's status for this test's own ranks (other ranks on a shared host are
+    judged too; the real status must agree with all the records it printed)."""
     p = run_check("--all", "--json", NUMABIND_SYSROOT=two, NUMABIND_REGISTRY=str(registry))
     data = json.loads(p.stdout)
-    return p.returncode, {d["pid"]: d for d in data["processes"]}
+    assert p.returncode == check_status(data["processes"]), data["processes"]
+    found = {d["pid"]: d for d in data["processes"]}
+    return check_status([found[c.pid] for c in mine]), found
 
 
 @two_cpus
@@ -210,22 +216,22 @@ def test_check_all_tells_on_plan_from_off_plan(two: str, tmp_path: Path) -> None
     policy changed to default: exit 1, that process named, the other still on plan."""
     ranks = [_rank(two, tmp_path, 0, "preferred"), _rank(two, tmp_path, 1, "none")]
     try:
-        status, found = _verdicts(two, tmp_path)
+        status, found = _verdicts(two, tmp_path, ranks)
         assert status == 0, found
         for child in ranks:
             assert found[child.pid]["ok"] and found[child.pid]["status"] == "bound"
         os.sched_setaffinity(ranks[1].pid, {0})  # rank 1's plan is CPU 1
-        status, found = _verdicts(two, tmp_path)
+        status, found = _verdicts(two, tmp_path, ranks)
         assert status == 1 and not found[ranks[1].pid]["ok"] and found[ranks[0].pid]["ok"]
         assert any("CPU" in p for p in found[ranks[1].pid]["problems"])  # type: ignore[attr-defined]
         os.sched_setaffinity(ranks[1].pid, {1})
-        assert _verdicts(two, tmp_path)[0] == 0
+        assert _verdicts(two, tmp_path, ranks)[0] == 0
         assert ranks[0].stdin is not None and ranks[0].stdout is not None
         for line, seen in (("default", "default"), ("bind 0", "bind")):
             ranks[0].stdin.write(line + "\n")  # another policy, or the same nodes bound
             ranks[0].stdin.flush()
             assert ranks[0].stdout.readline().strip() == "done"
-            status, found = _verdicts(two, tmp_path)
+            status, found = _verdicts(two, tmp_path, ranks)
             assert status == 1 and not found[ranks[0].pid]["ok"], found[ranks[0].pid]
             policy = found[ranks[0].pid]["memory_policy"]
             assert policy == {"policy": seen, "nodes": [] if seen == "default" else [0]}

@@ -182,7 +182,7 @@ def test_help_describes_everything(capsys: pytest.CaptureFixture[str]) -> None:
         rc, out, _ = run_main(capsys, sub, "--help")
         assert rc == 0 and "usage: numabind " + sub in out
     rc, out, _ = run_main(capsys, "check", "--help")
-    assert "3   check --pid" in out and "--all" in out and "--deadline" in out
+    assert "3   --pid: a process named" in out and "--all" in out and "--deadline" in out
     assert "interleave" not in out, "check takes no memory policy: its help lists none"
 
 

@@ -351,3 +351,19 @@ def test_a_torch_tensor_on_a_node_lives_as_long_as_its_storage() -> None:
     assert not mapped(address // PAGE * PAGE), "the buffer went with the tensor"
     assert nt.empty_on_node(0, node=0).shape == (0,)
     assert nt.empty_on_node([2, 2], node=0).dtype == torch.get_default_dtype()
+
+
+@pytest.mark.torch
+def test_torch_tensor_errors_name_the_function_called() -> None:
+    """Issue 37 #13: the message names numabind.torch.empty_on_node / pinned_empty /
+    pinned_like, not host_buffer(), which the user never called."""
+    torch = pytest.importorskip("torch")
+    import numabind.torch as nt
+
+    for call, name in (
+        (lambda: nt.empty_on_node((4,), node=99), "empty_on_node"),
+        (lambda: nt.pinned_empty((4,), node=99), "pinned_empty"),
+        (lambda: nt.pinned_like(torch.zeros(4), node=99), "pinned_like"),
+    ):
+        with pytest.raises(numabind.ConfigError, match=rf"^numabind\.torch\.{name}\(\): node 99"):
+            call()

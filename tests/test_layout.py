@@ -149,9 +149,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_capture",
         "_topology",
         "_examples",
+        "_dra",
+        "_rdma",
     ),
-    "who am I": ("_environ", "_devices", "_nvml"),
-    "plan": ("_plan",),
+    "who am I": ("_environ", "_devices", "_nvml", "_advice"),
+    "plan": ("_plan", "_nics"),
     "bind": (
         "_kernel",
         "_pin",
@@ -162,6 +164,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_guard",
         "_driver",
         "_memory",
+        "_limits",
+        "_transports",
     ),
     "entry points": (
         "_startup",

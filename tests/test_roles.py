@@ -27,7 +27,7 @@ from numabind._plan import Plan, Request, plan
 from numabind._registry import Entry
 from numabind._topology import Machine
 from numabind.cli._show import plans_for
-from support import clean_env, rank0_env, two_core_nodes, two_cpus
+from support import check_status, clean_env, rank0_env, two_core_nodes, two_cpus
 
 MakeMachine = Callable[[synth.Spec], Machine]
 DATA = Path(__file__).parent / "data" / "hwloc"
@@ -427,8 +427,10 @@ def test_check_counts_a_helper_thread_on_the_reserved_core_as_on_plan(
                 text=True,
                 timeout=120,
             )
-            found = {d["pid"]: d for d in json.loads(out.stdout)["processes"]}
-            return dict(found[child.pid], exit=out.returncode)
+            records = json.loads(out.stdout)["processes"]
+            assert out.returncode == check_status(records), records  # other ranks may be here
+            found = {d["pid"]: d for d in records}
+            return dict(found[child.pid], exit=check_status([found[child.pid]]))
 
         first = verdict()
         assert first["ok"] and first["exit"] == 0, first
@@ -561,8 +563,10 @@ def test_check_groups_threads_and_workers_by_role(tmp_path: Path) -> None:
             text=True,
             timeout=120,
         )
-        found = {d["pid"]: d for d in json.loads(out.stdout)["processes"]}
-        assert out.returncode == 0, found
+        records = json.loads(out.stdout)["processes"]
+        assert out.returncode == check_status(records), records  # other ranks may be here
+        found = {d["pid"]: d for d in records}
+        assert check_status([found[rank.pid], found[worker]]) == 0, found
         roles = {(g["role"], g["kind"]): g for g in found[rank.pid]["roles"]}
         assert roles[("main", "threads")]["cpus"] == [0]
         assert roles[("pin", "threads")]["count"] == 1

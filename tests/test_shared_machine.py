@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import synth
-from support import clean_env, py, python_for
+from support import clean_env, py, python_for, readable_src
 
 ATTACKER = 43211
 FORGED = "\x1b]0;pwned\x07\x1b[2J\x1b[H\x1b[32mOK       pid 1: all fine\x1b[0m\r\n\x9b2J\u202e"
@@ -385,7 +385,7 @@ def test_check_of_a_process_another_user_owns_is_one_clear_verdict() -> None:
             ],
             capture_output=True,
             text=True,
-            env=clean_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src")),
+            env=clean_env(PYTHONPATH=readable_src()),
             cwd="/",
             timeout=120,
         )
@@ -430,9 +430,7 @@ def test_no_registry_inside_a_base_another_user_owns() -> None:
         capture_output=True,
         text=True,
         cwd="/",
-        env=clean_env(
-            BASE=str(base), PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src")
-        ),
+        env=clean_env(BASE=str(base), PYTHONPATH=readable_src()),
         timeout=120,
     )
     try:
@@ -443,3 +441,22 @@ def test_no_registry_inside_a_base_another_user_owns() -> None:
         import shutil
 
         shutil.rmtree(top, ignore_errors=True)
+
+
+@needs_root
+def test_another_user_imports_numabind_from_a_copy_it_can_read() -> None:
+    """Issue 37 #0: from a checkout in a folder other users cannot enter (root's home,
+    ``mktemp -d``), the played user still finds numabind: a world-readable copy outside
+    the checkout, every folder above it enterable."""
+    where = Path(readable_src())
+    checkout = Path(__file__).resolve().parent.parent
+    assert checkout not in where.parents
+    for folder in (where, *where.parents):
+        assert folder.stat().st_mode & 0o005 == 0o005, folder
+    r = subprocess.run(
+        ["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
+         python_for(ATTACKER), "-S", "-c", "import numabind; print(numabind.__file__)"],
+        capture_output=True, text=True, cwd="/", env=clean_env(PYTHONPATH=str(where)),
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith(str(where)), r.stdout + r.stderr

@@ -272,6 +272,56 @@ def test_cgroup_inside_node_binds(vm: dict[str, Any]) -> None:
     assert r["data"]["affinity"] == [0, 1] and r["data"]["policy"] == ["preferred", [0]]
 
 
+# --- the NIC next to the GPU (issue 34) -------------------------------------------------------
+
+
+def test_the_adapters_are_presented_over_each_nodes_bridge(vm: dict[str, Any]) -> None:
+    assert vm["nic_adapters"] == {"mlx5_0": "0000:20:00.0", "mlx5_1": "0000:40:00.0"}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_is_told_its_own_nodes_adapter(vm: dict[str, Any], rank: int) -> None:
+    r = vm[f"nic_rank{rank}"]  # started on the other node's CPUs
+    assert r["rc"] == 0, r["stderr"]
+    assert r["data"]["UCX_NET_DEVICES"] == r["data"]["NVSHMEM_HCA_LIST"] == f"mlx5_{rank}:1"
+    assert "replaced CPU mask" in r["stderr"] and "NUMABIND_NIC" not in r["stderr"]
+
+
+def test_a_child_rank_gets_its_own_adapter_not_its_parents(vm: dict[str, Any]) -> None:
+    r = vm["nic_child"]
+    assert r["rc"] == 0, r["stderr"]
+    assert r["data"]["parent"] == "mlx5_0:1"
+    assert r["data"]["child"]["UCX_NET_DEVICES"] == "mlx5_1:1", "ucx#11259: not the parent's"
+
+
+def test_a_users_value_is_kept_with_one_line_and_no_ask_no_variable(vm: dict[str, Any]) -> None:
+    r = vm["nic_user"]
+    assert r["rc"] == 0 and r["data"]["UCX_NET_DEVICES"] == "mlx5_1:1", r
+    assert r["data"]["NVSHMEM_HCA_LIST"] == "mlx5_0:1", "the variable not set by the user is"
+    (line,) = r["stderr"].strip().splitlines()
+    assert "UCX_NET_DEVICES=mlx5_1:1 is SYS from GPU 0; mlx5_0 is PHB: kept" in line
+    off = vm["nic_off"]
+    assert off["rc"] == 0 and off["data"] == {
+        "UCX_NET_DEVICES": None,
+        "NVSHMEM_HCA_LIST": None,
+        "NUMABIND_NIC_SET": None,
+    }
+
+
+def test_check_warns_on_the_rank_started_with_the_far_adapter(vm: dict[str, Any]) -> None:
+    far, near = vm["nic_check_far"], vm["nic_check_near"]
+    (f,) = far["json"]["processes"]
+    (n,) = near["json"]["processes"]
+    assert f["ok"] and n["ok"], (f["problems"], n["problems"])  # CPUs and memory on plan
+    assert "warning: UCX_NET_DEVICES=mlx5_1:1 is SYS from GPU 0; mlx5_0 is PHB" in f["notes"]
+    assert [c["name"] for c in f["nics"]] == ["mlx5_0"]
+    assert f["nic_set"] == ["NVSHMEM_ENABLE_NIC_PE_MAPPING", "NVSHMEM_HCA_LIST"], "not UCX's"
+    assert f["nic_settings"]["UCX_NET_DEVICES"] == "mlx5_1:1"
+    assert not [x for x in n["notes"] if "UCX_NET_DEVICES" in x]
+    assert n["nic_settings"]["UCX_NET_DEVICES"] == "mlx5_1:1" and "UCX_NET_DEVICES" in n["nic_set"]
+    assert "nics: mlx5_0:1 (PHB, 200 Gb/s)" in vm["nic_check_text"]
+
+
 # --- one process, several GPUs ---------------------------------------------------------------
 
 MPOL = {"preferred": 1, "bind": 2, "preferred-many": 5}

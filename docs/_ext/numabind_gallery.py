@@ -64,6 +64,19 @@ def _show(args: list[str]) -> str:
     return r.stdout
 
 
+def figure(image: str, args: list[str], caption: str) -> list[str]:
+    """The gallery's figure of one case: its picture and the command that draws it (a
+    command a reader can type: ``--svg`` takes the FILE to write)."""
+    return [
+        f".. figure:: /_gallery/{image}",
+        "   :width: 100%",
+        f"   :alt: numabind show --svg FILE, {caption}",
+        "",
+        f"   ``numabind show {' '.join(args)} --svg FILE``: {caption}",
+        "",
+    ]
+
+
 def make(app: Any) -> None:
     OUT.mkdir(exist_ok=True)
     rsvg = shutil.which("rsvg-convert")
@@ -78,14 +91,7 @@ def make(app: Any) -> None:
             png = OUT / f"{name}.png"
             subprocess.run([rsvg, "-o", str(png), str(svg)], check=True, timeout=120)
             image = png
-        rst += [
-            f".. figure:: /_gallery/{image.name}",
-            "   :width: 100%",
-            f"   :alt: numabind show --svg, {caption}",
-            "",
-            f"   ``numabind show {' '.join(args)} --svg``: {caption}",
-            "",
-        ]
+        rst += figure(image.name, args, caption)
     (OUT / "gallery.rst.inc").write_text("\n".join(rst))
     for name, args in TEXTS.items():
         (OUT / name).write_text(_show(args))

@@ -11,7 +11,7 @@ __version__ = "0.3.0"  # the one place the version lives (hatch reads it here)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._api import State, apply, bind_thread, current, numa_bound, plan_for
+    from ._api import State, apply, bind_thread, current, nics_for, numa_bound, plan_for
     from ._apply import Binding, ThreadBinding
     from ._children import child_binding, spawn
     from ._errors import (
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         host_buffer,
         placement,
     )
+    from ._model import NicChoice
     from ._plan import Placement, Plan, Request, plan
     from ._report import report
     from ._topology import Machine
@@ -44,6 +45,7 @@ __all__ = [
     "IntegrationError",
     "KernelError",
     "Machine",
+    "NicChoice",
     "NumabindError",
     "Placement",
     "PlacementError",
@@ -60,6 +62,7 @@ __all__ = [
     "child_binding",
     "current",
     "host_buffer",
+    "nics_for",
     "numa_bound",
     "placement",
     "plan",
@@ -73,6 +76,8 @@ _LAZY = {
     "bind_thread": "_api",
     "current": "_api",
     "numa_bound": "_api",
+    "nics_for": "_api",
+    "NicChoice": "_model",
     "plan_for": "_api",
     "State": "_api",
     "Binding": "_apply",

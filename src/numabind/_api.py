@@ -23,7 +23,7 @@ from ._devices import find_device, resolve
 from ._environ import MAX_LOCAL, Config, RankInfo, detect, parse_reserve
 from ._errors import ConfigError
 from ._kernel import locality, pages_per_node, private_anon_regions
-from ._model import MODE_NAMES, SMT_LEVELS, USER_POLICIES, Record, Reserve
+from ._model import MODE_NAMES, NIC_MODES, SMT_LEVELS, USER_POLICIES, Record, Reserve
 from ._plan import Plan, plan, request_for, with_devices
 from ._topology import Machine
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._model import Accelerator
+    from ._model import Accelerator, NicChoice
 
     F = TypeVar("F", bound="Callable[..., Any]")
 
@@ -161,8 +161,65 @@ def plan_for(
     cfg = Config.from_env(env)
     m = machine if machine is not None else Machine.from_root(cfg.sysroot)
     return _plan(
-        m, env, cfg, local_rank, device, mode, memory, local_world_size, roles=roles, devices=wanted
+        m,
+        env,
+        cfg,
+        local_rank,
+        device,
+        mode,
+        memory,
+        local_world_size,
+        roles=roles,
+        devices=wanted,
+        nics=True,
     )
+
+
+def nics_for(
+    device: int | str | None = None,
+    *,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
+    mode: str | None = None,
+    min_rate: float | str | None = None,
+    machine: Machine | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[NicChoice, ...]:
+    """The RDMA adapter ports numabind chooses for a GPU's rank, nearest first, for code
+    that passes a device list itself (a transfer engine's ``device_name``, a connector's
+    config): ``[n.label for n in numabind.nics_for(0)]`` is ``["mlx5_0:1"]`` on a DGX.
+
+    ``device`` names the GPU as :func:`plan_for` does (an index into the visible devices,
+    a PCI address, a ``GPU-`` UUID); default: this process's rank's device
+    (``local_rank``, else the rank variables of ``environ``, default ``os.environ``).
+    ``local_world_size`` splits a GPU's rails among the ranks that drive it.  ``mode``
+    (``nearest`` or ``exclusive``) and ``min_rate`` (Gb/s, or ``"auto"``) are as
+    NUMABIND_NIC_MODE / NUMABIND_NIC_MIN_RATE.  The choice is the machine's (``machine``,
+    default this one): every GPU of the host is counted, so two processes never compute
+    different answers.  Each :class:`NicChoice` says its ``name``, ``port``, ``pci``,
+    ``relation`` to the GPU (``PIX`` ... ``SYS``), ``rate`` and ``sharing``.  An empty
+    tuple: no adapter may be offered.  A device that cannot be found raises
+    :class:`~numabind.ConfigError`.
+    """
+    from ._environ import parse_rate
+
+    local_rank = _check_count("local_rank", local_rank, 0)
+    local_world_size = _check_count("local_world_size", local_world_size, 1)
+    device = _check_device(device)
+    mode = _check_choice("mode", mode, NIC_MODES)
+    rate = None if min_rate is None else parse_rate(str(min_rate), "min_rate")
+    env = os.environ if environ is None else environ
+    cfg = Config.from_env(env)
+    cfg = cfg.replace(nic_mode=mode or cfg.nic_mode, nic_min_rate=rate or cfg.nic_min_rate)
+    m = machine if machine is not None else Machine.from_root(cfg.sysroot)
+    try:
+        p = _plan(m, env, cfg, local_rank, device, None, None, local_world_size, nics=True)
+    finally:
+        if machine is None:
+            m.close()
+    if p.device is None:
+        raise ConfigError(f"nics_for: no GPU to choose adapters for ({p.reason or 'none found'})")
+    return p.nics
 
 
 def _plan(
@@ -177,10 +234,13 @@ def _plan(
     source: str = "device argument",
     roles: tuple[Reserve | None, str | None] = (None, None),
     devices: str | tuple[int | str, ...] | None = None,
+    nics: bool | None = None,
 ) -> Plan:
     """The plan of an API call: arguments left None come from ``cfg``; ``roles`` is
     (reserve, smt), each None for the configuration's; ``devices`` (else
-    ``NUMABIND_DEVICES``) binds the process to several devices' union."""
+    ``NUMABIND_DEVICES``) binds the process to several devices' union.  ``nics`` plans
+    the RDMA adapters too (default: when ``NUMABIND_NIC`` names a transport, so that a
+    binding that tells none reads no adapter)."""
     if local_rank is not None:
         found = detect(env)
         size = local_world_size if local_world_size is not None else found.local_world_size
@@ -214,6 +274,8 @@ def _plan(
         reserve=cfg.reserve if reserve is None else reserve,
         smt=smt or cfg.smt,
         spill=cfg.spill,
+        nic_mode=cfg.nic_mode if (bool(cfg.nic) if nics is None else nics) else "",
+        nic_min_rate=cfg.nic_min_rate,
     )
     wanted = devices if devices is not None else (cfg.devices or None)
     if wanted is not None and device is None:
@@ -237,11 +299,19 @@ def apply(
 ) -> Binding:
     """Plan and apply this process's binding now; returns what was done.
 
-    The stable call for a framework's worker that learns its GPU late::
+    The stable call for a framework's worker that learns its GPU late:
 
-        def worker(local_rank: int, ...):
-            numabind.apply(device=local_rank)   # or a PCI address / UUID
-            torch.cuda.set_device(local_rank)
+    .. example: run on two-nodes
+
+    ::
+
+        import numabind
+
+        def worker(local_rank: int) -> None:
+            binding = numabind.apply(device=local_rank)  # or a PCI address / UUID
+            print(binding)             # then torch.cuda.set_device(local_rank)
+
+        worker(1)
 
     ``local_rank``, ``device``, ``mode``, ``memory``, ``local_world_size``, ``reserve``,
     ``smt`` and ``devices`` choose the plan as in :func:`plan_for`; a process that drives
@@ -336,12 +406,22 @@ def bind_thread(
     strict: bool | None = None,
 ) -> ThreadBinding:
     """Bind the *calling thread* to ``device``'s CPUs and memory: for a process that drives
-    several GPUs, one loader or launch thread per GPU::
+    several GPUs, one loader or launch thread per GPU:
+
+    .. example: run on two-nodes, env NUMABIND_MEMORY=none
+
+    ::
+
+        import threading
+
+        import numabind
 
         def loader(k: int) -> None:
-            with numabind.bind_thread(device=k):      # this thread on GPU k's node
-                pool = torch.empty(..., pin_memory=True)   # first touched there
-                ...
+            with numabind.bind_thread(device=k) as thread:  # this thread on GPU k's node
+                staging = bytearray(64 << 20)               # first touched there
+                print(thread)
+
+        threading.Thread(target=loader, args=(1,)).start()
 
     ``device`` is what :func:`apply` takes (an index among the visible devices, a PCI
     address or a UUID).  The thread gets exactly what the rank driving that device alone

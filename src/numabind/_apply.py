@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from ._registry import Entry
     from ._threads import Places, ThreadSettings
     from ._topology import Machine
+    from ._transports import NicEnv
 
     ExistingAction = Literal["kept", "replaced"]
     Origin = Literal["none", "launcher", "inherited", "deliberate"]
@@ -122,6 +123,7 @@ class Binding:
         self.registered: str | None = None
         self.kept_cpus: frozenset[int] | None = None
         self.thread_env: tuple[tuple[str, str], ...] = ()  # thread variables it was given
+        self.nic_env: tuple[tuple[str, str], ...] = ()  # NIC variables it set (NUMABIND_NIC)
         self._previous_affinity: dict[int, frozenset[int]] = {}
         # every thread's mask as this binding left it (a later apply() tells what changed)
         self.masks: dict[int, frozenset[int]] = {}
@@ -143,13 +145,14 @@ class Binding:
 
     def worth_a_line(self, verbose: bool) -> bool:
         """Whether an entry point should print this binding: always for a failure, a
-        replaced CPU mask, a refused call or a warning (the rules promise one line saying
-        so), else only when ``verbose``."""
+        replaced CPU mask, a refused call, a warning or something asked for that the plan
+        could not do (the rules promise one line saying so), else only when ``verbose``."""
         return (
             self.failed
             or self.existing_action == "replaced"
             or bool(self.refused)
             or bool(self.warnings)
+            or bool(self.plan.unmet)  # something asked for was not done: always said
             or verbose
         )
 
@@ -256,6 +259,8 @@ class Binding:
             thread_env=self.thread_env,
             helpers=p.helpers,
             spill=spill,
+            nics=p.nics,
+            nic_env=self.nic_env,
         )
 
     @property
@@ -544,8 +549,10 @@ def enter(
     one line the rules call for, ``prefix`` before it."""
     env = os.environ if environ is None else environ
     strict = cfg.strict if strict is None else strict
+    nics = _enter_nics(plan, machine, cfg, env)
     if not plan.bound:
         b = Binding(plan)
+        _nic_result(b, nics, cfg.verbose)
         b.warnings.extend(cfg.warnings)
         if cfg.verbose:
             b.notes.extend(cfg.notes)
@@ -572,6 +579,7 @@ def enter(
         if previous is not None and not changed and previous.policy_holds():
             return previous  # apply() twice: nothing to do, nothing to say
         b = apply_with_rule(plan, machine, cfg.enable, env, migrate=migrate)
+        _nic_result(b, nics, cfg.verbose)
         if changed:
             b.warnings.append(changed)
         if strict and (b.errors or b.refused):
@@ -596,6 +604,27 @@ def enter(
     if b.ok:
         _arm(cfg)
     return b
+
+
+def _enter_nics(
+    plan: Plan, machine: Machine | None, cfg: Config, env: Mapping[str, str]
+) -> NicEnv | None:
+    """The NIC step of entering (``NUMABIND_NIC``): the transports named are told the
+    plan's adapters before anything that reads them loads (numabind._transports, which
+    only a process that asks for NICs imports)."""
+    if not cfg.nic or not hasattr(env, "__setitem__"):
+        return None
+    from ._transports import enter_nics
+
+    return enter_nics(plan, machine, cfg, env)  # type: ignore[arg-type]
+
+
+def _nic_result(b: Binding, nics: NicEnv | None, verbose: bool) -> None:
+    if nics is not None:
+        b.nic_env = nics.set
+        b.warnings.extend(nics.warnings)
+        if verbose:
+            b.notes.extend(nics.notes)
 
 
 def _same_binding(plan: Plan) -> Binding | None:

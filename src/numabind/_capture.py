@@ -129,36 +129,39 @@ def open_source(path: str) -> Source:
     ``.XML`` and ``.xml.gz`` read too).  A file is opened once, without blocking."""
     if not path:
         raise CaptureError("--input needs a path (a capture directory, tarball or .xml file)")
-    try:
-        st = os.stat(path)
-    except OSError as err:
-        if err.errno == errno.ENOENT:
-            raise CaptureError(f"{path}: no such file or directory") from None
-        raise CaptureError(f"{path}: not readable ({err.strerror or err})") from None
-    if stat.S_ISDIR(st.st_mode):
+    st = None
+    if path != "-":  # standard input: a tarball or an XML export piped in
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            if err.errno == errno.ENOENT:
+                raise CaptureError(f"{path}: no such file or directory") from None
+            raise CaptureError(f"{path}: not readable ({err.strerror or err})") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
         try:
             root = _find_root(DirRoot(path), path)
         except OSError as err:
             raise CaptureError(f"{path}: not readable ({err.strerror or err})") from None
     else:
+        name = "standard input" if path == "-" else path
         try:
             data = read_file(path)
         except OSError as err:
-            why = str(err) if isinstance(err, _sysfs.ReadError) else f"{path}: {err.strerror}"
+            why = str(err) if isinstance(err, _sysfs.ReadError) else f"{name}: {err.strerror}"
             raise CaptureError(why) from None
         if is_tar(data):
             try:
-                tar_root = TarRoot(data, path)
+                tar_root = TarRoot(data, name)
             except OSError as err:
                 raise CaptureError(str(err)) from None
-            root = _find_root(tar_root, path)
+            root = _find_root(tar_root, name)
         elif looks_like_xml(data):
             from ._hwloc import HwlocSource
 
-            return HwlocSource(data, path)
+            return HwlocSource(data, name)
         else:
             raise CaptureError(
-                f"{path}: neither a capture directory, a tar archive nor an hwloc XML export "
+                f"{name}: neither a capture directory, a tar archive nor an hwloc XML export "
                 "(by its content)"
             )
     try:

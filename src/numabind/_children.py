@@ -119,6 +119,22 @@ def say_forkserver_once() -> None:
     )
 
 
+# set by the starters whose children enter through numabind (spawn, numabind.torch's
+# start_processes): those children bind their memory themselves and say a failure in
+# their own line, so the parent does not say it a second time
+_ENTERING = threading.local()
+
+
+@contextlib.contextmanager
+def children_say_it() -> Iterator[None]:
+    """Inside: the children started enter through numabind and report for themselves."""
+    _ENTERING.on = True
+    try:
+        yield
+    finally:
+        _ENTERING.on = False
+
+
 @contextlib.contextmanager
 def child_binding(
     local_rank: int,
@@ -162,7 +178,7 @@ def child_binding(
             # memory itself on entry, where the refusal is said once.  Anything else
             # (EINVAL: a node outside the cgroup's cpuset.mems) is said here, once per
             # kind, and the child starts with its CPUs bound, as the hook would do
-            if err.errno == errno.EPERM:
+            if err.errno == errno.EPERM or getattr(_ENTERING, "on", False):
                 continue
             _say_once(
                 f"policy-{err.errno}",
@@ -236,7 +252,10 @@ def spawn(
             daemon=daemon,
             name=f"numabind-rank-{i}",
         )
-        with child_binding(i, mode=mode, memory=memory, local_world_size=nprocs, context=ctx):
+        with (
+            children_say_it(),
+            child_binding(i, mode=mode, memory=memory, local_world_size=nprocs, context=ctx),
+        ):
             p.start()
         procs.append(p)
     if not join:

@@ -101,6 +101,16 @@ def reachable(
         devs = [a for a in (machine.accelerator(b) for b in driver) if a is not None]
     else:
         devs = [a for a in machine.accelerators if a.vendor == vendor.key]
+        # in a pod without the driver's list, the DRA device metadata says which of the
+        # host's GPUs (all in sysfs) were allocated to this container
+        dra = {d.pci for d in machine.dra_devices}
+        granted = [a for a in devs if a.pci in dra]
+        if granted and len(granted) < len(devs):
+            devs = granted
+            notes.append(
+                f"the DRA device metadata limits this process to {len(granted)} of the "
+                f"{vendor.key} GPUs in sysfs"
+            )
     slurm = _slurm_gpu_minors(environ) if vendor.numbers_by_minor else None
     if slurm is not None:
         devs = [machine.detailed(d) for d in devs]  # the minor numbers are the driver's

@@ -41,6 +41,8 @@ import os
 
 from ._model import (
     MODE_NAMES,
+    NIC_MODES,
+    NIC_TRANSPORTS,
     NO_RESERVE,
     OMP_PLACES_VALUES,
     RANK_VARIABLE_NAMES,
@@ -78,7 +80,9 @@ class Knob(Record):
 
     name: str
     field: str
-    kind: str  # "choice", "flag", "threads", "reserve", "spill", "devices", "path", "raw"
+    kind: (
+        str  # "choice", "flag", "threads", "reserve", "spill", "devices", "transports", "rate", ...
+    )
     default: str
     help: str
     values: tuple[str, ...] = ()
@@ -153,6 +157,33 @@ KNOBS: tuple[Knob, ...] = (
         help="all, or a list of devices (indices, PCI addresses or UUIDs): bind a process that "
         "drives several GPUs to the union of their nodes; each thread then takes its own "
         "device's share (numabind.bind_thread, torch.cuda.set_device with numabind.torch)",
+    ),
+    Knob(
+        name="NUMABIND_NIC",
+        field="nic",
+        kind="transports",
+        values=NIC_TRANSPORTS,
+        default="",
+        help="a list of transports (ucx, nvshmem, nixl, uccl, mooncake, nccl): tell each "
+        "the RDMA adapter nearest to the rank's GPU (UCX_NET_DEVICES, NVSHMEM_HCA_LIST, ...) "
+        "before any import; a value already set is kept",
+    ),
+    Knob(
+        name="NUMABIND_NIC_MODE",
+        field="nic_mode",
+        kind="choice",
+        values=NIC_MODES,
+        default="nearest",
+        help="nearest: each GPU's nearest adapters, shared evenly among the GPUs that tie; "
+        "exclusive: never one adapter for two GPUs while another is idle (farther if need be)",
+    ),
+    Knob(
+        name="NUMABIND_NIC_MIN_RATE",
+        field="nic_min_rate",
+        kind="rate",
+        default="auto",
+        help="ports slower than this many Gb/s are never chosen (0: any); auto: half the "
+        "fastest port of the machine",
     ),
     Knob(
         name="NUMABIND_STRICT",
@@ -266,6 +297,14 @@ KNOBS: tuple[Knob, ...] = (
         help="the base directory of the per-user registry numabind check --all reads; "
         "ignored under python -I/-E, and for root unless a root-owned directory on a "
         "regular file system",
+    ),
+    Knob(
+        name="NUMABIND_NIC_SET",
+        field="nic_set",
+        kind="raw",
+        default="",
+        help="set by numabind: the NIC variables it set itself (a child rank replaces them "
+        "with its own adapter's; a value anyone else set is kept)",
     ),
     Knob(
         name="NUMABIND_STATE",
@@ -385,6 +424,31 @@ def parse_devices(raw: str | None, name: str = "NUMABIND_DEVICES") -> str:
     return ",".join(tokens)
 
 
+def parse_transports(raw: str | None, name: str = "NUMABIND_NIC") -> str:
+    """``""`` (off) or the transports named, in the table's order, comma-joined."""
+    if raw is None or raw.strip().lower() in ("", *FALSE, "none"):
+        return ""
+    words = {w.strip().lower() for w in raw.split(",", 16)}
+    words.discard("")
+    unknown = sorted(w for w in words if w not in NIC_TRANSPORTS)
+    if unknown or len(raw) > 200:
+        raise _invalid(
+            f"{name}={short(raw)} names {', '.join(map(short, unknown)) or 'too much'}; "
+            f"use a list of {', '.join(NIC_TRANSPORTS)}"
+        )
+    return ",".join(t for t in NIC_TRANSPORTS if t in words)
+
+
+def parse_rate(raw: str | None, name: str = "NUMABIND_NIC_MIN_RATE") -> str:
+    """``auto`` or a rate in Gb/s (``0``: no minimum), as a canonical string."""
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return "auto"
+    value = raw.strip().lower().removesuffix("gb/s").removesuffix("g").strip()
+    if len(value) <= 10 and value.replace(".", "", 1).isdigit() and float(value) <= 100_000:
+        return f"{float(value):g}"
+    raise _invalid(f"{name}={short(raw)} is not auto or a rate in Gb/s (0 to 100000)")
+
+
 def _choice(knob: Knob, raw: str | None) -> str:
     if raw is None or raw.strip() == "":
         return knob.default
@@ -413,6 +477,9 @@ class Config(Record):
     reserve: Reserve = NO_RESERVE
     smt: str = "all"
     devices: str = ""  # "", "all" or a comma list of device tokens
+    nic: str = ""  # "" or the transports NUMABIND_NIC names, comma-joined in table order
+    nic_mode: str = "nearest"
+    nic_min_rate: str = "auto"
     strict: bool = False
     threads: str = "off"  # "off", "auto" or a decimal count
     omp_places: str = "off"
@@ -428,6 +495,7 @@ class Config(Record):
     sysroot: str = "/"
     registry: str = "/dev/shm"
     state: str = ""
+    nic_set: str = ""
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -460,6 +528,10 @@ class Config(Record):
                     value = parse_spill(raw, knob.name)
                 elif knob.kind == "devices":
                     value = parse_devices(raw, knob.name)
+                elif knob.kind == "transports":
+                    value = parse_transports(raw, knob.name)
+                elif knob.kind == "rate":
+                    value = parse_rate(raw, knob.name)
                 elif knob.kind == "path":
                     value = _redirect(knob, raw, own, notes)
                 else:
@@ -467,7 +539,7 @@ class Config(Record):
             except ValueError as err:  # a ConfigError: the parsers raise nothing else
                 if knob.binding:
                     raise
-                warnings.append(f"{err}; using {knob.default}")
+                warnings.append(f"{err}; using {knob.default or 'none'}")
                 value = knob.default in TRUE if knob.kind == "flag" else knob.default
             values[knob.field] = value
         return cls(**values, warnings=tuple(warnings), notes=tuple(notes))

@@ -50,6 +50,46 @@ class Gpu:
 
 
 @dataclass
+class Port:
+    """One port of an RDMA adapter, as the files of ``ports/<n>`` spell it."""
+
+    number: int = 1
+    state: str = "4: ACTIVE"
+    rate: str = "400 Gb/sec (4X NDR)"
+    link_layer: str = "InfiniBand"
+    netdev: str | None = None  # gid_attrs/ndevs/0: the interface of a RoCE port
+
+
+@dataclass
+class Adapter:
+    """A network adapter on PCI: an RDMA device (``name``) with its ports and its PCI
+    function's interfaces, or (``name`` empty) a plain network function."""
+
+    name: str
+    bdf: str
+    node: int
+    bridges: tuple[str, ...] | None = None
+    ports: list[Port] = field(default_factory=lambda: [Port()])
+    netdevs: list[str] = field(default_factory=list)  # the function's device/net/*
+    vendor: int = 0x15B3
+    device: int = 0x101D
+    pci_class: int = 0x020700
+
+
+@dataclass
+class Iface:
+    """A network interface of /sys/class/net: its speed (Mb/s), the PCI function it
+    belongs to (None: virtual, as a bond), its members when it is a bond, and whether it
+    is enslaved to one."""
+
+    name: str
+    speed: int | None = 400000
+    pci: str | None = None
+    slaves: list[str] | None = None
+    enslaved: bool = False
+
+
+@dataclass
 class Spec:
     nodes: list[list[int]]  # CPUs of each node (empty: memory-only node)
     package_of_node: list[int]
@@ -73,6 +113,11 @@ class Spec:
     bandwidth: dict[int, int] | None = None  # node -> HMAT read bandwidth (MB/s)
     vendor: str | None = None  # "intel" / "amd": /sys/devices/system/cpu/modalias
     kfd: bool = False  # write AMD's KFD topology: a CPU agent per CPU node, then the GPUs'
+    cgroup_path: str = "/job/step"  # the process's cgroup (v2) where cgroup_cpus is set
+    files: dict[str, str] = field(default_factory=dict)  # more files: a pod's DRA metadata
+    masked_pci: tuple[str, ...] = ()  # devices whose sysfs entry is absent (a masked /sys)
+    adapters: list[Adapter] = field(default_factory=list)  # network adapters (numabind._rdma)
+    interfaces: list[Iface] = field(default_factory=list)  # /sys/class/net entries
 
 
 def _mask(cpus: Iterable[int]) -> str:
@@ -184,6 +229,9 @@ class _Tree:
 
     def gpu(self, g: Gpu) -> None:
         spec = self.spec
+        if g.bdf in spec.masked_pci:
+            self.driver_files(g)
+            return
         base = f"/sys/bus/pci/devices/{g.bdf}"
         if g.bridges:
             real = "/sys/devices/" + "/".join((*g.bridges, g.bdf))
@@ -191,6 +239,7 @@ class _Tree:
             base = real
         if g.rdma:
             self.links[f"/sys/class/infiniband/{g.rdma}/device"] = base
+            self.port(g.rdma, Port())
         self.w(f"{base}/vendor", f"0x{g.vendor:04x}")
         self.w(f"{base}/device", f"0x{g.device:04x}")
         self.w(f"{base}/class", f"0x{g.pci_class:06x}")
@@ -206,6 +255,10 @@ class _Tree:
             self.w(f"{base}/current_compute_partition", g.compute_partition)
         if g.memory_partition is not None:
             self.w(f"{base}/current_memory_partition", g.memory_partition)
+        self.driver_files(g)
+
+    def driver_files(self, g: Gpu) -> None:
+        spec = self.spec
         if g.vendor == 0x10DE and g.pci_class >> 16 == 3 and spec.proc_nvidia and g.driver:
             pbase = f"/proc/driver/nvidia/gpus/{g.bdf}"
             self.w(
@@ -247,6 +300,48 @@ class _Tree:
                 node += 1
                 minor += 1
 
+    def port(self, name: str, p: Port) -> None:
+        base = f"/sys/class/infiniband/{name}/ports/{p.number}"
+        self.w(f"{base}/state", p.state)
+        self.w(f"{base}/phys_state", "5: LinkUp" if "ACTIVE" in p.state else "3: Disabled")
+        self.w(f"{base}/rate", p.rate)
+        self.w(f"{base}/link_layer", p.link_layer)
+        if p.netdev:
+            self.w(f"{base}/gid_attrs/ndevs/0", p.netdev)
+
+    def adapter(self, a: Adapter) -> None:
+        """An adapter's PCI function (placed in the PCI tree like a GPU), its RDMA
+        device's ports, and its interfaces under the function (device/net/*)."""
+        self.gpu(
+            Gpu(
+                a.bdf,
+                a.node,
+                vendor=a.vendor,
+                device=a.device,
+                pci_class=a.pci_class,
+                bridges=a.bridges,
+            )
+        )
+        real = self.links.get(f"/sys/bus/pci/devices/{a.bdf}", f"/sys/bus/pci/devices/{a.bdf}")
+        if a.name:
+            self.links[f"/sys/class/infiniband/{a.name}/device"] = real
+            for p in a.ports:
+                self.port(a.name, p)
+        for n in a.netdevs:
+            self.w(f"{real}/net/{n}/operstate", "up")
+
+    def interface(self, i: Iface) -> None:
+        base = f"/sys/class/net/{i.name}"
+        self.w(f"{base}/operstate", "up")
+        self.w(f"{base}/speed", str(i.speed if i.speed is not None else -1))
+        if i.pci is not None:
+            real = self.links.get(f"/sys/bus/pci/devices/{i.pci}", f"/sys/bus/pci/devices/{i.pci}")
+            self.links[f"{base}/device"] = real
+        if i.slaves is not None:
+            self.w(f"{base}/bonding/slaves", " ".join(i.slaves))
+        if i.enslaved:
+            self.w(f"{base}/bonding_slave/state", "active")
+
     def process(self) -> None:
         spec = self.spec
         self.w("/proc/sys/kernel/osrelease", spec.kernel)
@@ -254,8 +349,8 @@ class _Tree:
             self.w("/proc/sys/kernel/numa_balancing", str(spec.numa_balancing))
         self.w("/proc/self/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0")
         if spec.cgroup_cpus is not None:
-            self.w("/proc/self/cgroup", "0::/job/step")
-            d = "/sys/fs/cgroup/job/step"
+            self.w("/proc/self/cgroup", f"0::{spec.cgroup_path}")
+            d = f"/sys/fs/cgroup{spec.cgroup_path}"
             self.w(f"{d}/cpuset.cpus.effective", format_cpulist(spec.cgroup_cpus))
             mems = spec.cgroup_mems if spec.cgroup_mems is not None else self.node_ids
             self.w(f"{d}/cpuset.mems.effective", format_cpulist(mems))
@@ -265,6 +360,8 @@ class _Tree:
             self.w("/sys/fs/cgroup/cpuset.mems.effective", format_cpulist(self.node_ids))
         if spec.environ is not None:
             self.w("/numabind-env.json", json.dumps({"environ": spec.environ}))
+        for path, text in spec.files.items():
+            self.files[path] = text
 
 
 def build(spec: Spec) -> _Tree:
@@ -275,6 +372,10 @@ def build(spec: Spec) -> _Tree:
     tree.pci()
     if spec.kfd:
         tree.kfd()
+    for a in spec.adapters:
+        tree.adapter(a)
+    for i in spec.interfaces:
+        tree.interface(i)
     tree.process()
     return tree
 
@@ -406,6 +507,204 @@ def dgx_h100(**over: object) -> Spec:
     for k, v in over.items():
         setattr(spec, k, v)
     return spec
+
+
+def dgx_a100() -> Spec:
+    """DGX A100: 2 AMD EPYC 7742 in NPS4 (8 nodes of 16 cores x 2 threads), 8 A100s in
+    pairs on nodes 3, 1, 7, 5, each pair behind one PCIe switch with two ConnectX-6
+    (HDR 200 Gb/s InfiniBand): two GPUs and two NICs per switch, each GPU PXB to both
+    (the GPUs hang one switch level lower).  The compute NICs are mlx5_0-3 and 6-9; the
+    dual-port storage card (RoCE, 200 GbE) in between is mlx5_4/5 on node 2 (as on the real
+    box, where a rank-indexed ``mlx5_${LOCAL_RANK}`` lands ranks 4 and 5 on storage)."""
+    nodes = [
+        list(range(16 * i, 16 * i + 16)) + list(range(128 + 16 * i, 144 + 16 * i)) for i in range(8)
+    ]
+    gpus: list[Gpu] = []
+    adapters: list[Adapter] = []
+    names = iter(["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"])
+    for pair, (bus, node) in enumerate([(0x07, 3), (0x47, 1), (0x87, 7), (0xB7, 5)]):
+        host = (f"pci0000:{bus - 7:02x}", f"0000:{bus - 7:02x}:01.1", f"0000:{bus - 6:02x}:00.0")
+        for k in range(2):
+            i = 2 * pair + k
+            lower = (*host, f"0000:{bus - 5:02x}:0{k}.0", f"0000:{bus - 4 + 2 * k:02x}:00.0")
+            gpus.append(
+                Gpu(
+                    f"0000:{bus + 2 * k:02x}:00.0",
+                    node,
+                    device=0x20B0,
+                    uuid=_uuid(i),
+                    minor=i,
+                    model="NVIDIA A100-SXM4-40GB",
+                    bridges=(*lower, f"0000:{bus - 3 + 2 * k:02x}:00.0"),
+                )
+            )
+            name = next(names)
+            adapters.append(
+                Adapter(
+                    name,
+                    f"0000:{bus + 5 + 2 * k:02x}:00.0",
+                    node,
+                    bridges=(*host, f"0000:{bus - 5:02x}:1{k}.0"),
+                    ports=[Port(rate="200 Gb/sec (4X HDR)")],
+                    netdevs=[f"ib{i}"],
+                    device=0x101B,
+                )
+            )
+    storage = ("pci0000:e0", "0000:e0:03.1", "0000:e1:00.0")
+    for k in range(2):
+        adapters.append(
+            Adapter(
+                f"mlx5_{4 + k}",
+                f"0000:e2:00.{k}",
+                2,
+                bridges=storage,
+                ports=[
+                    Port(
+                        rate="200 Gb/sec (4X HDR)",
+                        link_layer="Ethernet",
+                        netdev=f"enp226s0f{k}np{k}",
+                    )
+                ],
+                netdevs=[f"enp226s0f{k}np{k}"],
+                device=0x101D,
+            )
+        )
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0, 0, 0, 1, 1, 1, 1],
+        smt=2,
+        smt_stride=128,
+        memory_gib=128,
+        gpus=gpus,
+        adapters=adapters,
+        interfaces=[Iface(f"enp226s0f{k}np{k}", 200000, pci=f"0000:e2:00.{k}") for k in range(2)],
+    )
+
+
+def p4d() -> Spec:
+    """AWS p4d.24xlarge: 2 Xeon 8275CL (24 cores x 2 threads each), 8 A100s, 4 per socket,
+    and 4 EFA adapters (100 Gb/s each): every PCIe switch holds two GPUs and one EFA, so
+    two ranks share each adapter.  An ENA interface (eth0) carries IP and no RDMA."""
+    n0 = list(range(0, 24)) + list(range(48, 72))
+    n1 = list(range(24, 48)) + list(range(72, 96))
+    gpus: list[Gpu] = []
+    adapters: list[Adapter] = []
+    for sw, bus in enumerate([0x10, 0x20, 0x90, 0xA0]):
+        node = 0 if sw < 2 else 1
+        host = (f"pci0000:{bus:02x}", f"0000:{bus:02x}:00.0", f"0000:{bus + 1:02x}:00.0")
+        for k in range(2):
+            i = 2 * sw + k
+            gpus.append(
+                Gpu(
+                    f"0000:{bus + 3 + k:02x}:00.0",
+                    node,
+                    device=0x20B0,
+                    uuid=_uuid(i),
+                    minor=i,
+                    model="NVIDIA A100-SXM4-40GB",
+                    bridges=(*host, f"0000:{bus + 2:02x}:0{k}.0"),
+                )
+            )
+        adapters.append(
+            Adapter(
+                f"rdmap{bus + 5}s0",
+                f"0000:{bus + 5:02x}:00.0",
+                node,
+                bridges=(*host, f"0000:{bus + 2:02x}:02.0"),
+                ports=[Port(rate="100 Gb/sec (4X EDR)", link_layer="Unknown")],
+                vendor=0x1D0F,
+                device=0xEFA1,
+                pci_class=0x020000,
+            )
+        )
+    adapters.append(
+        Adapter(
+            "",
+            "0000:00:05.0",
+            0,
+            bridges=("pci0000:00",),
+            ports=[],
+            netdevs=["eth0"],
+            vendor=0x1D0F,
+            device=0xEC20,
+            pci_class=0x020000,
+        )
+    )
+    return Spec(
+        nodes=[n0, n1],
+        package_of_node=[0, 1],
+        smt=2,
+        smt_stride=48,
+        memory_gib=576,
+        gpus=gpus,
+        adapters=adapters,
+        interfaces=[Iface("eth0", 100000, pci="0000:00:05.0")],
+    )
+
+
+def nics_one_socket() -> Spec:
+    """A host whose four NDR adapters all sit on socket 0 (each behind the switch of one of
+    GPUs 0-3), with GPUs 4-7 on socket 1: those reach every adapter SYS and share them one
+    rank each.  Socket 1 also has an adapter whose port is down (mlx5_4, NODE from GPUs
+    4-7) and a 25 GbE RoCE port behind GPU 4's own switch (mlx5_5, PIX to it): both
+    listed, neither chosen."""
+    n0, n1 = list(range(0, 32)), list(range(32, 64))
+    gpus: list[Gpu] = []
+    adapters: list[Adapter] = []
+    for i in range(8):
+        bus = 0x18 + 0x20 * i
+        node = 0 if i < 4 else 1
+        host = (f"pci0000:{bus - 3:02x}", f"0000:{bus - 3:02x}:01.0", f"0000:{bus - 2:02x}:00.0")
+        gpus.append(
+            Gpu(
+                f"0000:{bus:02x}:00.0",
+                node,
+                uuid=_uuid(i),
+                minor=i,
+                bridges=(*host, f"0000:{bus - 1:02x}:00.0"),
+            )
+        )
+        if i < 4:
+            adapters.append(
+                Adapter(
+                    f"mlx5_{i}",
+                    f"0000:{bus + 1:02x}:00.0",
+                    node,
+                    bridges=(*host, f"0000:{bus - 1:02x}:01.0"),
+                    netdevs=[f"ib{i}"],
+                )
+            )
+        if i == 4:
+            adapters.append(
+                Adapter(
+                    "mlx5_5",
+                    f"0000:{bus + 1:02x}:00.0",
+                    node,
+                    bridges=(*host, f"0000:{bus - 1:02x}:01.0"),
+                    ports=[
+                        Port(rate="25 Gb/sec (1X EDR)", link_layer="Ethernet", netdev="ens5f0np0")
+                    ],
+                    netdevs=["ens5f0np0"],
+                )
+            )
+    adapters.append(
+        Adapter(
+            "mlx5_4",
+            "0000:f1:00.0",
+            1,
+            bridges=("pci0000:f0", "0000:f0:01.0"),
+            ports=[Port(state="1: DOWN", rate="10 Gb/sec (4X SDR)")],
+            netdevs=["ib4"],
+        )
+    )
+    return Spec(
+        nodes=[n0, n1],
+        package_of_node=[0, 1],
+        memory_gib=512,
+        gpus=gpus,
+        adapters=adapters,
+        interfaces=[Iface("ens5f0np0", 25000, pci=f"0000:{0x18 + 0x80 + 1:02x}:00.0")],
+    )
 
 
 def nps4() -> Spec:
@@ -643,8 +942,69 @@ def one_node() -> Spec:
     return Spec(nodes=[[0, 1]], package_of_node=[0], gpus=[Gpu("0000:01:00.0", 0)])
 
 
+DRA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+KUBEPODS = "/kubepods.slice/kubepods-pod0d1c.slice/cri-containerd-7e3a.scope"
+
+
+def dra_metadata(
+    driver: str,
+    claim: str,
+    request: str,
+    devices: Sequence[tuple[str, str, int | None]],
+    *,
+    kind: str = "resourceclaimtemplates",
+    versions: Sequence[str] = ("v1alpha1",),
+    numa_attribute: str = "numaNode",
+) -> tuple[str, str]:
+    """One KEP-5304 device metadata file, as a DRA driver writes it into a container:
+    (its path, its text).  ``devices`` are (name, PCI address, NUMA node or None); the
+    metadata is written once per API version, newest first, as the protocol says."""
+    attrs = []
+    for name, pci, node in devices:
+        a: dict[str, object] = {
+            "resource.kubernetes.io/pciBusID": {"string": pci},
+            "uuid": {"string": f"GPU-{abs(hash(pci)) % 10**8:08d}-0000-0000-0000-000000000000"},
+        }
+        if node is not None:
+            a[numa_attribute] = {"int": node}
+        attrs.append({"driver": driver, "pool": "node-1", "name": name, "attributes": a})
+    objects = [
+        {
+            "kind": "DeviceMetadata",
+            "apiVersion": f"metadata.resource.k8s.io/{v}",
+            "metadata": {"name": f"{claim}-x7k2", "namespace": "default", "uid": "c7e7b22e",
+                         "generation": 1},
+            "podClaimName": claim,
+            "requests": [{"name": request, "devices": attrs}],
+        }
+        for v in versions
+    ]  # fmt: skip
+    path = f"{DRA_ROOT}/{kind}/{claim}/{request}/{driver}-metadata.json"
+    return path, "\n".join(json.dumps(o, indent=1) for o in objects) + "\n"
+
+
+def k8s_pod() -> Spec:
+    """A Kubernetes pod on a DGX H100 whose DRA claim got GPUs 4 and 5 (node 1) while the
+    kubelet gave it CPUs 0-7 of node 0 (no static CPU manager, no topology alignment): the
+    driver's /proc list is not mounted, the DRA device metadata says which GPUs are the
+    pod's, and no rank can be bound next to its GPU."""
+    spec = dgx_h100(filler_pci=16)
+    for g in spec.gpus[:8]:
+        g.driver = False
+    spec.cgroup_cpus = list(range(0, 8))
+    spec.cgroup_path = KUBEPODS
+    path, text = dra_metadata(
+        "gpu.nvidia.com", "gpus", "gpu", [("gpu-4", DGX_BDFS[4], 1), ("gpu-5", DGX_BDFS[5], 1)]
+    )
+    spec.files = {path: text}
+    return spec
+
+
 EXAMPLES = {
     "dgx-h100": dgx_h100,
+    "dgx-a100": dgx_a100,
+    "p4d": p4d,
+    "nics-one-socket": nics_one_socket,
     "gb200": gb200,
     "gh200": gh200,
     "xeon-max": xeon_max,
@@ -654,6 +1014,7 @@ EXAMPLES = {
     "mi300x-cpx": mi300x_cpx,
     "nps4": nps4,
     "container": container_2_of_8,
+    "k8s-pod": k8s_pod,
     "two-nodes": two_nodes,
     "one-node": one_node,
 }

@@ -33,6 +33,7 @@ from ._model import (
     Allowed,
     CpuInfo,
     Nic,
+    NicPort,
     Node,
     OtherDevice,
     classify,
@@ -255,6 +256,7 @@ class HwlocSource(Source):
         self._path = description
         self._masks: dict[tuple[str, int], frozenset[int]] = {}
         root = parse(data, description)
+        self._v3 = (root.get("version") or "").startswith("3")
         machine = next(iter(root.findall("object")), None)
         if root.tag != "topology" or machine is None:
             raise HwlocError(f"{description}: no <topology><object> root: not an hwloc XML export")
@@ -265,6 +267,7 @@ class HwlocSource(Source):
         self._cpu: dict[int, CpuInfo] = {}
         self._accs: list[Accelerator] = []
         self._nics: list[Nic] = []
+        self._ethernet: list[Nic] = []
         self._others: list[OtherDevice] = []
         self._paths: dict[str, tuple[str, ...]] = {}
         self._gpu_mem: dict[str, int] = {}
@@ -273,6 +276,11 @@ class HwlocSource(Source):
         self._walk(machine, [], _Context())
         self._shared_cpusets()
         self._distances = self._read_distances(root)
+        # hwloc 2 records NVLink bandwidths (its NVML backend) as a heterogeneous matrix;
+        # show --matrix says it carries them rather than read them
+        self.nvlink = any(
+            d.get("name") == "NVLinkBandwidth" for d in root.findall("distances2hetero")
+        )
 
     def _mask(
         self, obj: _El | None, attr: str, limit: int = _sysfs.MAX_CPUS
@@ -402,10 +410,21 @@ class HwlocSource(Source):
             return
         infos: dict[str, str] = {}
         rdma = None
+        rdma_infos: dict[str, str] = {}
+        ifaces: list[str] = []
         for osdev in obj.findall("object"):
             if osdev.get("type") == "OSDev":
-                if osdev.get("osdev_type") == "3" and rdma is None:  # OpenFabrics
+                kind = self._osdev_kind(osdev.get("osdev_type") or "")
+                if (
+                    kind == "openfabrics" or osdev.get("subtype") == "OpenFabrics"
+                ) and rdma is None:
                     rdma = osdev.get("name")
+                    rdma_infos = {
+                        i.get("name", "") or "": i.get("value", "") or ""
+                        for i in osdev.findall("info")[:64]
+                    }
+                elif kind == "network" and len(ifaces) < 8:  # the function's interfaces
+                    ifaces.append(osdev.get("name") or "")
                 for info in osdev.findall("info"):
                     infos.setdefault(info.get("name", "") or "", info.get("value", "") or "")
         self._paths[busid] = _bridge_path(ancestors)
@@ -413,9 +432,11 @@ class HwlocSource(Source):
         cpus = self._mask(locality, "cpuset") if locality is not None else None
         nodes = self._mask(locality, "nodeset", _sysfs.MAX_NODES) if locality is not None else None
         numa = next(iter(nodes)) if nodes is not None and len(nodes) == 1 else None
-        if rdma is not None and cls >> 16 == 0x02 and len(self._nics) < _sysfs.MAX_ACCELERATORS:
-            name = _sysfs.clean_line(rdma, 64)
-            self._nics.append(Nic(pci=busid, name=name, numa_node=numa, local_cpus=cpus))
+        if cls >> 16 == 0x02 and len(self._nics) < _sysfs.MAX_ACCELERATORS:
+            if rdma is not None:
+                self._add_rdma(busid, rdma, rdma_infos, ifaces, numa, cpus)
+            elif ifaces:
+                self._add_ethernet(busid, ifaces, numa)
         vendor = classify(vendor_id, device_id, cls)
         if vendor is None:
             if unhandled(vendor_id, cls) and len(self._others) < _sysfs.MAX_ACCELERATORS:
@@ -444,6 +465,69 @@ class HwlocSource(Source):
                 name=_sysfs.clean_line(model, 80) if model else None,
             )
         )
+
+    def _osdev_kind(self, raw: str) -> str | None:
+        """``openfabrics`` or ``network`` for an OS device's ``osdev_type``: an enum in
+        hwloc 2 exports (3, 2), bit flags in hwloc 3 ones (1 << 5, 1 << 4)."""
+        if not (raw.isascii() and raw.isdigit() and len(raw) < 8):
+            return None
+        value = int(raw)
+        if self._v3:
+            return "openfabrics" if value & 32 else "network" if value & 16 else None
+        return {3: "openfabrics", 2: "network"}.get(value)
+
+    def _add_rdma(
+        self,
+        busid: str,
+        raw: str,
+        infos: dict[str, str],
+        ifaces: list[str],
+        numa: int | None,
+        cpus: frozenset[int] | None,
+    ) -> None:
+        """An OpenFabrics OS device: hwloc records each port's state (``Port1State``: the
+        number of the kernel's enum) but neither rate nor link layer."""
+        from ._rdma import clean_name, port_state
+
+        name = clean_name(raw)
+        if name is None:
+            self.warn(
+                f"{self._path}: RDMA device {_sysfs.short(raw)!r} is not a name numabind "
+                "writes; ignored"
+            )
+            return
+        ports = []
+        for key in sorted(infos):
+            number = key[4:-5]
+            if (
+                key.startswith("Port")
+                and key.endswith("State")
+                and number.isascii()
+                and number.isdigit()
+                and len(number) < 3
+            ):
+                ports.append(NicPort(number=int(number), state=port_state(infos[key])))
+        netdevs = tuple(n for n in (clean_name(i, 15) for i in ifaces) if n)
+        self._nics.append(
+            Nic(
+                pci=busid,
+                name=name,
+                numa_node=numa,
+                local_cpus=cpus,
+                ports=tuple(sorted(ports, key=lambda p: p.number)[:8]),
+                netdevs=netdevs,
+            )
+        )
+
+    def _add_ethernet(self, busid: str, ifaces: list[str], numa: int | None) -> None:
+        from ._rdma import clean_name
+
+        for raw in ifaces:
+            name = clean_name(raw, 15)
+            if name is not None and len(self._ethernet) < _sysfs.MAX_ACCELERATORS:
+                self._ethernet.append(
+                    Nic(pci=busid, name=name, numa_node=numa, kind="netdev", netdevs=(name,))
+                )
 
     def _read_distances(self, root: _El) -> dict[int, tuple[tuple[int, int], ...]]:
         """The NUMA distance matrix (hwloc 2: ``distances2``, its indexes and values split
@@ -510,6 +594,14 @@ class HwlocSource(Source):
 
     def nics(self) -> tuple[Nic, ...]:
         return tuple(sorted(self._nics, key=lambda n: pci_sort_key(n.pci)))
+
+    def ethernet(self, taken: frozenset[str], bonded: frozenset[str]) -> tuple[Nic, ...]:
+        return tuple(
+            sorted(
+                (n for n in self._ethernet if n.pci not in taken and n.name not in bonded),
+                key=lambda n: pci_sort_key(n.pci),
+            )
+        )
 
     def others(self) -> tuple[OtherDevice, ...]:
         return tuple(sorted(self._others, key=lambda d: pci_sort_key(d.pci)))

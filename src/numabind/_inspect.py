@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._kernel import Region
+    from ._model import NicChoice
     from ._plan import Plan
     from ._registry import Entry, Scan
     from ._topology import Machine
@@ -92,17 +93,21 @@ class PlanView(Record):
     # threads bound to one device of a multi-device process (numabind.bind_thread): thread
     # id -> (that device's PCI address, its plan's CPUs), judged against those CPUs
     thread_plans: dict[int, tuple[str, frozenset[int]]] = {}  # noqa: RUF012 (immutable)
+    nics: tuple[NicChoice, ...] = ()  # the RDMA adapter ports planned for it
 
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
         policy, nodes = p.placement.kernel_policy if p.bound else (p.memory_policy, p.memory_nodes)
-        return cls(**{k: d[k] for k in cls._fields if k in d and k != "thread_plans"}).replace(
+        return cls(
+            **{k: d[k] for k in cls._fields if k in d and k not in ("thread_plans", "nics")}
+        ).replace(
             cpus=p.cpus,
             memory_nodes=nodes,
             memory_policy=policy,
             notes=p.notes,
             helpers=p.helpers,
+            nics=p.nics,
             spill_nodes=nodes - p.memory_nodes,
         )
 
@@ -131,6 +136,7 @@ class PlanView(Record):
             thread_plans={
                 tid: (e.device_plans[i][0], e.device_plans[i][1]) for tid, i in e.thread_devices
             },
+            nics=e.nics,
         )
 
     def allowed_for(self, tid: int, main: int | None) -> frozenset[int]:
@@ -347,6 +353,12 @@ class ProcessCheck(Record):
     mems_allowed: frozenset[int] | None = None  # its cpuset's memory nodes (/proc status)
     # its private memory per node kind (NODE_KINDS: cpu, gpu, hbm, far, memory), in bytes
     tiers: dict[str, int] = {}  # noqa: RUF012 (records are immutable)
+    # the RDMA adapter ports chosen for its GPU, and the transport variables it runs with
+    # (what numabind set, from its registry entry, and the rest of its initial
+    # environment); nic_set names those numabind set
+    nics: tuple[NicChoice, ...] = ()
+    nic_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
+    nic_set: tuple[str, ...] = ()
 
 
 class NodeFacts(Record):
@@ -403,7 +415,15 @@ def expected_plan(
         return None, str(err), None
     visible = resolve(machine, environ)
     request = request_for(
-        info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt, spill=cfg.spill
+        info,
+        visible,
+        cfg.mode,
+        cfg.memory,
+        reserve=cfg.reserve,
+        smt=cfg.smt,
+        spill=cfg.spill,
+        nic_mode=cfg.nic_mode,
+        nic_min_rate=cfg.nic_min_rate,
     )
     p = plan(machine, request)
     return PlanView.of_plan(p), source, None
@@ -418,6 +438,52 @@ def _thread_settings(entry: Entry | None, env: Mapping[str, str] | OSError) -> d
     if isinstance(env, OSError):
         return {}
     return {k: env[k] for k in _SETTINGS if k in env}
+
+
+def nic_facts(
+    machine: Machine,
+    expected: PlanView,
+    entry: Entry | None,
+    env: Mapping[str, str] | OSError,
+    notes: list[str],
+) -> dict[str, Any]:
+    """The RDMA adapters of a rank (its plan's, else the machine's choice for its GPU) and
+    the transport variables it runs with; a variable that names an adapter farther than
+    the nearest, or none that may be used, is a ``warning:`` note."""
+    gpu = machine.accelerator(expected.device_pci) if expected.device_pci else None
+    if gpu is None:
+        return {}
+    from . import _transports
+    from ._nics import assign, same_vendor
+    from ._plan import device_node
+
+    chosen = expected.nics
+    if not chosen:
+        found = assign(machine, same_vendor(machine, gpu), lambda d: device_node(machine, d).node)
+        chosen = found.per_device.get(gpu.pci, ())
+    ours = dict(entry.nic_env) if entry is not None else {}
+    settings = dict(ours)
+    if not isinstance(env, OSError):
+        for var in _transports.VARIABLES:
+            if var.name in env and var.name not in settings:
+                settings[var.name] = _sysfs.clean_line(env[var.name], _transports.MAX_VALUE)
+    who = f"GPU {expected.device_index}" if expected.device_index is not None else f"GPU {gpu.pci}"
+    for name, value in settings.items():
+        if name in ours:
+            continue  # numabind's own choice
+        why = _transports.judge(
+            machine, gpu, who, name, value, chosen, lambda d: device_node(machine, d).node
+        )
+        if why:
+            notes.append(f"warning: {why}")
+    if "NVSHMEM_HCA_LIST" in settings and settings.get(
+        "NVSHMEM_ENABLE_NIC_PE_MAPPING", ""
+    ).strip().lower() not in ("1", "y", "yes", "t", "true"):
+        notes.append(
+            "warning: NVSHMEM_HCA_LIST is set without NVSHMEM_ENABLE_NIC_PE_MAPPING=1: NVSHMEM "
+            "ignores the list and picks by its own distance"
+        )
+    return {"nics": chosen, "nic_settings": settings, "nic_set": tuple(sorted(ours))}
 
 
 def initial_environ(pid: int) -> Mapping[str, str] | OSError:
@@ -593,11 +659,10 @@ def check_pid(
         )
     settings = _thread_settings(entry, env)
     base["thread_settings"] = settings
+    base.update(nic_facts(machine, expected, entry, env, notes))
     base["host_buffers"] = check_buffers(pid, entry, notes)
     if not expected.bound:
-        if expected.problem:
-            cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
-            problems.append(f"{cause}: {expected.reason}")
+        _why_skipped(expected, env, machine, problems, notes)
         return ProcessCheck(
             ok=not problems,
             status="skipped",
@@ -733,6 +798,25 @@ def _escaped_text(
         text += f" (its device {own[0]}: CPUs {fmt(own[1])})"
     who = binder_of(name)
     return text + (f", re-pinned by {who}? (its name says so)" if who else "")
+
+
+def _why_skipped(
+    expected: PlanView,
+    env: Mapping[str, str] | OSError,
+    machine: Machine,
+    problems: list[str],
+    notes: list[str],
+) -> None:
+    """A plan that does not bind: its problem, and for a cpuset off the GPU's node the fix
+    where the process runs (Kubernetes, Slurm: numabind._advice)."""
+    if expected.problem:
+        cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
+        problems.append(f"{cause}: {expected.reason}")
+    if expected.skip == "cgroup":
+        from ._advice import cpuset_fix
+
+        own: Mapping[str, str] = {} if isinstance(env, OSError) else env
+        notes.append(f"to bind it: {cpuset_fix(own, machine.allowed)}")
 
 
 def _judge(

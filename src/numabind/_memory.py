@@ -33,6 +33,7 @@ DataLoader worker.  :meth:`HostBuffer.close` unregisters before it unmaps.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import mmap
 import os
@@ -54,6 +55,11 @@ if TYPE_CHECKING:
     from ._model import Accelerator
     from ._topology import Machine
 
+# the public function the user called (numabind.torch's tensors are host buffers too):
+# what every message of a host buffer names
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "numabind_host_buffer_caller", default="numabind.host_buffer()"
+)
 PAGE = mmap.PAGESIZE
 HUGE = 2 << 20  # the huge page size numabind uses (x86-64 and arm64 with 4 KiB pages)
 MAP_HUGETLB = 0x40000
@@ -94,7 +100,7 @@ def placement(address: int, nbytes: int) -> dict[int | None, int]:
     pages per node, and under ``None`` those not present (never touched, or swapped
     out); from ``move_pages`` in query mode (on a sample of the pages beyond 4 GiB), or
     from ``numa_maps`` where a seccomp profile refuses that call (the range applier,
-    :func:`numabind._range.where`, measures every range numabind measures)."""
+    ``numabind._range.where``, measures every range numabind measures)."""
     return where(address, nbytes)
 
 
@@ -415,7 +421,14 @@ class HostBuffer:
         nothing, while a view or a tensor still uses the memory.  Closing twice is fine."""
         if self.closed:
             return
-        _release(self._held, False)  # BufferError while exported: still open, registered
+        try:
+            _release(self._held, False)  # BufferError while exported: still open, registered
+        except BufferError:
+            raise BufferError(
+                "numabind.HostBuffer.close(): a view or a tensor still uses the memory: "
+                "release the view (view.release(), or take it as 'with buf.view() as view:') "
+                "or delete the tensor first; the buffer stays mapped and registered"
+            ) from None
         self._finalizer.detach()
         self.registered = False
         if self.fd is not None:
@@ -565,10 +578,17 @@ def host_buffer(
     pools, activation offload): the startup binding places what a rank's threads fault
     in, but a pool filled by one process for several GPUs, or by a thread bound
     elsewhere, lands wherever that thread runs.  Here the node is resolved and the pages
-    are placed by the range's own policy, whatever the calling thread's binding::
+    are placed by the range's own policy, whatever the calling thread's binding:
 
-        with numabind.host_buffer(8 << 30, device=5) as buf:   # on GPU 5's node
-            view = buf.view()                                   # exactly 8 GiB
+    .. example: run on one-node
+
+    ::
+
+        import numabind
+
+        with numabind.host_buffer(64 << 20, device=0) as buf:  # on GPU 0's node
+            with buf.view() as view:                            # exactly 64 MiB
+                view[:5] = b"hello"                             # released at the end
             assert buf.placement().get(None, 0) == 0            # every page present
 
     ``device`` is what :func:`numabind.apply` accepts (an index among the visible devices,
@@ -595,7 +615,7 @@ def host_buffer(
 
     ``register`` (default ``"auto"``) registers the populated buffer with the GPU driver
     (page-locked and mapped for DMA, visible to every context: CUDA's driver API or HIP by
-    ctypes, see :mod:`numabind._driver`) where a driver is present, and otherwise skips with
+    ctypes, see ``numabind._driver``) where a driver is present, and otherwise skips with
     one note (``registered`` False, ``register_reason`` why); ``True`` raises
     :class:`~numabind.RegistrationError` (nothing left mapped) when it cannot, ``False``
     never registers.  Registration needs ``populate`` (it would fault the pages in on the
@@ -607,7 +627,7 @@ def host_buffer(
     A bound rank that registered for ``numabind check`` lists its buffers there, and
     ``check`` measures each one's placement.
     """
-    caller = "numabind.host_buffer()"
+    caller = CALLER.get()
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise ConfigError(f"{caller}: nbytes must be a positive integer, not {nbytes!r}")
     if threads is not None and (
@@ -645,7 +665,14 @@ def host_buffer(
         )
         unit = HUGE if huge else PAGE
         mapped = (nbytes + unit - 1) // unit * unit
-        mapping, fd = _map(mapped, shared, hugetlb)
+        try:
+            mapping, fd = _map(mapped, shared, hugetlb)
+        except OSError as err:
+            if err.errno != errno.ENOMEM:
+                raise
+            from ._limits import mapping_refused
+
+            raise PlacementError(mapping_refused(caller, nbytes, err)) from None
         buf = HostBuffer(
             mapping,
             _address(mapping),
@@ -693,7 +720,7 @@ def _register_with_driver(
                 buf.dontfork = True
             return
     if required:
-        raise RegistrationError(f"numabind.host_buffer(): not registered: {why}")
+        raise RegistrationError(f"{CALLER.get()}: not registered: {why}")
     buf.register_reason = why
     buf.notes.append(f"not registered with a GPU driver: {why}")
 
@@ -742,7 +769,7 @@ def _place(
         buf.populated, buf.threads = populate(buf.address, buf.mapped_bytes, cpus, want)
     except OSError as err:
         raise PlacementError(
-            f"numabind.host_buffer(): populating {buf.nbytes / (1 << 20):.0f} MiB on node "
+            f"{CALLER.get()}: populating {buf.nbytes / (1 << 20):.0f} MiB on node "
             f"{format_cpulist(buf.nodes)} failed ({err}); nothing was left mapped"
         ) from err
 

@@ -76,13 +76,36 @@ class _RecordMeta(type):
         ns["_defaults"] = defaults
         return super().__new__(mcs, name, bases, ns)
 
+    @property
+    def __signature__(cls) -> Any:
+        """The keyword-only constructor, field by field (``help()``, ``inspect`` and the
+        API docs show it); built when asked, so the startup path never imports inspect."""
+        import inspect
+
+        hints: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            hints.update(getattr(klass, "__annotations__", {}))
+        defaults = getattr(cls, "_defaults", {})
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    n,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=defaults.get(n, inspect.Parameter.empty),
+                    annotation=hints.get(n, inspect.Parameter.empty),
+                )
+                for n in getattr(cls, "_fields", ())
+            ]
+        )
+
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)
 class Record(metaclass=_RecordMeta):
     """Base of the model's value objects: immutable once built, compared by value.
 
-    Construction is keyword-only (positional arguments, deprecated in 0.2, were removed
-    in 0.4: a field named at the call cannot be taken for another when a field is added).
+    Construction is keyword-only (the positional form ``Plan`` and ``Request`` accepted
+    in 0.2, deprecated there, was removed in 0.3: a field named at the call cannot be
+    taken for another when a field is added).
     """
 
     __slots__ = ()
@@ -93,7 +116,10 @@ class Record(metaclass=_RecordMeta):
         cls = type(self)
         fields = cls._fields
         if args:
-            raise TypeError(f"{cls.__name__}() takes keyword arguments only")
+            raise TypeError(
+                f"{cls.__name__}() takes keyword arguments only (positional arguments were "
+                "removed in numabind 0.3)"
+            )
         defaults = cls._defaults
         for n in fields:
             if n in kwargs:
@@ -151,7 +177,7 @@ class Node(Record):
     """One NUMA node.  ``cpus`` are its online CPUs; an empty set means a memory-only node
     (GPU HBM on GH200/GB200/POWER9, CXL memory, Xeon Max HBM in flat mode).
 
-    What memory it is: ``kind`` is a :data:`NODE_KINDS` key (None: not classified, as
+    What memory it is: ``kind`` is a ``NODE_KINDS`` key (None: not classified, as
     :meth:`numabind.Machine.node` reads a node; :attr:`numabind.Machine.nodes` classifies
     every node) and ``kind_how`` the fact that told it; ``tier`` is the kernel's memory
     tier holding it (``/sys/devices/virtual/memory_tiering/memory_tierN``, Linux 6.1+: a
@@ -229,7 +255,7 @@ class CpuInfo(Record):
 class Accelerator(Record):
     """A compute accelerator on PCI.
 
-    ``vendor`` is the key of its entry in :data:`numabind._model.VENDORS`.
+    ``vendor`` is the key of its entry in ``numabind._model.VENDORS``.
     ``numa_node`` is None when the firmware does not say (sysfs ``-1``); ``local_cpus`` is
     the device's CPU locality from ``local_cpulist``/``local_cpus`` (None when unreadable).
     ``memory_node`` is the CPU-less node holding the GPU's own memory, where the driver
@@ -306,15 +332,79 @@ class KfdNode(Record):
     render_minor: int | None = None
 
 
+class NicPort(Record):
+    """One port of an RDMA adapter (``/sys/class/infiniband/<dev>/ports/<n>``): its state as
+    the kernel names it (``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``), its rate in Gb/s, its
+    link layer (``InfiniBand``; ``Ethernet`` for RoCE) and the network interface its RoCE
+    addresses belong to.  None where the source does not say (an hwloc export has states
+    but no rates)."""
+
+    number: int
+    state: str | None = None
+    rate: float | None = None
+    link_layer: str | None = None
+    netdev: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """The port passes traffic (only ``ACTIVE`` does: ``INIT``/``ARMED`` have no
+        subnet manager yet, ``DOWN`` no link)."""
+        return self.state == "ACTIVE"
+
+
 class Nic(Record):
     """A network adapter a rank may use for RDMA (``show --matrix`` places it beside the
     GPUs): its PCI address, its RDMA device name where the kernel or hwloc gives one, and
-    its locality."""
+    its locality.
+
+    ``kind`` says what it is: ``rdma`` (an RDMA device: what transports are told to use),
+    ``pci`` (a network function seen by its PCI class only, no RDMA device readable) or
+    ``netdev`` (a plain network interface on PCI without RDMA: listed, never chosen).
+    ``bond`` names the bond an RDMA device carries (RoCE LAG: ``mlx5_bond_0`` over
+    ``bond0``, whose ``members`` are the bonded interfaces); ``member_of`` the bond an
+    adapter's own interface is enslaved to (its bond is the adapter; it is never offered
+    alone).  ``speed`` is its interface's speed in Gb/s (a bond's: what the bond reports,
+    which an RDMA port of a bond may understate)."""
 
     pci: str
     name: str | None = None
     numa_node: int | None = None
     local_cpus: frozenset[int] | None = None
+    kind: str = "rdma"
+    ports: tuple[NicPort, ...] = ()
+    netdevs: tuple[str, ...] = ()
+    bond: str | None = None
+    members: tuple[str, ...] = ()
+    member_of: str | None = None
+    speed: float | None = None
+
+
+class NicChoice(Record):
+    """An RDMA adapter port chosen for a rank (``Plan.nics``, :func:`numabind.nics_for`):
+    the device and port as transports name them (``mlx5_0`` port ``1``: UCX's
+    ``mlx5_0:1``), its PCI address, its relation to the rank's GPU in ``nvidia-smi topo
+    -m`` terms (``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``; a trailing ``*`` when the PCI
+    tree was not readable and only the NUMA nodes told), its rate in Gb/s (None:
+    unknown), its link layer, and how many of the machine's GPUs were given it."""
+
+    name: str
+    port: int
+    pci: str
+    relation: str
+    rate: float | None = None
+    link_layer: str | None = None
+    sharing: int = 1
+
+    @property
+    def label(self) -> str:
+        """``mlx5_0:1``: device and port, as UCX and NVSHMEM write them."""
+        return f"{self.name}:{self.port}"
+
+
+# the transports NUMABIND_NIC may name (their variables: numabind._transports.TRANSPORTS)
+NIC_TRANSPORTS: tuple[str, ...] = ("ucx", "nvshmem", "nixl", "uccl", "mooncake", "nccl")
+# NUMABIND_NIC_MODE: how ranks share the adapters nearest to their GPUs
+NIC_MODES: tuple[str, ...] = ("nearest", "exclusive")
 
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from ._model import (
     SUBNUMA_OTHER,
     USER_POLICIES,
     Accelerator,
+    NicChoice,
     Record,
     Reserve,
     Spill,
@@ -92,6 +93,11 @@ class Request(Record):
     # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
     # union is planned (see plan_devices); empty: one device, picked by rank or argument
     devices: tuple[Accelerator, ...] = ()
+    # the RDMA adapters for the device's ranks (numabind._nics): "" plans none (the
+    # startup hook asks only with NUMABIND_NIC set, and reads no adapter otherwise),
+    # else NUMABIND_NIC_MODE's word; nic_min_rate is NUMABIND_NIC_MIN_RATE
+    nic_mode: str = ""
+    nic_min_rate: str = "auto"
 
 
 def request_for(
@@ -103,12 +109,16 @@ def request_for(
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     spill: Spill = SPILL_CPU,
+    nic_mode: str = "",
+    nic_min_rate: str = "auto",
 ) -> Request:
     """The request for a rank found in an environment (:func:`numabind._environ.detect`)."""
     return Request(
         reserve=reserve,
         smt=smt,
         spill=spill,
+        nic_mode=nic_mode,
+        nic_min_rate=nic_min_rate,
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         rank_source=info.rank_source,
@@ -217,8 +227,8 @@ def nothing_to_bind(
     if len(machine.cpu_nodes) > 1 or mode not in ("node", "socket"):
         return False
     found = POLICIES.get(memory)
-    if found is None or not found.spill_by_bind:
-        return True
+    if found is None or not found.spill_by_bind or not machine.memory_only_ids:
+        return True  # (the node list alone says there is no memory-only node: no more read)
     home = frozenset(n.id for n in machine.cpu_nodes)
     return not spill_mask(machine, home, memory, spill)[0]
 
@@ -269,11 +279,11 @@ def _plural(n: int, word: str) -> str:
 class Placement(Record):
     """*What* to place, kept apart from *where* it is applied: the part of a plan that the
     appliers read.  One placement is applied to the whole process
-    (:func:`numabind._apply.enter`), to the calling thread for a while
-    (:class:`numabind._pin.ThreadPin`), or to a range of memory
-    (:mod:`numabind._range`), and each applier reads only these fields, so that a new
-    decision (which NIC, which cores, which memory tier) is one field here and one reader
-    in the applier that owns its subject.
+    (``numabind._apply.enter``), to the calling thread for a while
+    (``numabind._pin.ThreadPin``, :func:`numabind.bind_thread`), or to a range of memory
+    (``numabind._range``, :func:`numabind.host_buffer`), and each applier reads only
+    these fields, so that a new decision (which NIC, which cores, which memory tier) is
+    one field here and one reader in the applier that owns its subject.
 
     ``cpus`` is the compute set; ``helpers`` the cores kept for helper threads and
     processes (``NUMABIND_RESERVE``); ``memory_policy`` over ``memory_nodes`` with
@@ -290,6 +300,9 @@ class Placement(Record):
     # the only nodes the kernel may put this memory on (NUMABIND_SPILL=cpu: the plan's
     # nodes and the CPU-memory nodes it may spill onto); empty: the kernel's own fallback
     memory_mask: frozenset[int] = frozenset()
+    # the RDMA adapter ports for the process's device(s) (numabind._nics): the process
+    # applier tells the transports NUMABIND_NIC names (numabind._transports)
+    nics: tuple[NicChoice, ...] = ()
 
     @property
     def sets_memory(self) -> bool:
@@ -367,10 +380,16 @@ class Plan(Record):
     # this rank's memory on (empty: the kernel's own fallback; see Placement.kernel_policy)
     spill: Spill = SPILL_ANY
     memory_mask: frozenset[int] = frozenset()
+    # the notes that say something asked for (a reservation, a mode, the memory policy)
+    # was not done: the entry points print them whether or not NUMABIND_VERBOSE is set
+    unmet: tuple[str, ...] = ()
     # a process bound to several devices (``apply(devices=...)``, NUMABIND_DEVICES): one
     # plan per device, each what the rank driving that device alone would get; the fields
     # above are their union
     per_device: tuple[Plan, ...] = ()
+    # the RDMA adapter ports for this rank's GPU, primary first (Request.nic_mode): the
+    # nearest, shared fairly over the machine's GPUs (numabind._nics)
+    nics: tuple[NicChoice, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -379,10 +398,12 @@ class Plan(Record):
 
     @property
     def placement(self) -> Placement:
-        """What this plan places (empty for a plan that skips)."""
+        """What this plan places (for a plan that skips: its NICs only, which do not
+        depend on binding CPUs: a one-node machine still has a nearest adapter)."""
         if not self.bound:
-            return Placement()
+            return Placement(nics=self.nics)
         return Placement(
+            nics=self.nics,
             cpus=self.cpus,
             helpers=self.helpers,
             memory_policy=self.memory_policy,
@@ -413,7 +434,7 @@ class Plan(Record):
             "node_how": self.node_how,
             "cpus": sorted(self.cpus),
             "memory_nodes": sorted(self.memory_nodes),
-            "memory_policy": self.memory_policy,
+            "memory_policy": self.memory_policy if self.bound else None,  # none applied
             "mode": self.mode,
             "status": self.status,
             "skip": self.skip,
@@ -427,6 +448,7 @@ class Plan(Record):
             "spill": str(self.spill),
             "memory_mask": sorted(self.memory_mask),
             "per_device": [p.to_dict() for p in self.per_device],
+            "nics": [n.to_dict() for n in self.nics],
         }
 
     def who(self) -> str:
@@ -473,13 +495,13 @@ class Plan(Record):
 
 def plan(machine: Machine, request: Request) -> Plan:
     """Plan one rank's binding: ``request`` (its rank, visible devices, mode and memory
-    policy) on ``machine``; for a request naming several ``devices``, their union (see
-    :func:`plan_devices`).  Pure and never raises (an odd machine is a skip with its
-    reason)."""
+    policy) on ``machine``; for a request naming several ``devices``, their union (each
+    device's share what the rank driving it alone would get: ``Plan.per_device``).  Pure
+    and never raises (an odd machine is a skip with its reason)."""
     if request.devices:
-        return plan_devices(machine, request)
+        return _with_nics(machine, request, plan_devices(machine, request))
     try:
-        return _Planner(machine, request).run()
+        return _with_nics(machine, request, _Planner(machine, request).run())
     except Exception as err:  # a capture we did not foresee must not break a process
         if RAISE:
             raise
@@ -488,6 +510,54 @@ def plan(machine: Machine, request: Request) -> Plan:
             f"numabind could not plan on this machine ({type(err).__name__}: "
             f"{_sysfs.clean_line(str(err), 200)})",
         )
+
+
+def _with_nics(machine: Machine, request: Request, p: Plan) -> Plan:
+    """``p`` with the adapters of its device's ranks (``Request.nic_mode``): the GPU's share
+    of the machine-wide fair assignment, split among the local ranks that drive the same
+    GPU; a process bound to several devices takes the union of theirs.  A failure here is
+    a note, never a change to the CPU and memory plan."""
+    if not request.nic_mode:
+        return p
+    if p.per_device:
+        union = tuple(dict.fromkeys(n for sub in p.per_device for n in sub.nics))
+        return p.replace(nics=union)
+    if p.device is None:
+        return p
+    try:
+        from ._nics import assign, same_vendor, share_of
+
+        found = assign(
+            machine,
+            same_vendor(machine, p.device),
+            lambda d: device_node(machine, d).node,
+            request.nic_mode,
+            request.nic_min_rate,
+        )
+    except Exception as err:
+        if RAISE:
+            raise
+        why = f"{type(err).__name__}: {_sysfs.clean_line(str(err), 200)}"
+        return p.replace(notes=(*p.notes, f"RDMA adapters not chosen ({why})"))
+    mine = found.per_device.get(p.device.pci, ())
+    notes = list(p.notes)
+    if not found.units:
+        if machine.nics:
+            why = "; ".join(f"{r.nic.name or r.nic.pci}: {r.why}" for r in found.refused[:4])
+            notes.append(f"no RDMA adapter may be offered ({why})")
+        return p.replace(notes=tuple(notes))
+    size, index = p.local_world_size, p.device_index
+    visible = request.visible.devices if request.visible is not None else ()
+    if size and visible and index is not None and p.local_rank is not None and size > 1:
+        n = len(visible)
+        count = size // n + (1 if index < size % n else 0)
+        mine = share_of(mine, p.local_rank // n, count)
+    if mine and mine[0].relation.rstrip("*") == "SYS":
+        notes.append(
+            f"no RDMA adapter is nearer than SYS to {describe_device(p.device, index)}: "
+            f"{mine[0].label} is across the socket interconnect"
+        )
+    return p.replace(nics=mine, notes=tuple(notes))
 
 
 PER_DEVICE = "per-device"  # the rank source of one device's share of a multi-device plan
@@ -628,6 +698,11 @@ class _Planner:
         self.node: int | None = None
         self.how: NodeHow | None = None
         self.helpers: frozenset[int] = frozenset()
+        self.unmet: list[str] = []  # the notes that say what was asked and not done
+
+    def _not_done(self, note: str) -> None:
+        self.notes.append(note)
+        self.unmet.append(note)
 
     def skipped(self, kind: SkipKind, reason: str) -> Plan:
         r = self.r
@@ -708,6 +783,7 @@ class _Planner:
             smt=r.smt,
             spill=r.spill,
             memory_mask=mask,
+            unmet=tuple(self.unmet),
         )
 
     def _memory_only(self) -> Plan:
@@ -746,6 +822,7 @@ class _Planner:
             smt=r.smt,
             spill=r.spill,
             memory_mask=mask,
+            unmet=tuple(self.unmet),
         )
 
     def _mask(self, nodes: frozenset[int], policy: str) -> frozenset[int]:
@@ -824,7 +901,7 @@ class _Planner:
                 )
             self.notes.append("node unknown: bound to the device's CPU locality instead")
             if self.r.reserve:
-                self.notes.append("no cores reserved: a reservation needs the device's node")
+                self._not_done("no cores reserved: a reservation needs the device's node")
             return cpus, None
         node = self.m.node(where.node)
         assert node is not None
@@ -838,7 +915,8 @@ class _Planner:
             )
         peers = where.peers
         reserved = self._reserve(where, allowed) if self.r.reserve else frozenset()
-        return MODES[self.r.mode](
+        before = len(self.notes)
+        found = MODES[self.r.mode](
             ModeInput(
                 machine=self.m,
                 node_id=where.node,
@@ -850,6 +928,8 @@ class _Planner:
             ),
             self.notes,
         )
+        self.unmet.extend(self.notes[before:])  # a mode's notes say what it could not do
+        return found
 
     def _reserve(self, where: _Place, allowed: frozenset[int]) -> frozenset[int]:
         """The CPUs ``NUMABIND_RESERVE`` keeps out of the compute sets on the nodes this
@@ -862,7 +942,7 @@ class _Planner:
         label = f"{n}/{scope}"
         ranks = where.peers[1] if where.peers else None
         if scope == "rank" and ranks is None:
-            self.notes.append(
+            self._not_done(
                 f"{label}: the number of local ranks on node {where.node} is "
                 "unknown; reserved for one"
             )
@@ -882,7 +962,7 @@ class _Planner:
             if need <= 0:
                 continue
             if need >= len(usable):
-                self.notes.append(
+                self._not_done(
                     f"no cores reserved: {label} would leave node {nid} "
                     f"({len(usable)} usable cores) no core to compute on"
                 )
@@ -996,9 +1076,7 @@ class _Planner:
             mem &= allowed_mems
             self.notes.append(f"memory nodes {fmt(dropped)} are outside this process's cpuset.mems")
         if not mem:
-            self.notes.append(
-                "no memory node this process may use holds its CPUs: memory left alone"
-            )
+            self._not_done("no memory node this process may use holds its CPUs: memory left alone")
             return frozenset(), "none"
         if policy == "preferred" and len(mem) > 1:
             policy, nodes, note = preferred_over(self.m, frozenset(mem), node_id)
@@ -1271,6 +1349,7 @@ def explicit(
         notes=tuple(planner.notes),
         spill=spill,
         memory_mask=mask,
+        unmet=tuple(planner.unmet),
     )
 
 

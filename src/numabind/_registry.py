@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from typing import Any
 
+    from ._model import NicChoice
+
 DEFAULT_BASE = "/dev/shm"
 PREFIX = "numabind-"
 ENTRY_CAP = 8192  # bytes of one entry
@@ -111,6 +113,11 @@ class Entry(Record):
     # MAX_THREAD_DEVICES; check judges those threads against their own device's plan
     device_plans: tuple[tuple[str, frozenset[int], str, frozenset[int]], ...] = ()
     thread_devices: tuple[tuple[int, int], ...] = ()
+    # the RDMA adapter ports planned for it (Plan.nics), at most MAX_NICS, and the NIC
+    # variables numabind set (NUMABIND_NIC: the hook sets them after start, so
+    # /proc/PID/environ cannot show them)
+    nics: tuple[NicChoice, ...] = ()
+    nic_env: tuple[tuple[str, str], ...] = ()
 
     def encode(self) -> bytes:
         lines = []
@@ -133,6 +140,13 @@ class Entry(Record):
                 )
             elif name == "thread_devices":
                 text = ",".join(f"{tid}:{i}" for tid, i in value[:MAX_THREAD_DEVICES])
+            elif name == "nics":
+                text = _within(
+                    f"{n.label}@{n.pci}/{n.relation}/{'' if n.rate is None else f'{n.rate:g}'}"
+                    for n in value[:MAX_NICS]
+                )
+            elif name == "nic_env":
+                text = _within(f"{k}={v}" for k, v in value[:MAX_NIC_ENV])
             else:
                 text = "" if value is None else str(value)
             lines.append(f"{name}={_sysfs.clean_line(text, 1000)}\n")
@@ -284,12 +298,87 @@ def _buffers(value: str) -> tuple[tuple[int, int, tuple[int, ...], str], ...]:
     return tuple(out)
 
 
+def _within(items: Iterator[str], limit: int = 1000) -> str:
+    """``;``-joined items, as many whole ones as fit in a line of the entry."""
+    out = ""
+    for item in items:
+        joined = f"{out};{item}" if out else item
+        if len(joined) > limit:
+            break
+        out = joined
+    return out
+
+
+MAX_NICS = 16  # adapter ports listed per entry
+MAX_NIC_ENV = 8  # NIC variables listed per entry
+
+
+def _nics(value: str) -> tuple[NicChoice, ...]:
+    """``name:port@pci/relation/rate;...`` (numabind's own spelling), bounded; ValueError
+    otherwise."""
+    if not value:
+        return ()
+    from ._model import NicChoice
+    from ._nics import RELATIONS
+    from ._rdma import clean_name
+
+    items = value.split(";", MAX_NICS)
+    if len(items) > MAX_NICS:
+        raise ValueError("nics")
+    out = []
+    for item in items:
+        head, _, rest = item.partition("@")
+        name, _, port = head.rpartition(":")
+        parts = rest.split("/")
+        rate = parts[2] if len(parts) == 3 else "x"
+        if (
+            clean_name(name) != name
+            or not (port.isascii() and port.isdigit() and len(port) < 4)
+            or len(parts) != 3
+            or normalize_pci(parts[0]) != parts[0]
+            or parts[1].rstrip("*") not in RELATIONS
+            or not (rate == "" or (len(rate) < 10 and rate.replace(".", "", 1).isdigit()))
+        ):
+            raise ValueError("nics")
+        out.append(
+            NicChoice(
+                name=name,
+                port=int(port),
+                pci=parts[0],
+                relation=parts[1],
+                rate=float(rate) if rate else None,
+            )
+        )
+    return tuple(out)
+
+
+def _nic_env(value: str) -> tuple[tuple[str, str], ...]:
+    """``NAME=value;...`` of the NIC variables numabind sets; ValueError otherwise."""
+    if not value:
+        return ()
+    from ._transports import MAX_VALUE, VARIABLES
+
+    items = value.split(";", MAX_NIC_ENV)
+    known = {v.name for v in VARIABLES}
+    out = []
+    for item in items[:MAX_NIC_ENV]:
+        k, sep, v = item.partition("=")
+        if not sep or k not in known or len(v) > MAX_VALUE or not v.isprintable():
+            raise ValueError("nic_env")
+        out.append((k, v))
+    if len(items) > MAX_NIC_ENV:
+        raise ValueError("nic_env")
+    return tuple(out)
+
+
 # the fields with a structure of their own, and the one parser of each
 _STRUCTURED: dict[str, Callable[[str], Any]] = {
     "thread_env": _thread_env,
     "buffers": _buffers,
     "device_plans": _device_plans,
     "thread_devices": _thread_devices,
+    "nics": _nics,
+    "nic_env": _nic_env,
 }
 _NUMBERS = frozenset({"local_rank", "local_world_size", "device_index", "numa_node", "threads"})
 _NAME = frozenset("_0123456789")

@@ -89,7 +89,12 @@ def report(*, wait: float | None = None, rank: int | None = None) -> threading.T
     rank (``rank``, else ``NUMABIND_REPORT_RANK``, else 0), start the thread that prints
     the job table once every rank has posted or after ``wait`` seconds (else
     ``NUMABIND_REPORT_WAIT``, else 60).  Returns that thread (None on other ranks).  Call it
-    after ``init_process_group``, on every rank; it enters no collective."""
+    after ``init_process_group``, on every rank; it enters no collective.  Raises
+    :class:`~numabind.IntegrationError` (``FrameworkMissing``, an ``ImportError`` too)
+    where torch is not installed."""
+    from ._errors import require
+
+    require("torch", "torch", "pip install torch", "numabind.report()")
     import torch.distributed as dist
 
     from ._environ import Config
@@ -181,7 +186,8 @@ def read_report(
         notes += (f"{unread} rank(s) not read before the deadline",)
     run, _, restart = prefix.removeprefix(f"{PREFIX}/").rpartition("/")
     report = _job.merge(run, list(hosts), hosts, notes, tuple(missing))
-    return report.replace(title=f"numabind job report (torchrun run {run}, restart {restart})")
+    where = "not under torchrun" if run == "none" else f"torchrun run {run}, restart {restart}"
+    return report.replace(title=f"numabind job report ({where})")
 
 
 # --- NUMABIND_REPORT=1: after init_process_group ------------------------------------------------

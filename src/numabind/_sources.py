@@ -47,10 +47,19 @@ from ._model import (
 )
 from ._sysfs import normalize_pci, pci_sort_key
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._dra import DraDevice
+
 SYS_NODE = "/sys/devices/system/node"
 SYS_CPU = "/sys/devices/system/cpu"
 SYS_PCI = "/sys/bus/pci/devices"
 SYS_INFINIBAND = "/sys/class/infiniband"
+DRA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"  # numabind._dra.ROOT
+SYS_NET = "/sys/class/net"
+# what numabind._rdma reads of an RDMA port and of a network interface (gather copies them)
+RDMA_PORT_FILES = ("state", "rate", "link_layer", "gid_attrs/ndevs/0")
+NETDEV_FILES = ("speed", "operstate", "bonding/slaves", "bonding_slave/state")
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
 # the kernel's memory tiers (Linux 6.1+): memory_tierN/nodelist, a lower N is faster memory
 SYS_TIERING = "/sys/devices/virtual/memory_tiering"
@@ -130,8 +139,9 @@ class LiveRoot(Root):
 
 def read_paths() -> tuple[str, ...]:
     """Every file the reader opens, as patterns: ``{node}``, ``{cpu}``, ``{index}``,
-    ``{bdf}`` and ``{driver}`` are listed directories, ``{cgroup}`` is the cpuset directory
-    found.  ``gather`` copies these."""
+    ``{bdf}``, ``{driver}``, ``{ibdev}``, ``{port}``, ``{fnetdev}`` (an RDMA device's PCI
+    function's interfaces) and ``{netdev}`` are listed directories, ``{cgroup}`` is the
+    cpuset directory found.  ``gather`` copies these."""
     return (
         f"{SYS_CPU}/online",
         f"{SYS_CPU}/present",
@@ -152,12 +162,16 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/level",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/type",
         f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_list",
+        f"{SYS_CPU}/{{cpu}}/cache/{{index}}/shared_cpu_map",
         f"{SYS_PCI}/{{bdf}}/vendor",
         f"{SYS_PCI}/{{bdf}}/device",
         f"{SYS_PCI}/{{bdf}}/class",
         f"{SYS_PCI}/{{bdf}}/numa_node",
         f"{SYS_PCI}/{{bdf}}/local_cpulist",
         f"{SYS_PCI}/{{bdf}}/local_cpus",
+        *(f"{SYS_INFINIBAND}/{{ibdev}}/ports/{{port}}/{name}" for name in RDMA_PORT_FILES),
+        f"{SYS_INFINIBAND}/{{ibdev}}/device/net/{{fnetdev}}/operstate",
+        *(f"{SYS_NET}/{{netdev}}/{name}" for name in NETDEV_FILES),
         *(f"{SYS_PCI}/{{bdf}}/{v.uuid_file}" for v in VENDORS if v.uuid_file),
         *(
             f"{v.driver_dir}/{{driver}}/{name}"
@@ -172,6 +186,7 @@ def read_paths() -> tuple[str, ...]:
             if v.partition_topology
         ),
         *(f"{SYS_PCI}/{{bdf}}/{name}" for v in VENDORS for name in (v.partition_files or ())),
+        f"{DRA_ROOT}/{{kind}}/{{claim}}/{{request}}/{{driver}}-metadata.json",
         "/proc/self/cgroup",
         "/proc/self/cpuset",
         "/proc/self/mounts",
@@ -192,6 +207,8 @@ class Source:
         self.budget = _sysfs.Budget(self.description)
         # the environment a capture recorded with its machine (numabind gather), if any
         self.environ: dict[str, str] | None = None
+        # whether the files carry NVLink bandwidths (an hwloc export's NVLinkBandwidth)
+        self.nvlink = False
 
     def warn(self, message: str) -> None:
         if message not in self.warnings and len(self.warnings) < 50:
@@ -251,7 +268,13 @@ class Source:
         return None
 
     def nics(self) -> tuple[Nic, ...]:
-        """The RDMA-capable network adapters (``show --matrix``)."""
+        """The RDMA-capable network adapters (``show --matrix``, the NIC choice)."""
+        return ()
+
+    def ethernet(self, taken: frozenset[str], bonded: frozenset[str]) -> tuple[Nic, ...]:
+        """Network interfaces on PCI functions that carry no RDMA device (``taken``: the
+        PCI addresses of those that do; ``bonded``: members of a bond an RDMA device
+        carries): listed by ``show``, never chosen."""
         return ()
 
     def others(self) -> tuple[OtherDevice, ...]:
@@ -262,6 +285,11 @@ class Source:
         """PCI addresses the vendor's driver lists as this process's GPUs, or None when
         the driver publishes no such list (or it is absent)."""
         return None
+
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        """The devices the DRA device metadata (KEP-5304, :mod:`numabind._dra`) lists for
+        this container; empty outside a pod that has it."""
+        return ()
 
     def kernel_release(self) -> str | None:
         return None
@@ -302,6 +330,7 @@ class SysfsSource(Source):
         self._cpu_limit: int | None = None
         self._node_limit: int | None = None
         self._tiers: dict[int, int] | None = None
+        self._dra: dict[str, DraDevice] | None = None
         # identical lists (every CPU of a core, of an L3, every GPU of a node) are parsed
         # once: what a list costs is charged to the budget only the first time
         self._lists: dict[tuple[str, bool], frozenset[int]] = {}
@@ -477,6 +506,8 @@ class SysfsSource(Source):
             if level is None or kind == "Instruction" or level <= best:
                 continue
             shared = self.cpulist(f"{base}/{index}/shared_cpu_list")
+            if shared is None:  # older kernels and some captures have only the mask
+                shared = self.cpumask(f"{base}/{index}/shared_cpu_map")
             if shared is None:
                 continue
             cache, best = shared | {cpu}, level
@@ -484,7 +515,49 @@ class SysfsSource(Source):
 
     # --- what this process may use
     def allowed(self, online: frozenset[int]) -> Allowed:
+        # the pod's DRA allocation is read with its cpuset, before any plan copies the
+        # machine's warnings: where it disagrees with sysfs is said in every plan
+        self._dra_devices()
         return cpuset(self.root, online)
+
+    # --- the DRA device metadata of a Kubernetes pod
+    def _dra_devices(self) -> dict[str, DraDevice]:
+        if self._dra is None:
+            from ._dra import read
+
+            devices, problems = read(self.root)
+            for line in problems:
+                self.warn(line)
+            self._dra = {d.pci: d for d in devices}
+            for dev in devices:
+                self._compare(dev)
+        return self._dra
+
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        return tuple(self._dra_devices().values())
+
+    def _compare(self, dev: DraDevice) -> None:
+        """Say where the metadata and sysfs disagree, and where the metadata fills in."""
+        base = f"{SYS_PCI}/{dev.pci}"
+        said = f"the DRA device metadata ({dev.where}, {dev.driver})"
+        if not self.root.isdir(base):
+            where = f"node {dev.numa_node}" if dev.numa_node is not None else "node not given"
+            self.warn(f"{dev.pci}: not in sysfs ({base} is absent or masked); {where} from {said}")
+            return
+        node = _sysfs.parse_int(self._read(f"{base}/numa_node"))
+        if node is not None and not 0 <= node < self.node_limit:
+            node = None
+        if dev.numa_node is None or dev.numa_node == node:
+            return
+        if node is None:
+            self.warn(
+                f"{dev.pci}: sysfs numa_node is -1 (unknown); node {dev.numa_node} from {said}"
+            )
+        else:
+            self.warn(
+                f"{dev.pci}: {said} says NUMA node {dev.numa_node}, sysfs numa_node {node}: "
+                "numabind follows sysfs (the kernel's own answer)"
+            )
 
     # --- accelerators
     def accelerators(self, detail: bool = False) -> tuple[Accelerator, ...]:
@@ -502,6 +575,16 @@ class SysfsSource(Source):
                     )
                     break
                 found.append(acc)
+        have = {a.pci for a in found}
+        for dev in self._dra_devices().values():  # sysfs masked: the pod's metadata lists it
+            if dev.pci in have or dev.vendor is None or len(found) >= _sysfs.MAX_ACCELERATORS:
+                continue
+            if not self.root.isdir(f"{SYS_PCI}/{dev.pci}"):
+                found.append(
+                    Accelerator(
+                        pci=dev.pci, vendor=dev.vendor, numa_node=dev.numa_node, read="located"
+                    )
+                )
         found.sort(key=lambda a: pci_sort_key(a.pci))
         return tuple(found)
 
@@ -582,6 +665,10 @@ class SysfsSource(Source):
         numa_node = _sysfs.parse_int(self._read(f"{base}/numa_node"))
         if numa_node is not None and not 0 <= numa_node < self.node_limit:
             numa_node = None  # -1: the firmware does not say
+        if numa_node is None:  # a pod's DRA metadata may say (said in the warnings)
+            dra = self._dra_devices().get(acc.pci)
+            if dra is not None and dra.numa_node is not None and dra.numa_node < self.node_limit:
+                numa_node = dra.numa_node
         local = None
         if numa_node is None:
             local = self.cpulist(f"{base}/local_cpulist")
@@ -630,34 +717,38 @@ class SysfsSource(Source):
         return tuple(parts[hosts[0] : -1])
 
     def nics(self) -> tuple[Nic, ...]:
-        """RDMA devices the kernel names (/sys/class/infiniband), else PCI functions of
-        class InfiniBand or a Mellanox/NVIDIA network function."""
+        """RDMA devices the kernel names (/sys/class/infiniband: :mod:`numabind._rdma`),
+        else PCI functions of class InfiniBand or a Mellanox/NVIDIA network function."""
+        from . import _rdma  # only a rank that asks for NICs (or show, check) loads it
+
+        found = _rdma.read(self.root, self.node_limit, self.cpulist, self.warn)
+        if found:
+            return found
         named: dict[str, str] = {}
-        for name in self.root.listdir(SYS_INFINIBAND, _sysfs.MAX_ACCELERATORS):
-            real = self.root.realpath(f"{SYS_INFINIBAND}/{name}/device")
-            bdf = real.rsplit("/", 1)[-1] if real else None
-            if bdf and normalize_pci(bdf) == bdf:
-                named.setdefault(bdf, name)
-        if not named:
-            for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
-                if normalize_pci(bdf) != bdf or len(named) >= _sysfs.MAX_ACCELERATORS:
-                    continue
-                cls = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/class")) or 0
-                vendor = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/vendor"))
-                if cls >> 8 == 0x0207 or (cls >> 16 == 0x02 and vendor == 0x15B3):
-                    named[bdf] = ""
+        for bdf in self.root.listdir(SYS_PCI, _sysfs.PCI_LIST_CAP):
+            if normalize_pci(bdf) != bdf or len(named) >= _sysfs.MAX_ACCELERATORS:
+                continue
+            cls = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/class")) or 0
+            vendor = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/vendor"))
+            if cls >> 8 == 0x0207 or (cls >> 16 == 0x02 and vendor == 0x15B3):
+                named[bdf] = ""
         out = []
-        for bdf, name in sorted(named.items(), key=lambda kv: pci_sort_key(kv[0])):
+        for bdf in sorted(named, key=pci_sort_key):
             node = _sysfs.parse_int(self._read(f"{SYS_PCI}/{bdf}/numa_node"))
             out.append(
                 Nic(
                     pci=bdf,
-                    name=_sysfs.clean_line(name, 64) or None,
                     numa_node=node if node is not None and 0 <= node < self.node_limit else None,
                     local_cpus=self.cpulist(f"{SYS_PCI}/{bdf}/local_cpulist"),
+                    kind="pci",
                 )
             )
         return tuple(out)
+
+    def ethernet(self, taken: frozenset[str], bonded: frozenset[str]) -> tuple[Nic, ...]:
+        from . import _rdma
+
+        return _rdma.interfaces(self.root, taken | bonded, self.node_limit)
 
     def others(self) -> tuple[OtherDevice, ...]:
         out: list[OtherDevice] = []

@@ -66,11 +66,12 @@ def state_key(
 
 def roles_key(cfg: Config) -> str:
     """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_SPILL /
-    NUMABIND_DEVICES add
+    NUMABIND_DEVICES / NUMABIND_NIC add
     (empty by default, so that keys recorded by an older numabind still match)."""
     key = "" if not cfg.reserve and cfg.smt == "all" else f"|reserve={cfg.reserve}|smt={cfg.smt}"
     key += f"|spill={cfg.spill}" if str(cfg.spill) != "cpu" else ""
-    return key + (f"|devices={cfg.devices[:200]}" if cfg.devices else "")
+    key += f"|devices={cfg.devices[:200]}" if cfg.devices else ""
+    return key + (f"|nic={cfg.nic}|{cfg.nic_mode}|{cfg.nic_min_rate}" if cfg.nic else "")
 
 
 def record_state(binding: Binding, info: RankInfo, mode: str, memory: str, roles: str = "") -> None:
@@ -162,12 +163,24 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     machine = Machine.from_root(cfg.sysroot)
     try:
         visible = None
-        if info.problem is None and not nothing_to_bind(machine, cfg.mode, cfg.memory, cfg.spill):
+        # a one-node machine has nothing to bind, but a rank that asks for NICs still
+        # needs its device (and a rank that does not never reads an adapter)
+        if info.problem is None and (
+            cfg.nic or not nothing_to_bind(machine, cfg.mode, cfg.memory, cfg.spill)
+        ):
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
         request = request_for(
-            info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt, spill=cfg.spill
+            info,
+            visible,
+            cfg.mode,
+            cfg.memory,
+            reserve=cfg.reserve,
+            smt=cfg.smt,
+            spill=cfg.spill,
+            nic_mode=cfg.nic_mode if cfg.nic else "",
+            nic_min_rate=cfg.nic_min_rate,
         )
         if cfg.devices and visible is not None and request.problem is None:
             request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")

@@ -339,14 +339,18 @@ def read_file(path: str, cap: int = TAR_CAP) -> bytes:
     One open, without blocking and without a controlling terminal; ``fstat`` of that
     descriptor refuses a FIFO or device; the decompressor reads from the same descriptor,
     so a file swapped by name meanwhile is never read; at most ``cap`` bytes come out (a
-    crafted archive that inflates to terabytes stops there)."""
-    fd = os.open(path, _sysfs.OPEN_FLAGS)
+    crafted archive that inflates to terabytes stops there).  ``-`` is standard input (a
+    pipe or a file: ``numabind gather - | ssh host numabind show --input -``)."""
+    stdin = path == "-"
+    fd = os.dup(0) if stdin else os.open(path, _sysfs.OPEN_FLAGS)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _sysfs.ReadError(f"{path}: not a regular file; not read")
-        magic = f.read(6)
-        f.seek(0)
+        if not (stat.S_ISREG(st.st_mode) or (stdin and stat.S_ISFIFO(st.st_mode))):
+            what = (
+                "standard input: not a pipe or a file" if stdin else f"{path}: not a regular file"
+            )
+            raise _sysfs.ReadError(f"{what}; not read")
+        magic = f.peek(6)[:6]  # a pipe cannot seek back: look without consuming
         opener: Any = None
         if magic[:2] == b"\x1f\x8b":
             import gzip

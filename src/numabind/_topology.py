@@ -10,12 +10,14 @@ for what its rank's plan touches, and the values never change once seen.
 from __future__ import annotations
 
 from ._model import BY_KEY, Accelerator, Allowed, CpuInfo, KfdNode, Nic, Node, OtherDevice
+from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from ._dra import DraDevice
     from ._sources import Source
 
 _UNSET: Any = object()
@@ -50,6 +52,18 @@ class Machine:
         self._partition_nodes: dict[str, dict[str, list[KfdNode]]] = {}
         self._gpu_memory: dict[int, tuple[Accelerator, str]] | None = None
         self._vendor: str | None = _UNSET
+
+    def __repr__(self) -> str:
+        """Where the machine was read from, its nodes and CPUs (two small reads), and its
+        accelerators once they were listed (listing them reads every PCI function)."""
+        parts = [
+            repr(self.description),
+            f"nodes {format_cpulist(self.node_ids) or '-'}",
+            f"CPUs {format_cpulist(self.online_cpus) or '-'}",
+        ]
+        if self._accelerators is not None:
+            parts.append(f"{len(self._accelerators)} accelerators")
+        return f"<Machine {', '.join(parts)}>"
 
     @classmethod
     def from_root(cls, root: str = "/") -> Machine:
@@ -86,7 +100,13 @@ class Machine:
     def here(cls) -> Machine:
         """This machine, as every entry point reads it: ``/``, or the directory
         ``NUMABIND_SYSROOT`` names where its rules allow (ignored under ``python -I``/``-E``,
-        and for root unless root owns the whole path).  Use it as a context manager::
+        and for root unless root owns the whole path).  Use it as a context manager:
+
+        .. example: run
+
+        ::
+
+            import numabind
 
             with numabind.Machine.here() as machine:
                 print(machine.cpu_nodes)
@@ -175,9 +195,9 @@ class Machine:
     @property
     def nodes(self) -> tuple[Node, ...]:
         """Every NUMA node, memory-only ones included, with memory, distances, memory tier
-        and its kind (:data:`numabind._model.NODE_KINDS`: CPU memory, GPU memory,
+        and its kind (``numabind._model.NODE_KINDS``: CPU memory, GPU memory,
         high-bandwidth, far, or memory of unknown kind), classified from the machine's
-        own files (see :func:`classify`)."""
+        own files (see ``numabind._topology.classify``)."""
         if self._classified is None:
             ids = self.node_ids or (0,)
             read = tuple(n for n in (self.node(i, full=True) for i in ids) if n is not None)
@@ -208,7 +228,7 @@ class Machine:
         return self.package_of_node(near[0][1])
 
     def node_kind(self, node_id: int) -> str | None:
-        """The kind of node ``node_id`` (a :data:`numabind._model.NODE_KINDS` key), None
+        """The kind of node ``node_id`` (a ``numabind._model.NODE_KINDS`` key), None
         when the machine has no such node."""
         return next((n.kind for n in self.nodes if n.id == node_id), None)
 
@@ -396,11 +416,29 @@ class Machine:
             self._nics = self.source.nics()
         return self._nics
 
+    @property
+    def ethernet(self) -> tuple[Nic, ...]:
+        """Network interfaces on PCI functions that carry no RDMA device (``kind``
+        ``netdev``): ``show`` and ``doctor`` list them; no transport is told to use one."""
+        found: tuple[Nic, ...] | None = self.__dict__.get("_ethernet")
+        if found is None:
+            bonded = frozenset(m for n in self.nics for m in n.members)
+            found = self.source.ethernet(frozenset(n.pci for n in self.nics), bonded)
+            self.__dict__["_ethernet"] = found
+        return found
+
     def others(self) -> tuple[OtherDevice, ...]:
         """Compute-class PCI functions of vendors numabind has no row for (``doctor``)."""
         if self._others is None:
             self._others = self.source.others()
         return self._others
+
+    @property
+    def dra_devices(self) -> tuple[DraDevice, ...]:
+        """The devices a Kubernetes pod's DRA device metadata lists for this container
+        (KEP-5304 files under /var/run/kubernetes.io/dra-device-attributes; empty
+        elsewhere): PCI address, NUMA node where the driver says one, driver."""
+        return self.source.dra_devices()
 
     def driver_gpus(self, vendor: str) -> tuple[str, ...] | None:
         """PCI addresses the driver of ``vendor`` lists (NVIDIA: /proc/driver/nvidia/gpus,
@@ -417,7 +455,8 @@ class Machine:
         return self._kernel
 
     def kernel_at_least(self, major: int, minor: int) -> bool | None:
-        """Whether the kernel is at least ``major``.``minor``; None when unknown."""
+        """Whether the kernel's release is at least version ``major``, ``minor`` (5, 15:
+        Linux 5.15 or later); None when the release is unknown or does not parse."""
         release = self.kernel_release
         if not release:
             return None

@@ -22,7 +22,11 @@
   may have pinned the forking thread to one core); the pin-memory thread is put back on
   the rank's CPUs if it started elsewhere.
 
-One line for users::
+One line for users:
+
+.. example: run with torch
+
+::
 
     import numabind.torch; numabind.torch.install()
 
@@ -131,7 +135,7 @@ def _torch_child_entry(
 def _process_class(
     base: Any, mode: str | None, memory: str | None, wrap: Callable[..., Any]
 ) -> type:
-    from ._children import child_binding, say_forkserver_once
+    from ._children import child_binding, children_say_it, say_forkserver_once
 
     class BoundProcess(base):  # type: ignore[misc]
         _numabind_method = "spawn"
@@ -154,7 +158,7 @@ def _process_class(
                 base.start(self)
                 return
             ctx = _stdlib_mp.get_context(method)
-            with child_binding(rank, mode=mode, memory=memory, context=ctx):
+            with children_say_it(), child_binding(rank, mode=mode, memory=memory, context=ctx):
                 base.start(self)
 
     BoundProcess.__name__ = BoundProcess.__qualname__ = base.__name__
@@ -546,7 +550,9 @@ def empty_on_node(
     ``populate`` are :func:`numabind.host_buffer`'s.  The contents are zeros when
     populated, undefined (as ``torch.empty``'s) otherwise.
     """
-    return _placed_tensor(shape, dtype, device, node, policy, populate, register=False)
+    return _placed_tensor(
+        shape, dtype, device, node, policy, populate, False, "numabind.torch.empty_on_node()"
+    )
 
 
 def pinned_empty(
@@ -566,7 +572,9 @@ def pinned_empty(
     (the CPU build) the tensor is the placed one of :func:`empty_on_node`, and one line
     says it is not registered.  Arguments as for :func:`empty_on_node`.
     """
-    return _placed_tensor(shape, dtype, device, node, policy, True, register="auto")
+    return _placed_tensor(
+        shape, dtype, device, node, policy, True, "auto", "numabind.torch.pinned_empty()"
+    )
 
 
 def pinned_like(
@@ -578,8 +586,15 @@ def pinned_like(
 ) -> Any:
     """:func:`pinned_empty` with ``tensor``'s shape and dtype, its contents copied in
     (``device``, ``node`` and ``policy`` as there)."""
-    out = pinned_empty(
-        tuple(tensor.shape), dtype=tensor.dtype, device=device, node=node, policy=policy
+    out = _placed_tensor(
+        tuple(tensor.shape),
+        tensor.dtype,
+        device,
+        node,
+        policy,
+        True,
+        "auto",
+        "numabind.torch.pinned_like()",
     )
     out.copy_(tensor)
     return out
@@ -596,30 +611,38 @@ def _placed_tensor(
     policy: str,
     populate: bool,
     register: bool | str,
+    caller: str,
 ) -> Any:
     import ctypes
     import math
     import weakref
 
+    from ._errors import require
+
+    require("torch", "torch", "pip install torch", caller)
     import torch
 
-    from ._memory import host_buffer
+    from ._memory import CALLER, host_buffer
 
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     kind = dtype if dtype is not None else torch.get_default_dtype()
     count = math.prod(dims)
     itemsize = torch.empty((), dtype=kind).element_size()
-    buf = host_buffer(
-        max(count * itemsize, 1),
-        device=device,
-        node=node,
-        policy=policy,
-        populate=populate,
-        register=register,
-    )
+    named = CALLER.set(caller)  # the buffer's messages name the function called
+    try:
+        buf = host_buffer(
+            max(count * itemsize, 1),
+            device=device,
+            node=node,
+            policy=policy,
+            populate=populate,
+            register=register,
+        )
+    finally:
+        CALLER.reset(named)
     if register and not buf.registered and "unpinned" not in _said_unpinned:
         _said_unpinned.add("unpinned")
-        say(f"numabind.torch.pinned_empty: placed, not registered: {buf.register_reason}")
+        say(f"{caller}: placed, not registered: {buf.register_reason}")
     if count == 0:
         buf.close()
         return torch.empty(dims, dtype=kind)

@@ -376,6 +376,97 @@ def scenario_several(results: dict[str, Any]) -> None:
     results["several_expect"] = {"0": node_cpus(0), "1": node_cpus(1)}
 
 
+NIC_TREE = "/tmp/numabind-nic/class"  # the /sys/class the NIC scenario's ranks see
+
+
+def _nic_tree() -> dict[str, str]:
+    """An InfiniBand tree over real PCI devices of each node: the bridge above each
+    spoofed GPU (0000:20:00.0 on node 0, 0000:40:00.0 on node 1) becomes the PCI function
+    of an active HDR adapter, mlx5_<node>.  The guest has no RDMA module and soft-RoCE has
+    no PCI parent, so the tree is built in a tmpfs and bind-mounted over /sys/class in each
+    rank's own mount namespace (:func:`_nic_wrap`), the way the harness spoofs GPU ids."""
+    placed = {}
+    for item in os.environ.get("NUMABIND_VM_DEVICES", "").split():
+        bdf, _, node = item.partition("=")
+        real = os.path.realpath(f"/sys/bus/pci/devices/{bdf}")
+        parent = os.path.dirname(real)
+        name = f"mlx5_{node}"
+        base = f"{NIC_TREE}/infiniband/{name}"
+        os.makedirs(f"{base}/ports/1", exist_ok=True)
+        for f, text in (
+            ("state", "4: ACTIVE"),
+            ("rate", "200 Gb/sec (4X HDR)"),
+            ("link_layer", "InfiniBand"),
+        ):
+            with open(f"{base}/ports/1/{f}", "w") as out:
+                out.write(text + "\n")
+        if not os.path.islink(f"{base}/device"):
+            os.symlink(parent, f"{base}/device")
+        placed[name] = os.path.basename(parent)
+    return placed
+
+
+def _nic_wrap() -> list[str]:
+    script = 'mount --bind "$0" /sys/class && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, NIC_TREE]
+
+
+NIC_ENV = (
+    "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+    "('UCX_NET_DEVICES', 'NVSHMEM_HCA_LIST', 'NUMABIND_NIC_SET')}))"
+)
+
+
+def scenario_nic(results: dict[str, Any]) -> None:
+    """NUMABIND_NIC=ucx on real nodes: each rank's UCX_NET_DEVICES names its own node's
+    adapter, a child rank gets its own and not its parent's, a value the user set is kept
+    with one line, a rank that does not ask is told nothing, and check warns on the rank
+    started with the far adapter."""
+    results["nic_adapters"] = _nic_tree()
+    wrap = _nic_wrap()
+    ask = {"NUMABIND_NIC": "ucx,nvshmem", "LOCAL_WORLD_SIZE": "2"}
+    for rank in (0, 1):
+        results[f"nic_rank{rank}"] = run(
+            NIC_ENV, {**ask, "LOCAL_RANK": str(rank)}, cpus=node_cpus(1 - rank), wrap=wrap
+        )
+    child = (
+        "import json, os, subprocess, sys\n"
+        "kid = subprocess.run([sys.executable, '-c', " + repr(NIC_ENV) + "], "
+        "env={**os.environ, 'LOCAL_RANK': '1'}, capture_output=True, text=True)\n"
+        "print(json.dumps({'parent': os.environ.get('UCX_NET_DEVICES'), "
+        "'child': json.loads(kid.stdout.splitlines()[-1])}))"
+    )
+    results["nic_child"] = run(child, {**ask, "LOCAL_RANK": "0"}, wrap=wrap)
+    results["nic_user"] = run(
+        NIC_ENV, {**ask, "LOCAL_RANK": "0", "UCX_NET_DEVICES": "mlx5_1:1"}, wrap=wrap
+    )
+    results["nic_off"] = run(NIC_ENV, {"LOCAL_RANK": "0"}, wrap=wrap)
+    far = _hold({**ask, "LOCAL_RANK": "0", "UCX_NET_DEVICES": "mlx5_1:1"}, None, wrap=wrap)
+    near = _hold({**ask, "LOCAL_RANK": "1"}, None, wrap=wrap)
+    try:
+        for name, proc in (("far", far), ("near", near)):
+            p = subprocess.run(
+                [*wrap, NUMABIND, "check", "--pid", str(proc.pid), "--json"],
+                capture_output=True,
+                text=True,
+                env=base_env(),
+            )
+            results[f"nic_check_{name}"] = {
+                "rc": p.returncode,
+                "json": json.loads(p.stdout) if p.stdout.strip() else None,
+                "stderr": p.stderr[-2000:],
+            }
+        text = subprocess.run(
+            [*wrap, NUMABIND, "check", "--pid", str(far.pid)],
+            capture_output=True,
+            text=True,
+            env=base_env(),
+        )
+        results["nic_check_text"] = text.stdout
+    finally:
+        _release(far, near)
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hook": scenario_hook,
     "late": scenario_late,
@@ -388,6 +479,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench": scenario_bench,
     "host_memory": scenario_host_memory,
     "several": scenario_several,
+    "nic": scenario_nic,
 }
 
 

@@ -159,7 +159,10 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    plan_epilog = "\n\n".join((_modes_help(), _memory_help(), exit_help(), _FOOTER))
+
+    def plan_epilog(command: str) -> str:
+        return "\n\n".join((_modes_help(), _memory_help(), exit_help(command), _FOOTER))
+
     p = _Parser(
         prog="numabind",
         description="Bind each GPU rank to the CPUs and memory of its GPU's NUMA node, and "
@@ -175,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the machine, its accelerators and the plan for each local rank",
         description="Read this machine (or a capture of another) and print its NUMA nodes, "
         "its accelerators and the plan of local ranks 0..N-1.",
-        epilog=plan_epilog,
+        epilog=plan_epilog("show"),
         formatter_class=fmt,
     )
     show.add_argument(
@@ -183,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a capture instead of this machine: a directory laid out like / "
         "(hwloc-gather-topology, numabind gather extracted), a tarball of one, or an hwloc "
-        "XML export (told apart by content)",
+        "XML export (told apart by content); - reads a tarball or an export from standard "
+        "input",
     )
     show.add_argument(
         "--example",
@@ -238,17 +242,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     gather = sub.add_parser(
         "gather",
-        help="write a tarball of what numabind reads on this machine",
-        description="Write a gzip tarball of every file numabind reads here, plus the rank "
-        "and device variables of this environment; numabind show --input reads it elsewhere.",
-        epilog=exit_help(),
+        help="write a tarball of what numabind reads on this machine (or an example "
+        "machine as a folder to try numabind on)",
+        description="Write a tarball of every file numabind reads here, plus the rank and "
+        "device variables of this environment; numabind show --input reads it elsewhere. "
+        "With --example NAME, write that example machine instead, as a folder laid out "
+        "like / (NUMABIND_SYSROOT=DIR points numabind at it) or as a tarball.",
+        epilog=exit_help("gather"),
         formatter_class=fmt,
     )
     gather.add_argument(
         "output",
         nargs="?",
-        default="numabind-capture.tar.gz",
-        help="the file to write (default numabind-capture.tar.gz; - writes to stdout)",
+        default=None,
+        help="the file to write (default numabind-capture.tar.gz; - writes to stdout; "
+        ".tar is not compressed, .tar.bz2 and .tar.xz as named, anything else gzip); with "
+        "--example: a new or empty folder, or a tarball name",
+    )
+    gather.add_argument(
+        "--example",
+        metavar="NAME",
+        choices=sorted(_example_names()),
+        help="write this example machine, not this one: " + ", ".join(sorted(_example_names())),
     )
     gather.add_argument("--force", action="store_true", help="replace an existing output")
 
@@ -257,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bind this process for a local rank, then exec a command",
         description="Bind as the given (or environment's) local rank, then exec the command: "
         "a numactl trampoline that knows the GPU's node.",
-        epilog=plan_epilog,
+        epilog=plan_epilog("run"),
         formatter_class=fmt,
     )
     run.add_argument(
@@ -296,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check processes against their plans: every thread's CPUs, the memory "
         "policy and the share of private memory on the plan's nodes.  Without arguments: "
         "this process, if it has a local rank.",
-        epilog="\n\n".join((exit_help(), _FOOTER)),
+        epilog="\n\n".join((exit_help("check"), _FOOTER)),
         formatter_class=fmt,
     )
     check.add_argument(
@@ -369,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pinned host<->device copies through the GPU driver from a registered buffer on each "
         "GPU's node against one on the farthest node, each GPU alone and all at once; remote "
         "against local, with a verdict.  Restores this process's binding afterwards.",
-        epilog="\n\n".join((_modes_help(), exit_help(), _FOOTER)),
+        epilog="\n\n".join((_modes_help(), exit_help("bench"), _FOOTER)),
         formatter_class=fmt,
     )
     bench.add_argument(
@@ -420,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sitecustomize gets in its way, which trigger variables are set, whether this "
         "container lets a process set its CPUs and memory policy and move pages, and "
         "which accelerators numabind does not handle.",
-        epilog=exit_help(),
+        epilog=exit_help("doctor"),
         formatter_class=fmt,
     )
     doctor.add_argument(
@@ -552,9 +567,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     machine = None
     problem = None
-    try:
+    try:  # where the machine is read from, whatever else the settings say (doctor names those)
         machine = Machine.here()
-    except (CaptureError, ValueError, OSError) as err:
+    except (CaptureError, OSError) as err:
         problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
     try:
         found = doctor(args.python, os.environ, machine)
@@ -574,15 +589,55 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_gather(args: argparse.Namespace) -> int:
-    from .._environ import Config
+    from .._environ import sysroot
     from ._gather import gather
 
-    out = OutputFile(args.output, "output", "gather", args.force).check()
-    n = gather(out, dict(os.environ), Config.from_env().sysroot)
-    where = "standard output" if out.stdout else args.output
-    show = "" if out.stdout else f"; show it with: numabind show --input {args.output}"
+    if args.example is not None:
+        return _gather_example(args)
+    output = args.output or "numabind-capture.tar.gz"
+    out = OutputFile(output, "output", "gather", args.force).check()
+    n = gather(out, dict(os.environ), sysroot(os.environ))
+    where = "standard output" if out.stdout else output
+    show = "" if out.stdout else f"; show it with: numabind show --input {output}"
     stream = sys.stderr if out.stdout else sys.stdout
     print(f"numabind: wrote {n} files to {where}{show}", file=stream)
+    return OK
+
+
+def _gather_example(args: argparse.Namespace) -> int:
+    """``gather --example NAME DIR``: the example as a sysroot folder (or a tarball)."""
+    from .._examples import EXAMPLES, build
+    from ._playground import is_tarball, sysroot_note, write_tree
+
+    if not args.output or args.output == "-":
+        raise UsageError(
+            "numabind gather --example: give the folder to write (numabind gather --example "
+            f"{args.example} DIR), or a tarball name"
+        )
+    name, output = args.example, args.output
+    if is_tarball(output):
+        from .._examples import example_root
+        from ._gather import gather
+
+        out = OutputFile(output, "output", "gather", args.force).check()
+        n = gather(out, {}, root=example_root(name))
+        print(f"numabind: wrote example {name} ({n} files) to {output}; show it with: "
+              f"numabind show --input {output}")  # fmt: skip
+        return OK
+    tree = build(EXAMPLES[name]())
+    n = write_tree(output, tree.files, tree.links)
+    where = os.path.abspath(output)
+    lines = [
+        f"numabind: wrote example {name} ({n} files) to {output}; numabind reads it as "
+        "this machine with:",
+        f"  export NUMABIND_SYSROOT={where}",
+        "  numabind show                      # the plan; the knobs (NUMABIND_MODE, ...) apply",
+        "  LOCAL_RANK=0 numabind run -- CMD   # bound as rank 0 of that machine would be",
+    ]
+    note = sysroot_note(where)
+    if note:
+        lines.append(f"note: {note}")
+    write_lines(lines)
     return OK
 
 
@@ -591,44 +646,87 @@ def _cmd_gather(args: argparse.Namespace) -> int:
 
 def _explicit(args: argparse.Namespace, cfg: Any, memory: str) -> Any:
     """``run --device D | --node N | --cpus LIST``: bind exactly as asked (the user chose,
-    so the keep/replace rule does not apply, and what cannot be honoured is refused in
-    strict mode: a wrapper that runs the job unbound hides the mistake); None when refused."""
+    so the keep/replace rule does not apply).  What was named and cannot be honoured (no
+    such device or node, CPUs this machine lacks or this process may not use) is refused
+    as numactl refuses it: a wrapper that runs the job elsewhere hides the mistake.  A
+    memory-policy call the kernel refuses is what it is for every form of ``run``: the
+    CPUs are bound, one line says so and the command runs (``NUMABIND_STRICT=1``: refused).
+    Returns None when refused."""
     from .._api import bind
     from .._apply import enter
     from .._errors import BindingError
     from .._plan import explicit
-    from .._sysfs import parse_cpulist
     from .._topology import Machine
 
     try:
         if args.device is not None:
             spec = args.device.strip()
             device: int | str = int(spec) if spec.isascii() and spec.isdigit() else spec
-            return bind(
+            binding = bind(
                 device=device,
                 memory=memory,
                 migrate=False,
                 threads="env",
                 source="--device",
-                strict=True,
+                strict=cfg.strict,
+                report=False,
             )
+            if not binding.plan.bound:
+                binding.restore()
+                raise BindingError(f"{binding.plan.summary()}; the command was not run")
+            binding.report(cfg.verbose)
+            return binding
         machine = Machine.from_root(cfg.sysroot)
         try:
-            cpus = None
-            if args.cpus is not None:
-                try:
-                    cpus = parse_cpulist(args.cpus)
-                except ValueError as err:
-                    raise UsageError(f"numabind run: --cpus: {err}") from None
+            cpus = _named_cpus(args.cpus, machine) if args.cpus is not None else None
             p = explicit(machine, cpus=cpus, node=args.node, memory=memory, spill=cfg.spill)
             if not p.bound:  # asked for by name: refuse, as numactl does, not run unbound
                 raise BindingError(f"{p.rank_source}: {p.reason}; the command was not run")
-            return enter(p, None, cfg.replace(strict=True), migrate=False, threads="env")
+            return enter(p, None, cfg, migrate=False, threads="env")
         finally:
             machine.close()
     except BindingError as err:
         print(f"numabind run: {err}", file=sys.stderr)
         return None
+
+
+def _named_cpus(text: str, machine: Any) -> frozenset[int]:
+    """``--cpus LIST`` as numactl --physcpubind takes it: a list that does not parse or
+    names nothing is a usage error; a CPU this machine does not have, or one this
+    process may not use, refuses the whole list (numactl: "<0-7> is invalid")."""
+    from .._errors import BindingError
+    from .._sysfs import format_cpulist, parse_cpulist
+
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as err:
+        raise UsageError(f"numabind run: --cpus {text!r}: {err}") from None
+    if not cpus:
+        raise UsageError(f"numabind run: --cpus {text!r}: names no CPU (give a list: 0-7,16)")
+    shown = format_cpulist(cpus)
+    online = machine.online_cpus
+    missing = cpus - online
+    if missing:
+        raise BindingError(
+            f"--cpus {shown}: {_cpus_text(missing)} not on this machine (it has "
+            f"CPUs {format_cpulist(online)}); the command was not run"
+        )
+    allowed = machine.allowed
+    outside = cpus - allowed.cpus
+    if outside:
+        raise BindingError(
+            f"--cpus {shown}: {_cpus_text(outside)} outside the CPUs this process may use "
+            f"({format_cpulist(allowed.cpus) or 'none'}, from {allowed.source}); the command "
+            "was not run"
+        )
+    return cpus
+
+
+def _cpus_text(cpus: frozenset[int]) -> str:
+    """``CPU 5 is`` / ``CPUs 2-7 are``."""
+    from .._sysfs import format_cpulist
+
+    return f"CPU {min(cpus)} is" if len(cpus) == 1 else f"CPUs {format_cpulist(cpus)} are"
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -56,6 +56,11 @@ NO_DIFFERENCE = 1.20
 # a latency chase over less than this is answered by the larger last-level caches (AMD
 # parts have up to 1 GiB of 3D V-Cache per socket; 64 MiB covers most): not memory latency
 MIN_LATENCY_SPAN = 64 << 20
+UNTRUSTED = (
+    f"(untrusted): under {TRUSTED:.0%} of the buffer's pages verified on the node, or a "
+    f"latency chase through less than {MIN_LATENCY_SPAN >> 20} MiB (--quick: the caches "
+    "answer much of it); not used in the verdict"
+)
 DEFAULT_SIZE, QUICK_SIZE = 64 << 20, 16 << 20
 
 
@@ -827,22 +832,30 @@ def text(data: dict[str, Any]) -> list[str]:
         table: dict[int, dict[str, Any]] = {}
         for m in by_place.get(key, []):
             table.setdefault(m["memory_node"], {})[m["kind"]] = m
+        untrusted = False
         for node_id, kinds in sorted(table.items()):
             c, lat = kinds.get("copy"), kinds.get("latency")
             ref = c or lat or {}
-            mark = "" if ref.get("trusted") else " (untrusted)"
+            cells = []
+            for m, shown in ((c, "{:.2f}"), (lat, "{:.0f}")):
+                if m is None:
+                    cells.append("-")
+                    continue
+                untrusted = untrusted or not m["trusted"]
+                cells.append(shown.format(m["value"]) + ("" if m["trusted"] else " (untrusted)"))
             rows.append(
                 [
                     f"{node_id}{' (local)' if node_id == v['from_node'] else ''}",
-                    f"{c['value']:.2f}" if c else "-",
-                    f"{lat['value']:.0f}" if lat else "-",
-                    f"{ref.get('pages_verified_on_node', 0):.3f}{mark}",
+                    *cells,
+                    f"{ref.get('pages_verified_on_node', 0):.3f}",
                     str(ref.get("placement", "-")),
                 ]
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if untrusted:
+            out.append(f"  note: {UNTRUSTED}")
         out.append(f"  verdict: {v['verdict']}")
     out += ["", *gpu_text(report["gpu"])]
     return out

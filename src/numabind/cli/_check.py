@@ -58,6 +58,8 @@ def process_lines(r: ProcessCheck) -> list[str]:
     lines = [f"{verdict:8} {who}: {where}"]
     if any(kind != "cpu" for kind in r.tiers):
         lines.append("         memory by kind: " + tiers_text(r.tiers))
+    if r.nics or r.nic_settings:
+        lines.append(f"         nics: {nic_text(r)}")
     lines += [f"         - {problem}" for problem in r.problems]
     lines += [f"         note: {note}" for note in r.notes]
     if len(r.roles) > 1 or any(g.on_plan is False for g in r.roles):
@@ -76,6 +78,19 @@ def tiers_text(tiers: dict[str, int]) -> str:
             amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{size / 2**20:.0f} MiB"
             out.append(f"{kind.label} {amount}")
     return ", ".join(out)
+
+
+def nic_text(r: ProcessCheck) -> str:
+    """``mlx5_0:1 (PIX, 400 Gb/s); UCX_NET_DEVICES=mlx5_0:1 (numabind)``: the adapters
+    chosen for the rank's GPU and the transport variables it runs with, who set each."""
+    chosen = ", ".join(
+        f"{n.label} ({n.relation}" + (f", {n.rate:g} Gb/s)" if n.rate else ")") for n in r.nics
+    )
+    shown = [
+        f"{k}={v} ({'numabind' if k in r.nic_set else 'set before numabind'})"
+        for k, v in sorted(r.nic_settings.items())
+    ]
+    return "; ".join([chosen or "no RDMA adapter chosen", *shown])
 
 
 def exit_status(report: CheckReport, named: bool) -> int:

@@ -37,28 +37,55 @@ if TYPE_CHECKING:
 
 
 class Exit(Record):
-    """One exit status of the ``numabind`` command."""
+    """One exit status of the ``numabind`` command: what it means overall (``meaning``,
+    the top-level ``--help`` and docs/cli.rst) and for each command that returns it
+    (``by_command``: a command's ``--help`` lists only its own)."""
 
     code: int
     name: str
     meaning: str
+    by_command: tuple[tuple[str, str], ...] = ()
 
 
+_USAGE = (
+    "usage error: bad arguments, an unreadable or malformed input, an output that exists "
+    "(without --force)"
+)
+COMMANDS = ("show", "gather", "run", "check", "bench", "doctor")
 EXITS: tuple[Exit, ...] = (
-    Exit(code=0, name="ok", meaning="success; for check: every process checked is on its plan"),
+    Exit(
+        code=0,
+        name="ok",
+        meaning="success; for check: every process checked is on its plan",
+        by_command=(
+            *((c, "success") for c in COMMANDS if c != "check"),
+            ("check", "every process checked is on its plan"),
+        ),
+    ),
     Exit(
         code=1,
         name="off-plan",
         meaning="check: a process is off its plan (--job: a rank of any node); run: strict "
         "mode could not bind, or --device/--node/--cpus could not be honoured (the command "
         "is not run); doctor: something keeps ranks from being bound",
+        by_command=(
+            ("check", "a process is off its plan (--job: a rank of any node)"),
+            (
+                "run",
+                "strict mode could not bind, or --device/--node/--cpus could not be honoured "
+                "(the command is not run)",
+            ),
+            ("doctor", "something keeps ranks from being bound"),
+        ),
     ),
     Exit(
         code=2,
         name="usage",
-        meaning="usage error: bad arguments, an unreadable or malformed input, an output "
-        "that exists (without --force); check --job: no such job, or Slurm is not installed "
-        "here",
+        meaning=f"{_USAGE}; check --job: no such job, or Slurm is not installed here",
+        by_command=(
+            *((c, _USAGE) for c in COMMANDS if c != "check"),
+            ("check", f"{_USAGE}; --job: no such job, or Slurm is not installed here"),
+        ),
     ),
     Exit(
         code=3,
@@ -67,15 +94,33 @@ EXITS: tuple[Exit, ...] = (
         "against; check --all: a rank not reached before --deadline; check --job: no rank "
         "off plan, but a node did not answer (or sent an invalid record) or a rank could "
         "not be checked",
+        by_command=(
+            (
+                "check",
+                "--pid: a process named is gone (or a zombie), or has no plan to check "
+                "against; --all: a rank not reached before --deadline; --job: no rank off "
+                "plan, but a node did not answer (or sent an invalid record) or a rank could "
+                "not be checked",
+            ),
+        ),
     ),
-    Exit(code=127, name="not-run", meaning="run: the command could not be executed"),
+    Exit(
+        code=127,
+        name="not-run",
+        meaning="run: the command could not be executed",
+        by_command=(("run", "the command could not be executed"),),
+    ),
 )
 OK, OFF_PLAN, USAGE, UNREACHABLE, NOT_RUN = (e.code for e in EXITS)
 
 
-def exit_help() -> str:
-    """The exit-status section of ``--help``, from :data:`EXITS`."""
-    return "exit status:\n" + "\n".join(f"  {e.code:<3} {e.meaning}" for e in EXITS)
+def exit_help(command: str | None = None) -> str:
+    """The exit-status section of ``--help``, from :data:`EXITS`: every status for the
+    top-level help, only the command's own (in its words) for ``numabind COMMAND``."""
+    if command is None:
+        return "exit status:\n" + "\n".join(f"  {e.code:<3} {e.meaning}" for e in EXITS)
+    rows = [(e.code, dict(e.by_command)[command]) for e in EXITS if command in dict(e.by_command)]
+    return "exit status:\n" + "\n".join(f"  {code:<3} {meaning}" for code, meaning in rows)
 
 
 # --- text and JSON -----------------------------------------------------------------------------
@@ -223,10 +268,17 @@ class OutputFile:
 
 
 def one_stdout(outputs: Iterable[tuple[str, bool]], command: str) -> None:
-    """At most one option may send its output to standard output: ``(option, wants)``."""
+    """At most one option may send its output to standard output: ``(option, wants)``.
+    The way out offered is the one that exists: an option given ``-`` (``--svg -``) can
+    go to a file instead; the others (``--json``, ``--matrix``, ...) print only."""
     wanting = [option for option, wants in outputs if wants]
     if len(wanting) > 1:
+        to_file = [o.removesuffix(" -") for o in wanting if o.endswith(" -")]
+        fix = (
+            f"give {to_file[0]} a FILE instead of -"
+            if to_file
+            else "give one of them (each prints only to standard output)"
+        )
         raise UsageError(
-            f"numabind {command}: {' and '.join(wanting)} both write to standard output; "
-            "send one of them to a file"
+            f"numabind {command}: {' and '.join(wanting)} both write to standard output; {fix}"
         )

@@ -132,6 +132,10 @@ class Probe(Record):
     numabind_error: str | None
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _text(value: Any, cap: int = 4096) -> str | None:
     return value[:cap] if isinstance(value, str) else None
 
@@ -417,7 +421,7 @@ def _sitecustomize(p: Probe, site_form: bool) -> list[Finding]:
 
 def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Trigger variables, ``NUMABIND=0`` and settings that do not parse, here."""
-    from .._environ import TRIGGER_VARIABLES, Config, detect
+    from .._environ import TRIGGER_VARIABLES, detect
 
     out: list[Finding] = []
     switch = environ.get("NUMABIND", "").strip().lower()
@@ -448,10 +452,25 @@ def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
                 "LOCAL_RANK, SLURM_LOCALID, ... in each rank)",
             )
         )
-    try:
-        Config.from_env(environ)
-    except ValueError as err:
-        out.append(Finding(check="settings", status="fail", detail=str(err)))
+    out += setting_findings(environ)
+    return out
+
+
+def setting_findings(environ: Mapping[str, str]) -> list[Finding]:
+    """Every knob whose value does not parse, one finding each (the startup hook stops at
+    the first: each is read alone here, so one typo does not hide the next)."""
+    from .._environ import KNOBS, Config
+
+    out: list[Finding] = []
+    for knob in KNOBS:
+        if knob.name not in environ:
+            continue
+        try:
+            cfg = Config.from_env({knob.name: environ[knob.name]})
+        except ValueError as err:
+            out.append(Finding(check="settings", status="fail", detail=str(err)))
+            continue
+        out += [Finding(check="settings", status="warn", detail=w) for w in cfg.warnings]
     return out
 
 
@@ -562,7 +581,7 @@ def _migration() -> Finding:
     return Finding(check="page migration", status="ok", detail="this process may move its pages")
 
 
-def machine_findings(machine: Any) -> list[Finding]:
+def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
     """Nodes, accelerators, accelerators not handled, NUMA balancing."""
     from .._sysfs import format_cpulist
 
@@ -575,7 +594,7 @@ def machine_findings(machine: Any) -> list[Finding]:
     seen = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no accelerators"
     status = "info"
     detail = (
-        f"{len(machine.node_ids)} NUMA node(s), {len(with_cpus)} with CPUs; {seen}; this "
+        f"{_plural(len(machine.node_ids), 'NUMA node')}, {len(with_cpus)} with CPUs; {seen}; this "
         f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
     )
     if len(with_cpus) <= 1 and machine.memory_only_ids:
@@ -603,6 +622,8 @@ def machine_findings(machine: Any) -> list[Finding]:
                     "planned as having no GPU (bind it with numabind run --node N)",
                 )
             )
+    out += cpuset_findings(machine, environ)
+    out += nic_findings(machine)
     balancing = machine.numa_balancing
     if balancing is not None:
         out.append(
@@ -682,6 +703,82 @@ def subnuma_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
     return out
 
 
+def cpuset_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """Visible GPUs whose node has no CPU this process may use (a pod's or a job step's
+    cpuset on the other socket): their ranks would not be bound; the fix, in the words of
+    where this runs (numabind._advice)."""
+    from .._advice import cpuset_fix
+    from .._devices import resolve
+    from .._plan import describe_device, device_node
+    from .._sysfs import format_cpulist
+
+    env = os.environ if environ is None else environ
+    if len(machine.cpu_nodes) <= 1:
+        return []
+    allowed = machine.allowed
+    off: list[str] = []
+    for i, dev in enumerate(resolve(machine, env).devices):
+        node = device_node(machine, dev).node
+        found = machine.node(node) if node is not None else None
+        if found is not None and found.cpus and not found.cpus & allowed.cpus:
+            off.append(
+                f"{describe_device(dev, i)} is on node {node} (CPUs {format_cpulist(found.cpus)})"
+            )
+    if not off:
+        return []
+    return [
+        Finding(
+            check="cpuset",
+            status="fail",
+            detail=f"this process may use CPUs {format_cpulist(allowed.cpus) or 'none'} (from "
+            f"{allowed.source}), none of them on the node of {'; '.join(off)}: a rank there is "
+            f"not bound; {cpuset_fix(env, allowed)}",
+        )
+    ]
+
+
+def nic_findings(machine: Any) -> list[Finding]:
+    """The RDMA adapters: what may be offered, what is listed and never chosen and why,
+    and each GPU with no adapter nearer than SYS (its ranks' RDMA traffic crosses the
+    socket interconnect whatever they are told)."""
+    from .._nics import assign, offered, same_vendor
+    from .._plan import describe_device, device_node
+
+    gpus = machine.accelerators
+    units, refused = offered(machine)
+    if not units and not refused:
+        if gpus:
+            out = [Finding(check="rdma adapters", status="info", detail="none found")]
+            return out
+        return []
+    shown = ", ".join(
+        f"{u.nic.name}:{u.port.number}" + (f" ({u.rate:g} Gb/s)" if u.rate else "")
+        for u in units[:16]
+    )
+    detail = f"{len(units)} port(s) may be offered: {shown or 'none'}"
+    if refused:
+        detail += "; never chosen: " + "; ".join(
+            f"{r.nic.name or r.nic.pci}: {r.why}" for r in refused[:8]
+        )
+    out = [Finding(check="rdma adapters", status="info" if units else "warn", detail=detail)]
+    if units and gpus:
+        found = assign(
+            machine, same_vendor(machine, gpus[0]), lambda d: device_node(machine, d).node
+        )
+        for i, g in enumerate(gpus):
+            mine = found.per_device.get(g.pci, ())
+            if mine and mine[0].relation.rstrip("*") == "SYS":
+                out.append(
+                    Finding(
+                        check="nic distance",
+                        status="warn",
+                        detail=f"{describe_device(g, i)}: no RDMA adapter nearer than SYS "
+                        f"(its nearest, {mine[0].label}, is across the socket interconnect)",
+                    )
+                )
+    return out
+
+
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
     """Every finding, interpreter first."""
     target = python or sys.executable
@@ -693,7 +790,7 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     found += environment_findings(environ)
     found += kernel_findings()
     if machine is not None:
-        found += machine_findings(machine)
+        found += machine_findings(machine, environ)
         found += subnuma_findings(machine, environ)
     return found
 
@@ -703,5 +800,5 @@ def lines(found: list[Finding]) -> list[str]:
     out = [f"{f.status.upper():5} {f.check:{width}}  {f.detail}" for f in found]
     fails = sum(f.status == "fail" for f in found)
     warns = sum(f.status == "warn" for f in found)
-    out += ["", f"{fails} problem(s), {warns} warning(s)"]
+    out += ["", f"{_plural(fails, 'problem')}, {_plural(warns, 'warning')}"]
     return out

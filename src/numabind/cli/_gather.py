@@ -15,12 +15,12 @@ import time
 
 from .._capture import ENV_FILE, RECORDED_VARIABLES
 from .._model import VENDORS
-from .._sources import SYS_TIERING, SysfsSource, read_paths
+from .._sources import SYS_INFINIBAND, SYS_NET, SYS_TIERING, SysfsSource, read_paths
 from ._common import OutputFile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
     from typing import IO
 
     from .._sources import Root
@@ -43,6 +43,8 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
             next((v.partition_topology for v in VENDORS if v.partition_topology), ""),
             "",
         ),
+        "{ibdev}": (SYS_INFINIBAND, ""),
+        "{netdev}": (SYS_NET, ""),
     }
     head, _, rest = pattern.partition("{")
     if not rest:
@@ -50,11 +52,12 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
         return
     key = "{" + rest.split("}", 1)[0] + "}"
     tail = rest.split("}", 1)[1]
-    if key == "{index}":
+    if key in _LISTED_HERE:  # a directory of the path before it: cache indexes, ports, ...
         base = head.rstrip("/")
-        for idx in root.listdir(base, 64):
-            if idx.startswith("index"):
-                yield from _expand(root, f"{base}/{idx}{tail}", cgroup)
+        keep = _LISTED_HERE[key]
+        for name in root.listdir(base, 64):
+            if keep(name):
+                yield from _expand(root, f"{base}/{name}{tail}", cgroup)
         return
     base, prefix = fields[key]
     for name in root.listdir(base):
@@ -62,24 +65,50 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
             yield from _expand(root, f"{base}/{name}{tail}", cgroup)
 
 
+def _is_index(name: str) -> bool:
+    return name.startswith("index")
+
+
+def _is_port(name: str) -> bool:
+    return name.isascii() and name.isdigit() and len(name) < 4
+
+
+def _is_name(name: str) -> bool:
+    return "/" not in name and name not in (".", "..")
+
+
+# the pattern fields that list the directory the path has reached, and which names count
+_LISTED_HERE: dict[str, Callable[[str], bool]] = {
+    "{index}": _is_index,
+    "{port}": _is_port,
+    "{fnetdev}": _is_name,
+}
+
+
 def gather_paths(root: Root) -> list[str]:
     """Every file the reader would open on this machine (``read_paths()``, expanded)."""
+    from .._dra import ROOT, paths
+
     cgroup = SysfsSource(root).allowed(frozenset()).directory
     out: list[str] = []
     for pattern in read_paths():
+        if pattern.startswith(ROOT):
+            out.extend(paths(root))  # a pod's DRA device metadata: numabind._dra walks it
+            continue
         out.extend(_expand(root, pattern, cgroup))
     return list(dict.fromkeys(out))
 
 
 def pci_links(root: Root) -> dict[str, str]:
-    """The links that place each PCI device in the PCI tree (``/sys/bus/pci/devices/<bdf>``
-    and ``/sys/class/infiniband/<name>/device``) -> where they lead: ``show --matrix`` on
-    the capture needs them."""
-    from .._sources import SYS_INFINIBAND, SYS_PCI
+    """The links that place each PCI device in the PCI tree (``/sys/bus/pci/devices/<bdf>``,
+    ``/sys/class/infiniband/<name>/device`` and ``/sys/class/net/<name>/device``) -> where
+    they lead: ``show --matrix`` and the NIC choice on the capture need them."""
+    from .._sources import SYS_PCI
 
     links: dict[str, str] = {}
     candidates = [f"{SYS_PCI}/{bdf}" for bdf in root.listdir(SYS_PCI)]
     candidates += [f"{SYS_INFINIBAND}/{n}/device" for n in root.listdir(SYS_INFINIBAND, 64)]
+    candidates += [f"{SYS_NET}/{n}/device" for n in root.listdir(SYS_NET, 1024)]
     for path in candidates:
         real = root.realpath(path)
         if real and real != path and real.startswith("/sys/devices/"):
@@ -95,7 +124,19 @@ def _through(path: str, links: Mapping[str, str]) -> str:
     return path
 
 
-def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
+def tar_mode(path: str) -> str:
+    """The compression a tarball's name asks for (``tar -a``'s rule): none for ``.tar``,
+    bzip2 and xz by their suffixes, gzip otherwise (``-`` included)."""
+    if path.endswith(".tar"):
+        return "w"
+    if path.endswith((".tar.bz2", ".tbz2", ".tbz")):
+        return "w:bz2"
+    if path.endswith((".tar.xz", ".txz")):
+        return "w:xz"
+    return "w:gz"
+
+
+def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str], mode: str = "w:gz") -> int:
     import os
     import tarfile  # writing what numabind made itself: no input is parsed here
 
@@ -103,7 +144,7 @@ def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
     prefix = "numabind-capture"
     now = int(time.time())
     links = pci_links(root)
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+    with tarfile.open(fileobj=out, mode=mode) as tar:  # type: ignore[call-overload]
         for link, real in links.items():
             info = tarfile.TarInfo(prefix + link)
             info.type = tarfile.SYMTYPE
@@ -129,17 +170,20 @@ def _write_tar(out: IO[bytes], root: Root, environ: Mapping[str, str]) -> int:
     return count
 
 
-def gather(out: OutputFile, environ: Mapping[str, str], root_path: str = "/") -> int:
+def gather(
+    out: OutputFile, environ: Mapping[str, str], root_path: str = "/", root: Root | None = None
+) -> int:
     """Write a tarball of the files numabind reads, plus the rank/device environment, to
-    ``out`` (the one way a command writes a file: never through a link).  Returns how
-    many files it holds."""
+    ``out`` (the one way a command writes a file: never through a link), compressed as
+    its name says (:func:`tar_mode`).  ``root`` reads another tree than ``root_path``'s
+    (an example machine).  Returns how many files it holds."""
     from .._roots import for_path
 
-    root = for_path(root_path)
+    tree = root if root is not None else for_path(root_path)
     buf = io.BytesIO()
     try:
-        n = _write_tar(buf, root, environ)
+        n = _write_tar(buf, tree, environ, tar_mode(out.path))
     finally:
-        root.close()
+        tree.close()
     out.write(buf.getvalue())
     return n

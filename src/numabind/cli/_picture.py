@@ -31,7 +31,14 @@ PALETTE = (
     "#008856", "#e68fac", "#0067a5", "#f99379", "#604e97", "#f6a600", "#b3446c",
     "#dcd300", "#882d17", "#8db600", "#654522", "#e25822", "#2b3d26",
 )  # fmt: skip
-SYMBOLS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789#$%&+=?@^~<>[]{}|/\\!;:"
+# the rank sets' letters: none of the marks the drawing uses for something else (x: not
+# allowed, r: reserved, .: free, *: a core shared by sets, ?: a set beyond these letters)
+MARKS = "xr.*?"
+SYMBOLS = "".join(
+    c
+    for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789#$%&+=@^~<>[]{}|/\\!;:"
+    if c not in MARKS
+)
 DISALLOWED = "#d9d9d9"
 FREE = "#ffffff"
 RESERVED = "#6b6b6b"  # NUMABIND_RESERVE: the system's and the helpers' cores
@@ -47,7 +54,7 @@ def colour(i: int) -> str:
 
 
 def symbol(i: int) -> str:
-    return SYMBOLS[i] if i < len(SYMBOLS) else "*"
+    return SYMBOLS[i] if i < len(SYMBOLS) else "?"
 
 
 def ranks_text(ranks: frozenset[int]) -> str:
@@ -86,6 +93,7 @@ class NodeBox(Record):
     groups: tuple[CacheGroup, ...]
     gpus: tuple[GpuLine, ...]
     ranks: tuple[tuple[int, str], ...]  # (rank, its line)
+    nics: tuple[GpuLine, ...] = ()  # the RDMA adapters on the node, with the ranks given each
 
 
 class RankSet(Record):
@@ -197,6 +205,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
     accs = machine.all_accelerators
     hbm = {a.memory_node: a for a in accs if a.memory_node is not None}
     sets = _rank_sets(owner)
+    nics_here = _nic_lines(machine, plans) if any(p.nics for p in plans) else {}
     packages: dict[int | None, list[NodeBox]] = {}
     sizes = {n.id: n.memory_bytes for n in machine.nodes}
     for n in machine.nodes:
@@ -225,7 +234,8 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         lines = tuple(
             (
                 p.local_rank or 0,
-                f"rank {p.local_rank}: CPUs {fmt(p.cpus)}, memory {p.memory_text()}",
+                f"rank {p.local_rank}: CPUs {fmt(p.cpus)}, memory {p.memory_text()}"
+                + "".join(f", NIC {c.label} ({c.relation})" for c in p.nics),
             )
             for p in plans
             if p.bound and p.numa_node == n.id
@@ -237,6 +247,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
                 groups=_groups(machine, n.cpus, owner, reserved) if n.cpus else (),
                 gpus=gpus,
                 ranks=lines,
+                nics=nics_here.get(n.id, ()),
             )
         )
     ordered = sorted(packages.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
@@ -258,6 +269,38 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
         smt=machine.smt,
         reserved=reserved,
     )
+
+
+def _nic_lines(machine: Machine, plans: list[Plan]) -> dict[int, tuple[GpuLine, ...]]:
+    """Per node, a line for each RDMA adapter on it: the ranks given it, or why it is
+    never chosen (drawn only for plans that carry NICs: ``show`` makes those)."""
+    from .._nics import nic_node, offered
+
+    units, refused = offered(machine)
+    out: dict[int, list[GpuLine]] = {}
+    for nic in machine.nics:
+        node = nic_node(machine, nic)
+        if node is None:
+            continue
+        ranks = frozenset(
+            p.local_rank
+            for p in plans
+            if p.local_rank is not None
+            and any(c.pci == nic.pci and c.name == nic.name for c in p.nics)
+        )
+        rate = max((u.rate or 0 for u in units if u.nic == nic), default=0)
+        text = f"NIC {nic.name or 'network adapter'} ({nic.pci}" + (
+            f", {rate:g} Gb/s)" if rate else ")"
+        )
+        why = next((r.why for r in refused if r.nic == nic), None)
+        if ranks:
+            text += f": {ranks_text(ranks)}"
+        elif why is not None and not any(u.nic == nic for u in units):
+            text += f": never chosen ({why})"
+        else:
+            text += ": no rank"
+        out.setdefault(node, []).append(GpuLine(text=text, ranks=ranks))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def _roles_text(plans: list[Plan]) -> str:
@@ -311,12 +354,14 @@ def _core_symbol(pic: Picture, core: Core) -> str:
     first = core.cells[0]
     if not first.allowed:
         return "x"
-    kinds = {cell.ranks for cell in core.cells if cell.allowed}
+    # the sets planned onto the core's threads; a thread planned for no one (the second
+    # thread of a core under NUMABIND_SMT=1) does not make the core a shared one
+    kinds = {cell.ranks for cell in core.cells if cell.allowed and cell.ranks}
     if len(kinds) > 1:
         return "*"
-    if not first.ranks:
+    if not kinds:
         return "r" if any(cell.reserved for cell in core.cells) else "."
-    found = pic.set_of(first.ranks)
+    found = pic.set_of(next(iter(kinds)))
     return found.symbol if found is not None else "?"
 
 
@@ -329,7 +374,8 @@ def draw(pic: Picture) -> list[str]:
             out.append(f"  {box.header}")
             for group in box.groups:
                 what = f"L3 {fmt(group.cpus)}" if group.known else "cache domains unknown"
-                out.append(f"    {what} ({len(group.cores)} cores)")
+                n = len(group.cores)
+                out.append(f"    {what} ({n} core{'' if n == 1 else 's'})")
                 cores = group.cores
                 for i in range(0, len(cores), CORES_PER_ROW):
                     row = cores[i : i + CORES_PER_ROW]
@@ -337,6 +383,7 @@ def draw(pic: Picture) -> list[str]:
                     marks = "".join(_core_symbol(pic, c) for c in row)
                     out.append(f"      {marks}  cores of CPUs {first}")
             out += [f"    {g.text}" for g in box.gpus]
+            out += [f"    {g.text}" for g in box.nics]
             out += [f"    {line}" for _, line in box.ranks]
     if pic.unplaced:
         out += ["", "accelerators whose node is unknown"]
@@ -369,6 +416,8 @@ def legend(pic: Picture, text: bool) -> list[str]:
         )
     if text:
         lines.append("*  a core whose threads are planned for different ranks")
+        if len(pic.sets) > len(SYMBOLS):
+            lines.append(f"?  a rank set beyond the {len(SYMBOLS)} letters (see each rank's line)")
         lines.append(
             f"each character is one core (its {pic.smt} SMT threads with it)"
             if pic.smt > 1

@@ -15,6 +15,7 @@ from .._model import (
     NODE_KINDS,
     SPILL_CPU,
     Allowed,
+    NicPort,
     Node,
     OtherDevice,
     Record,
@@ -54,8 +55,11 @@ def plans_for(
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     spill: Spill = SPILL_CPU,
+    nic_mode: str = "",
+    nic_min_rate: str = "auto",
 ) -> tuple[Visible, list[Plan], str]:
-    """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them."""
+    """The plan of every local rank 0..N-1 of this machine, as ``show`` prints them (with
+    each rank's RDMA adapters for a ``nic_mode``: ``show`` asks for them)."""
     from .._devices import resolve
     from .._environ import detect
 
@@ -85,6 +89,8 @@ def plans_for(
                 spill=spill,
                 size_source=source,
                 notes=info.notes if r == 0 else (),
+                nic_mode=nic_mode,
+                nic_min_rate=nic_min_rate,
             ),
         )
         for r in range(count)
@@ -226,6 +232,74 @@ class VisibleRow(Record):
     notes: tuple[str, ...]
 
 
+class NicRow(Record):
+    """One network adapter of the machine as ``show`` reports it: what it is, its ports,
+    which of them may be offered (``offered``: port numbers), the GPUs given it (their PCI
+    addresses), and why it is never chosen when it is not (``never``)."""
+
+    name: str | None
+    pci: str
+    kind: str
+    numa_node: int | None
+    ports: tuple[NicPort, ...]
+    netdevs: tuple[str, ...]
+    bond: str | None
+    members: tuple[str, ...]
+    member_of: str | None
+    speed: float | None
+    offered: tuple[int, ...]
+    given_to: tuple[str, ...]
+    never: str | None
+
+
+def nic_rows(machine: Machine, mode: str = "nearest", min_rate: str = "auto") -> list[NicRow]:
+    """Every network adapter: the RDMA ones with the machine-wide choice, then the plain
+    interfaces (never chosen)."""
+    from .._nics import assign, same_vendor
+
+    gpus = machine.accelerators
+    if gpus:
+        found = assign(
+            machine,
+            same_vendor(machine, gpus[0]),
+            lambda d: device_node(machine, d).node,
+            mode,
+            min_rate,
+        )
+        units, refused, per = found.units, found.refused, found.per_device
+    else:
+        from .._nics import offered
+
+        units_list, refused_list = offered(machine, min_rate)
+        units, refused, per = tuple(units_list), tuple(refused_list), {}
+    rows = []
+    for n in (*machine.nics, *machine.ethernet):
+        ports = tuple(u.port.number for u in units if u.nic == n)
+        whys = [r.why for r in refused if r.nic == n]
+        given = tuple(
+            pci for pci, cs in per.items() if any(c.name == n.name and c.pci == n.pci for c in cs)
+        )
+        never = None if ports else ("; ".join(whys) or "no RDMA device")
+        rows.append(
+            NicRow(
+                name=n.name,
+                pci=n.pci,
+                kind=n.kind,
+                numa_node=n.numa_node,
+                ports=n.ports,
+                netdevs=n.netdevs,
+                bond=n.bond,
+                members=n.members,
+                member_of=n.member_of,
+                speed=n.speed,
+                offered=ports,
+                given_to=given,
+                never=never,
+            )
+        )
+    return rows
+
+
 class ShowReport(Record):
     """What ``numabind show --json`` prints (docs/cli.rst documents every key)."""
 
@@ -241,6 +315,8 @@ class ShowReport(Record):
     ranks: tuple[Plan, ...]
     not_handled: tuple[OtherDevice, ...] = ()
     this_process: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()  # which of this shell's variables applied, which did not
+    nics: tuple[NicRow, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -249,7 +325,9 @@ class ShowReport(Record):
         return d
 
 
-def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowReport:
+def show_data(
+    machine: Machine, visible: Visible, plans: list[Plan], nics: list[NicRow] | None = None
+) -> ShowReport:
     indices = visible_indices(visible)
     parts = machine.with_partitions(machine.accelerators)
     devices = []
@@ -287,7 +365,28 @@ def show_data(machine: Machine, visible: Visible, plans: list[Plan]) -> ShowRepo
         warnings=machine.warnings,
         ranks=tuple(plans),
         not_handled=machine.others(),
+        nics=tuple(nics or ()),
     )
+
+
+def node_lines(machine: Machine, plans: list[Plan]) -> list[str]:
+    """The nodes table (with each node's kind, and its memory tier where the kernel has
+    tiers), what each memory-only node is, and the split packages the ranks are on."""
+    nodes = machine.nodes
+    tiers = any(n.tier is not None for n in nodes)
+    rows = [["node", "cpus", "memory", "kind", *(["tier"] if tiers else []), "distances"]]
+    for n in nodes:
+        rows.append(
+            [
+                str(n.id),
+                fmt(n.cpus) if n.cpus else "(memory only)",
+                _gib(n.memory_bytes),
+                kind_cell(machine, n),
+                *([str(n.tier) if n.tier is not None else "-"] if tiers else []),
+                " ".join(str(d) for _, d in n.distances) or "-",
+            ]
+        )
+    return _table(rows) + tier_lines(machine) + split_lines(machine, plans)
 
 
 def kind_cell(machine: Machine, n: Node) -> str:
@@ -348,9 +447,19 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 
 def show_text(
-    machine: Machine, visible: Visible, plans: list[Plan], source: str, mode: str, memory: str
+    machine: Machine,
+    visible: Visible,
+    plans: list[Plan],
+    source: str,
+    mode: str,
+    memory: str,
+    this_machine: bool = True,
+    environ: Mapping[str, str] | None = None,
+    nics: list[NicRow] | None = None,
 ) -> list[str]:
-    """The text report, one line per item (the writer escapes each)."""
+    """The text report, one line per item (the writer escapes each).  ``this_machine``:
+    the machine ``doctor`` would read too (not an example or a capture); ``environ`` the
+    environment planned under (where it runs: the fix for a cpuset off the GPU's node)."""
     allowed = machine.allowed
     out = [f"numabind {__version__}: {machine.description}", ""]
     out.append(
@@ -358,26 +467,13 @@ def show_text(
         + (f", memory nodes {fmt(allowed.mems)}" if allowed.mems is not None else "")
         + f"; from {allowed.source})"
     )
-    nodes = machine.nodes
-    tiers = any(n.tier is not None for n in nodes)
-    rows = [["node", "cpus", "memory", "kind", *(["tier"] if tiers else []), "distances"]]
-    for n in nodes:
-        rows.append(
-            [
-                str(n.id),
-                fmt(n.cpus) if n.cpus else "(memory only)",
-                _gib(n.memory_bytes),
-                kind_cell(machine, n),
-                *([str(n.tier) if n.tier is not None else "-"] if tiers else []),
-                " ".join(str(d) for _, d in n.distances) or "-",
-            ]
-        )
-    out += _table(rows)
-    out += tier_lines(machine)
-    out += split_lines(machine, plans)
+    out += node_lines(machine, plans)
     out += notice_lines("problem", machine.warnings, "  ")
-    out += ["", f"Accelerators ({visible.source})"]
     accs = machine.all_accelerators
+    seen = visible.source
+    if accs and len(accs) != len(visible.devices):
+        seen = f"{plural(len(accs), 'accelerator')} on the PCI bus; visible: {seen}"
+    out += ["", f"Accelerators ({seen})"]
     inferred = False
     if accs:
         indices = visible_indices(visible)
@@ -416,10 +512,12 @@ def show_text(
         groups.setdefault(d.label(), []).append(d.pci)
     for label, where in groups.items():
         more = f" and {len(where) - 4} more" if len(where) > 4 else ""
+        more_said = "; numabind doctor says more" if this_machine else ""
         out.append(
             f"  not handled: {len(where)} x {label} at {', '.join(where[:4])}{more} "
-            "(numabind knows no such vendor; numabind doctor says more)"
+            f"(numabind knows no such vendor{more_said})"
         )
+    out += nic_lines(visible, nics or [])
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
     roles += ", smt 1" if first and first.smt == "1" else ""
@@ -429,8 +527,9 @@ def show_text(
         f"Plan (mode {mode}, memory {memory}{roles}; {plural(len(plans), 'local rank')}: {source})",
     ]
     helpers = any(p.helpers for p in plans)
+    with_nics = any(p.nics for p in plans)
     rows = [["rank", "device", "node", "cpus", *(["reserved"] if helpers else [])]]
-    rows[0] += ["threads", "memory", "status: reason"]
+    rows[0] += ["threads", "memory", *(["nics"] if with_nics else []), "status: reason"]
     for p in plans:
         rows.append(
             [
@@ -441,10 +540,20 @@ def show_text(
                 *([fmt(p.helpers) or "-"] if helpers else []),
                 str(p.threads) if p.threads is not None else "-",
                 _memory_cell(p),
+                *(
+                    [",".join(f"{n.label} {n.relation}" for n in p.nics) or "-"]
+                    if with_nics
+                    else []
+                ),
                 f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
             ]
         )
     out += _table(rows)
+    if any(p.skip == "cgroup" for p in plans):
+        from .._advice import cpuset_fix
+
+        fix = cpuset_fix(environ or {}, allowed)
+        out += ["", f"note: to bind the ranks skipped for the cgroup: {fix}"]
     line = balancing_line(machine, plans)
     if line:
         out += ["", f"note: {line}"]
@@ -452,6 +561,47 @@ def show_text(
     if line:
         out += ["", f"note: {line}"]
     return out
+
+
+def nic_lines(visible: Visible, rows: list[NicRow]) -> list[str]:
+    """The network adapters: each port's state, rate and link layer, the GPUs given it,
+    or why it is never chosen."""
+    if not rows:
+        return []
+    index = {d.pci: i for i, d in enumerate(visible.devices)}
+    out = ["", "Network adapters (RDMA ports offered to ranks; the rest listed, never chosen)"]
+    table = [["name", "pci", "node", "ports", "given to / never chosen"]]
+    for r in rows:
+        ports = " ".join(
+            f"{p.number}:{(p.state or '?').lower()}"
+            + (f"/{p.rate:g}G" if p.rate else "")
+            + (f"/{_LAYER.get(p.link_layer, p.link_layer)}" if p.link_layer else "")
+            for p in r.ports
+        )
+        if r.bond:
+            ports += f" (bond {r.bond}: {', '.join(r.members)}" + (
+                f", {r.speed:g}G)" if r.speed else ")"
+            )
+        if r.given_to:
+            gpus = [str(index[g]) if g in index else g for g in r.given_to]
+            what = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(gpus)}"
+        elif r.never:
+            what = f"never: {r.never}"
+        else:
+            what = "no GPU (idle)"
+        table.append(
+            [
+                r.name or "-",
+                r.pci,
+                "-" if r.numa_node is None else str(r.numa_node),
+                ports or ("-" if r.kind == "rdma" else r.kind),
+                what,
+            ]
+        )
+    return out + _table(table)
+
+
+_LAYER = {"InfiniBand": "IB", "Ethernet": "RoCE", "Unknown": "?"}
 
 
 # how numactl spells each memory policy (numactl(8); --preferred-many needs 2.0.16+)
@@ -501,23 +651,71 @@ def _memory_cell(p: Plan) -> str:
     return text
 
 
-def _open_machine(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The machine ``show`` plans for and the environment it is planned under: an
-    example sees itself, a capture its recorded variables, a live machine ours."""
+# the knobs that shape a plan: what show takes from this shell for any machine
+PLAN_KNOBS = ("NUMABIND_MODE", "NUMABIND_MEMORY", "NUMABIND_RESERVE", "NUMABIND_SMT")
+
+
+def _open_machine(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    """The machine ``show`` plans for, the environment it is planned under, and the notes
+    that say which of this shell's variables were applied and which were not.  The
+    planning knobs (:data:`PLAN_KNOBS`) of this shell apply to every machine; an example
+    has no rank or device variables of its own (this shell's are not its), a capture
+    that recorded some plans with those."""
     from .._topology import Machine
 
     if args.input is not None and args.example is not None:
         raise UsageError("numabind show: --input and --example are exclusive; give one")
     try:
         if args.example is not None:
-            return Machine.from_example(args.example), {}
+            machine = Machine.from_example(args.example)
+            environ, notes = _with_knobs({}, "the example")
+            left = _rank_variables(os.environ)
+            if left:
+                notes.append(
+                    f"{', '.join(left)} of this shell not applied: an example machine has no "
+                    "processes (numabind gather --example NAME DIR, then NUMABIND_SYSROOT=DIR, "
+                    "plans with them)"
+                )
+            if os.environ.get("NUMABIND_SYSROOT"):
+                notes.append(
+                    "NUMABIND_SYSROOT of this shell not applied: --example plans for the "
+                    "example, not for the machine that names"
+                )
+            return machine, environ, notes
         if args.input is not None:
             machine = Machine.from_capture(args.input)
             recorded = machine.recorded_environ
-            return machine, (recorded if recorded is not None else os.environ)
-        return Machine.here(), os.environ
+            if recorded is None:
+                return machine, os.environ, []
+            environ, notes = _with_knobs(recorded, "the capture")
+            return machine, environ, notes
+        return Machine.here(), os.environ, []
     except (CaptureError, ValueError) as err:
         raise UsageError(f"numabind show: {err}") from err
+
+
+def _with_knobs(base: Mapping[str, str], what: str) -> tuple[dict[str, str], list[str]]:
+    """``base`` with this shell's planning knobs on top, and one note naming them (and
+    any value of ``base`` they replace)."""
+    environ = dict(base)
+    applied = []
+    for name in PLAN_KNOBS:
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        was = environ.get(name)
+        replaced = f" (not {what}'s {was!r})" if was is not None and was != value else ""
+        applied.append(f"{name}={_sysfs.clean_line(value, 40)}{replaced}")
+        environ[name] = value
+    notes = [f"from this shell: {', '.join(applied)}"] if applied else []
+    return environ, notes
+
+
+def _rank_variables(environ: Mapping[str, str]) -> list[str]:
+    """The rank, size and device-visibility variables set in ``environ``."""
+    from .._capture import RECORDED_VARIABLES
+
+    return [v for v in RECORDED_VARIABLES if v in environ and v not in PLAN_KNOBS]
 
 
 def _emit(
@@ -562,7 +760,7 @@ def run_show(args: argparse.Namespace) -> int:
         ),
         "show",
     )
-    machine, environ = _open_machine(args)
+    machine, environ, shell_notes = _open_machine(args)
     try:
         try:
             cfg = Config.from_env(environ)
@@ -578,9 +776,19 @@ def run_show(args: argparse.Namespace) -> int:
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
             )
         visible, plans, source = plans_for(
-            machine, environ, args.nproc, args.mode, args.memory, args.reserve, args.smt, args.spill
+            machine,
+            environ,
+            args.nproc,
+            args.mode,
+            args.memory,
+            args.reserve,
+            args.smt,
+            spill=args.spill,
+            nic_mode=cfg.nic_mode,
+            nic_min_rate=cfg.nic_min_rate,
         )
-        report = show_data(machine, visible, plans)
+        rows = nic_rows(machine, cfg.nic_mode, cfg.nic_min_rate)
+        report = show_data(machine, visible, plans, rows).replace(notes=tuple(shell_notes))
         this = None if args.input or args.example else this_process(machine, environ, plans)
         if this is not None:
             report = report.replace(this_process=this)
@@ -592,7 +800,18 @@ def run_show(args: argparse.Namespace) -> int:
                 return OK
 
         def text() -> list[str]:
-            lines = show_text(machine, visible, plans, source, args.mode, args.memory)
+            lines = show_text(
+                machine,
+                visible,
+                plans,
+                source,
+                args.mode,
+                args.memory,
+                this_machine=args.input is None and args.example is None,
+                environ=environ,
+                nics=rows,
+            )
+            lines += notice_lines("note", shell_notes) if shell_notes else []
             if this is not None:
                 lines += ["", f"This process (pid {os.getpid()}): {this['summary']}"]
             return lines

@@ -56,17 +56,25 @@ def fit(text: str, width: float, size: float = FONT) -> str:
 
 def wrap(text: str, width: float, size: float = FONT) -> list[str]:
     """``text`` in as many lines as it takes to fit ``width`` (a word longer than a line
-    is split, never cut)."""
+    is split after a comma where it has one, never cut)."""
     per = max(int(width / (size * CHAR_EM)), 8)
     lines: list[str] = []
     current = ""
     for word in text.split():
         while len(word) > per:
-            if current:
+            # a CPU list breaks after a comma, never inside a number ("...,344,3" then
+            # "52,360" reads as CPUs 3 and 52); the line in progress takes what fits
+            room = per - len(current) - 1 if current else per
+            cut = word.rfind(",", 0, room) + 1
+            if cut <= 0 and current:
                 lines.append(current)
                 current = ""
-            lines.append(word[:per])
-            word = word[per:]
+                continue
+            if cut <= 0:
+                cut = per  # no comma at all: split, never cut
+            lines.append(f"{current} {word[:cut]}" if current else word[:cut])
+            current = ""
+            word = word[cut:]
         cand = f"{current} {word}" if current else word
         if len(cand) <= per:
             current = cand
@@ -167,7 +175,8 @@ def _cell(c: _Canvas, pic: Picture, cell: Cell, x: float, y: float) -> None:
 def _groups(c: _Canvas, pic: Picture, box: NodeBox, left: float) -> None:
     for group in box.groups:
         what = (
-            f"L3 / CCX: CPUs {_fmt(group.cpus)} ({len(group.cores)} cores)"
+            f"L3 / CCX: CPUs {_fmt(group.cpus)} ({len(group.cores)} "
+            f"core{'' if len(group.cores) == 1 else 's'})"
             if group.known
             else f"{len(group.cores)} cores (cache domains unknown)"
         )
@@ -200,7 +209,7 @@ def _node(c: _Canvas, pic: Picture, box: NodeBox) -> None:
     mark = len(c.parts)
     c.lines(2 * PAD, box.header, INNER, FONT, bold=True)
     _groups(c, pic, box, 2 * PAD)
-    for g in box.gpus:
+    for g in (*box.gpus, *box.nics):
         found = next((s for s in pic.sets if g.ranks & s.ranks), None)
         c.swatch_line(2 * PAD, found.colour if found else FREE, g.text, INNER)
     for rank, line in box.ranks:
@@ -275,6 +284,10 @@ def render(
     return c.document(pic.title)
 
 
+def _value_label(value: float, trusted: bool) -> str:
+    return f"{value:.1f}" + ("" if trusted else " (untrusted)")
+
+
 def render_bench(report: dict[str, Any]) -> str:
     """``numabind bench --svg``: a bar per place measured from and memory node, for copy
     bandwidth and for latency, and one per pinned-copy row (a GPU alone or all at once,
@@ -296,7 +309,13 @@ def render_bench(report: dict[str, Any]) -> str:
     width = 760.0
     bar_h, gap = 16, 6
     label_w = 150.0
-    plot_w = width - label_w - 3 * PAD - 90
+    gpu = report.get("gpu")
+    copies = gpu.get("copies", []) if isinstance(gpu, dict) else []
+    # every value label is drawn whole beside its bar: the bars leave room for the longest
+    shown_all = [_value_label(r[3], r[4]) for r in rows]
+    shown_all += [_value_label(float(g["value"]), bool(g.get("trusted"))) for g in copies]
+    value_w = max((text_width(t) for t in shown_all), default=0.0) + 8
+    plot_w = width - label_w - 3 * PAD - value_w
     c = _Canvas(width)
     title = f"numabind bench: {report.get('machine')}"
     c.y += TITLE_FONT + 4
@@ -312,8 +331,7 @@ def render_bench(report: dict[str, Any]) -> str:
             w = max(plot_w * value / top, 1.0)
             fill = colour(node) if trusted else DISALLOWED
             c.rect(PAD + label_w, c.y - bar_h, w, bar_h, fill, stroke="#333", title=tip)
-            shown = f"{value:.1f}" + ("" if trusted else " (untrusted)")
-            c.text(PAD + label_w + w + 6, c.y - 4, fit(shown, 88, FONT), FONT)
+            c.text(PAD + label_w + w + 6, c.y - 4, _value_label(value, trusted), FONT)
     for v in report.get("verdicts", []):
         if not isinstance(v, dict):
             continue
@@ -321,8 +339,6 @@ def render_bench(report: dict[str, Any]) -> str:
         for line in wrap(f"from node {v.get('from_node')}: {v.get('verdict')}", width - 2 * PAD):
             c.text(PAD, c.y, line, FONT)
             c.y += LINE
-    gpu = report.get("gpu")
-    copies = gpu.get("copies", []) if isinstance(gpu, dict) else []
     if copies:
         top = max(float(g["value"]) for g in copies) or 1.0
         c.y += LINE + 8
@@ -339,8 +355,7 @@ def render_bench(report: dict[str, Any]) -> str:
             fill = colour(int(g["memory_nodes"][0])) if trusted else DISALLOWED
             tip = f"buffers on node(s) {', '.join(map(str, g['memory_nodes']))}"
             c.rect(PAD + label_w, c.y - bar_h, w, bar_h, fill, stroke="#333", title=tip)
-            shown = f"{value:.1f}" + ("" if trusted else " (untrusted)")
-            c.text(PAD + label_w + w + 6, c.y - 4, fit(shown, 88, FONT), FONT)
+            c.text(PAD + label_w + w + 6, c.y - 4, _value_label(value, trusted), FONT)
     if isinstance(gpu, dict):
         c.y += LINE + 4
         for line in wrap(f"pinned copies: {gpu.get('verdict')}", width - 2 * PAD):

@@ -1,0 +1,398 @@
+"""Telling transports which RDMA adapter a rank should use (``NUMABIND_NIC``): one table
+of transports and their variables, each variable's exact syntax, the keep/replace rule,
+and the judgement of a value someone else set (``check`` warns with it).
+
+The table (:data:`TRANSPORTS`), every syntax as the transport's own source documents it:
+
+==========  ==================================  ====================================================
+transport   variable(s)                         value numabind writes
+==========  ==================================  ====================================================
+ucx         ``UCX_NET_DEVICES``                 ``mlx5_0:1`` (device:port, comma list; UCX then
+                                                uses only these, and stripes over several)
+nvshmem     ``NVSHMEM_HCA_LIST``,               ``mlx5_0:1`` (hca:port, exact names; ``^``
+            ``NVSHMEM_ENABLE_NIC_PE_MAPPING``   would exclude) and ``1``: the list takes effect
+                                                only with the mapping enabled
+nixl        ``UCX_NET_DEVICES``                 NIXL's UCX backend leaves the device to UCX
+uccl        ``UCCL_P2P_RDMA_DEV``               ``mlx5_0`` (device names, comma list, no port)
+mooncake    ``MC_MS_FILTERS``                   ``mlx5_0``: the whitelist of Mooncake's own
+                                                topology discovery, which it runs when the
+                                                framework passes no device list
+nccl        ``NCCL_IB_HCA``                     ``=mlx5_0:1,mlx5_1:1,...``: exact names (a bare
+                                                name is a prefix: ``mlx5_1`` also matches
+                                                ``mlx5_10``), the same on every rank of the
+                                                node: every rail the node's GPUs are given
+==========  ==================================  ====================================================
+
+NCCL is told only when named, and then not a per-rank adapter: NCCL builds its rings and
+trees from every rank's view of the node's NICs and chooses each GPU's nearest NIC
+itself; its maintainers say not to set ``NCCL_IB_HCA`` differently on each rank
+(NVIDIA/nccl#1478).  What it is told is the node's rail list, which keeps storage and
+management ports out.
+
+**Keep or replace.**  A variable already in the environment is the user's or the
+launcher's and is kept, unless numabind set it itself: ``NUMABIND_NIC_SET`` records what it
+set (``NAME=value;...``), and a child rank that inherited exactly that value (a
+``LOCAL_RANK`` of its own, the parent's ``UCX_NET_DEVICES``: openucx/ucx#11259) gets its
+own adapter instead.  A kept value that names an adapter farther from the rank's GPU
+than the nearest is said once (and by ``check``).
+"""
+
+from __future__ import annotations
+
+from ._model import NIC_TRANSPORTS, Record
+from ._sysfs import pci_sort_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
+    from ._environ import Config
+    from ._model import Accelerator, Nic, NicChoice
+    from ._plan import Plan
+    from ._topology import Machine
+
+RECORD = "NUMABIND_NIC_SET"  # what numabind set: NAME=value;NAME=value
+MAX_RECORD = 4096
+MAX_VALUE = 2048  # longest value judged or written (64 adapters' ``name:port``)
+
+
+class Variable(Record):
+    """One variable a transport reads: its syntax (``ports``: ``dev:port`` list with an
+    optional ``^`` deny list, exact names; ``names``: device names; ``nccl``: NCCL's
+    prefix list, ``=`` for exact names, ``^`` to exclude; ``flag``: the constant
+    ``value``), whether the transport uses every adapter listed (``all``: UCX stripes
+    over them, NVSHMEM and UCCL take one of them by their own index) or the nearest of
+    them (``nearest``), and where its syntax is documented."""
+
+    name: str
+    syntax: str
+    picks: str = "all"
+    value: str = ""
+    source: str = ""
+
+
+class Transport(Record):
+    """A transport ``NUMABIND_NIC`` may name: its variables, and whose adapters they get:
+    the rank's (``rank``) or every rail of the node, the same on every rank (``node``)."""
+
+    name: str
+    label: str
+    variables: tuple[Variable, ...]
+    scope: str = "rank"
+
+
+UCX_NET_DEVICES = Variable(
+    name="UCX_NET_DEVICES",
+    syntax="ports",
+    source="openucx/ucx docs/source/faq.md (Which network devices does UCX use?)",
+)
+TRANSPORTS: tuple[Transport, ...] = (
+    Transport(name="ucx", label="UCX", variables=(UCX_NET_DEVICES,)),
+    Transport(
+        name="nvshmem",
+        label="NVSHMEM (DeepEP)",
+        variables=(
+            Variable(
+                name="NVSHMEM_HCA_LIST",
+                syntax="ports",
+                source="NVIDIA/nvshmem src/modules/transport/common/env_defs.h (HCA_LIST)",
+            ),
+            Variable(
+                name="NVSHMEM_ENABLE_NIC_PE_MAPPING",
+                syntax="flag",
+                value="1",
+                source="NVIDIA/nvshmem src/include/host/env/env_defs.h (ENABLE_NIC_PE_MAPPING)",
+            ),
+        ),
+    ),
+    Transport(name="nixl", label="NIXL (through UCX)", variables=(UCX_NET_DEVICES,)),
+    Transport(
+        name="uccl",
+        label="UCCL P2P",
+        variables=(
+            Variable(
+                name="UCCL_P2P_RDMA_DEV",
+                syntax="names",
+                source="uccl-project/uccl p2p/README.md (environment variables)",
+            ),
+        ),
+    ),
+    Transport(
+        name="mooncake",
+        label="Mooncake",
+        variables=(
+            Variable(
+                name="MC_MS_FILTERS",
+                syntax="names",
+                picks="nearest",
+                source="kvcache-ai/Mooncake mooncake-store/src/client_service.cpp "
+                "(InitTransferEngine: MC_MS_AUTO_DISC, MC_MS_FILTERS)",
+            ),
+        ),
+    ),
+    Transport(
+        name="nccl",
+        label="NCCL",
+        variables=(
+            Variable(
+                name="NCCL_IB_HCA",
+                syntax="nccl",
+                picks="nearest",
+                source="NCCL user guide, Environment Variables (NCCL_IB_HCA); "
+                "NVIDIA/nccl src/misc/utils.cc (matchIfList)",
+            ),
+        ),
+        scope="node",
+    ),
+)
+BY_NAME = {t.name: t for t in TRANSPORTS}
+VARIABLES: tuple[Variable, ...] = tuple(
+    {v.name: v for t in TRANSPORTS for v in t.variables}.values()
+)
+ADAPTER_VARIABLES: tuple[str, ...] = tuple(v.name for v in VARIABLES if v.syntax != "flag")
+# every word NUMABIND_NIC accepts has its row (numabind._model.NIC_TRANSPORTS is the list)
+assert tuple(BY_NAME) == NIC_TRANSPORTS, (tuple(BY_NAME), NIC_TRANSPORTS)
+
+
+def value_for(var: Variable, nics: tuple[NicChoice, ...]) -> str:
+    """What numabind writes into ``var`` for ``nics`` ("" when there is nothing to say)."""
+    if var.syntax == "flag":
+        return var.value if nics else ""
+    if not nics:
+        return ""
+    if var.syntax == "names":
+        return ",".join(dict.fromkeys(n.name for n in nics))
+    labels = ",".join(dict.fromkeys(n.label for n in nics))
+    return "=" + labels if var.syntax == "nccl" else labels
+
+
+def read_record(text: str) -> dict[str, str]:
+    """``NUMABIND_NIC_SET`` as {variable: value}; anything malformed counts as unset."""
+    out: dict[str, str] = {}
+    if not text or len(text) > MAX_RECORD:
+        return out
+    known = {v.name for v in VARIABLES}
+    for item in text.split(";", 16)[:16]:
+        name, sep, value = item.partition("=")
+        if sep and name in known and len(value) <= MAX_VALUE:
+            out[name] = value
+    return out
+
+
+class NicEnv(Record):
+    """What :func:`apply_env` did: the variables it set (with values), those it found set
+    by someone else and kept, and what to say (``warnings``: always; ``notes``: verbose)."""
+
+    set: tuple[tuple[str, str], ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def wanted_values(
+    transports: str, nics: tuple[NicChoice, ...], node_nics: tuple[NicChoice, ...] = ()
+) -> dict[str, str]:
+    """{variable: value} for ``transports`` (``NUMABIND_NIC``'s canonical list): the
+    rank's ``nics``, or ``node_nics`` (every rail of the node) for a ``node``-scope one."""
+    wanted: dict[str, str] = {}
+    for name in transports.split(",") if transports else ():
+        t = BY_NAME.get(name)
+        if t is None:
+            continue
+        for var in t.variables:
+            wanted.setdefault(var.name, value_for(var, node_nics if t.scope == "node" else nics))
+    return wanted
+
+
+def apply_env(
+    transports: str,
+    nics: tuple[NicChoice, ...],
+    environ: MutableMapping[str, str],
+    node_nics: tuple[NicChoice, ...] = (),
+    judge_kept: Judge | None = None,
+) -> NicEnv:
+    """Set the variables of ``transports`` for a rank given ``nics`` (``node_nics`` for a
+    ``node``-scope transport) under the keep/replace rule, and record what was set in
+    ``NUMABIND_NIC_SET``.  ``judge_kept`` says what is wrong with a value kept."""
+    ours = read_record(environ.get(RECORD, ""))
+    wanted = wanted_values(transports, nics, node_nics)
+    done: list[tuple[str, str]] = []
+    kept: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+    for name, value in wanted.items():
+        have = environ.get(name)
+        inherited = have is not None and ours.get(name) == have
+        if have is not None and not inherited:
+            kept.append((name, have))
+            why = judge_kept(name, have) if judge_kept is not None else None
+            if why:
+                warnings.append(f"{why}: kept, as it was set before numabind (NUMABIND_NIC)")
+        elif value:
+            environ[name] = value
+            done.append((name, value))
+        elif inherited:
+            del environ[name]
+            notes.append(f"NUMABIND_NIC: {name} inherited for another GPU, removed")
+    record = {**{k: v for k, v in ours.items() if environ.get(k) == v}, **dict(done)}
+    text = ";".join(f"{k}={v}" for k, v in record.items())
+    if text:
+        environ[RECORD] = text
+    else:
+        environ.pop(RECORD, None)
+    if wanted and not nics:
+        notes.append("NUMABIND_NIC: no RDMA adapter chosen for this rank: no transport told")
+    if done:
+        notes.append("NUMABIND_NIC: set " + ", ".join(f"{k}={v}" for k, v in done))
+    if kept:
+        notes.append("NUMABIND_NIC: left as set: " + ", ".join(f"{k}={v}" for k, v in kept))
+    return NicEnv(set=tuple(done), kept=tuple(kept), warnings=tuple(warnings), notes=tuple(notes))
+
+
+# --- what a value names, and whether it is the nearest ----------------------------------------
+
+
+def named(var: Variable, value: str, nics: tuple[Nic, ...]) -> list[tuple[Nic, int | None]] | None:
+    """The adapters (and ports; None: any port) a value of ``var`` selects among ``nics``,
+    by the transport's own matching rule; None when the value selects every adapter or
+    cannot be judged (UCX's ``all``, UCCL's numeric indices)."""
+    text = value.strip()
+    if var.syntax == "flag" or not text or len(text) > MAX_VALUE:
+        return None
+    exclude = text.startswith("^")
+    text = text[1:] if exclude else text
+    exact = var.syntax != "nccl"
+    if var.syntax == "nccl" and text.startswith("="):
+        text, exact = text[1:], True
+    tokens = []
+    for raw in text.split(",", 64)[:64]:
+        token = raw.strip()
+        if not token:
+            continue
+        if token.lower() == "all" and var.syntax == "ports":
+            return None
+        name, _, port = token.partition(":")
+        if var.syntax == "names" and name.isdigit():
+            return None  # an index into ibverbs' device list: not judged
+        number = int(port) if port.isascii() and port.isdigit() and len(port) < 4 else None
+        tokens.append((name, number if port else None))
+    out: list[tuple[Nic, int | None]] = []
+    for nic in nics:
+        if not nic.name:
+            continue
+        for p in nic.ports or ():
+            hit = any(
+                (nic.name == name if exact else nic.name.startswith(name))
+                and (port is None or port == p.number)
+                for name, port in tokens
+            )
+            if hit != exclude:
+                out.append((nic, p.number))
+    return out
+
+
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,:=^")
+
+
+def _plain(value: str) -> bool:
+    """A value that can be shown as it is (else quoted: it is input)."""
+    return 0 < len(value) <= 120 and set(value) <= _PLAIN
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    Judge = Callable[[str, str], "str | None"]
+
+
+def judge(
+    machine: Machine,
+    device: Accelerator,
+    who: str,
+    name: str,
+    value: str,
+    chosen: tuple[NicChoice, ...],
+    node_of: Callable[[Accelerator], int | None],
+) -> str | None:
+    """What is wrong with ``name=value`` for the rank of ``device`` (``who``: "GPU 0"):
+    it names no adapter of this machine, only unusable ones, or one farther than the
+    nearest (``UCX_NET_DEVICES=mlx5_3:1 is SYS from GPU 0; mlx5_0 is PIX``); None when it
+    is as near as the nearest, or cannot be judged."""
+    from ._nics import nic_node, offered, path_class, rank_of
+    from ._sysfs import short
+
+    var = next((v for v in VARIABLES if v.name == name), None)
+    if var is None:
+        return None
+    picked = named(var, value, machine.nics)
+    if picked is None:
+        return None
+    shown = f"{name}={value}" if _plain(value) else f"{name}={short(value, 120)}"
+    if not picked:
+        return f"{shown} names no RDMA adapter of this machine"
+    units, refused = offered(machine)
+    usable = {(u.nic.name, u.port.number) for u in units}
+    good = [(n, p) for n, p in picked if (n.name, p) in usable]
+    if not good:
+        bad = picked[0]
+        why = next((r.why for r in refused if r.nic.name == bad[0].name), "not usable")
+        return f"{shown} names only adapters never chosen ({bad[0].name}:{bad[1]}: {why})"
+    gpu_path = machine.pci_path(device.pci)
+    gpu_node = node_of(device)
+
+    def rel(nic: Nic) -> str:
+        return path_class(gpu_path, machine.pci_path(nic.pci), gpu_node, nic_node(machine, nic))
+
+    rels = [(rank_of(rel(n)), rel(n), n, p) for n, p in good]
+    best_here = min(rank_of(rel(u.nic)) for u in units)
+    judged = max(rels, key=lambda r: r[0]) if var.picks == "all" else min(rels, key=lambda r: r[0])
+    if judged[0] <= best_here:
+        return None
+    nearest = (
+        f"{chosen[0].name} is {chosen[0].relation}"
+        if chosen
+        else next(
+            f"{u.nic.name} is {rel(u.nic)}" for u in units if rank_of(rel(u.nic)) == best_here
+        )
+    )
+    what = "is" if len(good) == 1 else f"names {judged[2].name}:{judged[3]},"
+    return f"{shown} {what} {judged[1]} from {who}; {nearest}"
+
+
+def enter_nics(
+    plan: Plan, machine: Machine | None, cfg: Config, environ: MutableMapping[str, str]
+) -> NicEnv:
+    """The process applier's NIC step (:func:`numabind._apply.enter`): tell the transports
+    ``NUMABIND_NIC`` names about ``plan``'s adapters (a plan that skips binding still has
+    them: a one-node machine has a nearest adapter too), judging kept values against the
+    machine."""
+    node: tuple[NicChoice, ...] = ()
+    device = plan.device
+    if machine is not None and device is not None and "nccl" in cfg.nic.split(","):
+        from ._nics import assign, same_vendor
+        from ._plan import device_node
+
+        found = assign(
+            machine,
+            same_vendor(machine, device),
+            lambda d: device_node(machine, d).node,
+            cfg.nic_mode,
+            cfg.nic_min_rate,
+        )
+        node = tuple(
+            sorted(
+                {c for cs in found.per_device.values() for c in cs},
+                key=lambda c: (pci_sort_key(c.pci), c.name, c.port),
+            )
+        )
+    judge_kept: Judge | None = None
+    if machine is not None and device is not None:
+        from ._plan import device_node
+
+        who = f"GPU {plan.device_index}" if plan.device_index is not None else f"GPU {device.pci}"
+        here, gpu, mine = machine, device, plan.placement.nics
+
+        def judge_kept(name: str, value: str) -> str | None:
+            return judge(here, gpu, who, name, value, mine, lambda d: device_node(here, d).node)
+
+    return apply_env(cfg.nic, plan.placement.nics, environ, node, judge_kept)
