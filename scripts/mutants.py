@@ -115,8 +115,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "M09",
         "src/numabind/_plan.py",
-        'return len(machine.cpu_nodes) <= 1 and mode in ("node", "socket")',
-        'return len(machine.cpu_nodes) <= 2 and mode in ("node", "socket")',
+        'if len(machine.cpu_nodes) > 1 or mode not in ("node", "socket"):',
+        'if len(machine.cpu_nodes) > 2 or mode not in ("node", "socket"):',
         "the one-node shortcut applies to one node only",
         ("tests/test_plan.py",),
     ),
@@ -774,6 +774,47 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if True:",
         "check warns on a transport variable that names an adapter farther than the nearest",
         ("tests/test_transports.py",),
+    ),
+    # --- which memory (issue 36; T: numbered apart, as the NIC mutants are) ---------------------
+    M(
+        "T01",
+        "src/numabind/_plan.py",
+        "    if not mask or usable <= mask:",
+        "    if not mask:",
+        "where every node has CPUs, preferred is left as it was (no mask)",
+        ("tests/test_tiers.py",),
+    ),
+    M(
+        "T02",
+        "src/numabind/_plan.py",
+        '            return "bind", self.memory_mask',
+        "            return self.memory_policy, self.memory_nodes",
+        "the kernel gets MPOL_BIND over the spill mask, not preferred",
+        ("tests/test_tiers.py",),
+    ),
+    M(
+        "T03",
+        "src/numabind/_topology.py",
+        "and n.tier > tiers[-1]:",
+        "and n.tier >= tiers[-1]:",
+        "a node in the CPU nodes' memory tier is not far memory",
+        ("tests/test_tiers.py",),
+    ),
+    M(
+        "T04",
+        "src/numabind/_inspect.py",
+        "        if node not in memory_only or node in asked or count <= 0:",
+        "        if node not in memory_only or count <= 0:",
+        "check does not warn of memory a rank asked for on a GPU's or far node",
+        ("tests/test_tiers.py",),
+    ),
+    M(
+        "T05",
+        "src/numabind/_topology.py",
+        "            for k, n in enumerate(parts)",
+        "            for k, n in enumerate(reversed(parts))",
+        "compute partitions are numbered in the KFD topology's order (ROCr's)",
+        ("tests/test_partitions.py",),
     ),
 )
 

@@ -235,6 +235,8 @@ class Binding:
             if self.refused and not self.policy_applied
             else (self.policy_nodes or p.memory_nodes)
         )
+        # a spill mask applied: the nodes beyond the plan's own are where memory may spill
+        spill = nodes - p.memory_nodes if p.memory_mask and nodes == p.memory_mask else frozenset()
         device_plans, thread_devices = _thread_entries(p)
         return Entry(
             buffers=listed_buffers(),
@@ -256,6 +258,7 @@ class Binding:
             threads=p.threads,
             thread_env=self.thread_env,
             helpers=p.helpers,
+            spill=spill,
             nics=p.nics,
             nic_env=self.nic_env,
         )
@@ -970,10 +973,10 @@ def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
         name, nodes = b._previous_policy
         b.notes.append(f"kept the memory policy already set ({name} {fmt(nodes)})")
         return
+    # the plan's policy, or MPOL_BIND over its spill mask (NUMABIND_SPILL=cpu)
+    asked, asked_nodes = plan.placement.kernel_policy
     try:
-        policy, nodes, note = _kernel.set_policy(
-            plan.memory_policy, plan.memory_nodes, plan.numa_node
-        )
+        policy, nodes, note = _kernel.set_policy(asked, asked_nodes, plan.numa_node)
     except OSError as err:
         if not _refused(b, err, "set_mempolicy"):
             b.errors.append(str(err))

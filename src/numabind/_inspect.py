@@ -31,12 +31,14 @@ from ._model import (
     GLOBAL_RANK_VARIABLES,
     HELPER_PROCESS_ROLES,
     JOB_VARIABLES,
+    NODE_KINDS,
     POLICIES,
     RANK_VARIABLE_NAMES,
     THREAD_ROLES,
     Record,
     binder_of,
 )
+from ._sysfs import normalize_pci
 from ._threads import AFFINITY_VARIABLES
 from ._threads import VARIABLES as THREAD_VARIABLES
 
@@ -84,6 +86,10 @@ class PlanView(Record):
     problem: str | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()  # reserved for helpers: on plan too
+    # nodes of ``memory_nodes`` that are only where memory may spill (``memory_policy`` is
+    # then the kernel's: MPOL_BIND over the spill mask, NUMABIND_SPILL=cpu); locality is
+    # measured on the others
+    spill_nodes: frozenset[int] = frozenset()
     # threads bound to one device of a multi-device process (numabind.bind_thread): thread
     # id -> (that device's PCI address, its plan's CPUs), judged against those CPUs
     thread_plans: dict[int, tuple[str, frozenset[int]]] = {}  # noqa: RUF012 (immutable)
@@ -92,11 +98,23 @@ class PlanView(Record):
     @classmethod
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
+        policy, nodes = p.placement.kernel_policy if p.bound else (p.memory_policy, p.memory_nodes)
         return cls(
             **{k: d[k] for k in cls._fields if k in d and k not in ("thread_plans", "nics")}
         ).replace(
-            cpus=p.cpus, memory_nodes=p.memory_nodes, notes=p.notes, helpers=p.helpers, nics=p.nics
+            cpus=p.cpus,
+            memory_nodes=nodes,
+            memory_policy=policy,
+            notes=p.notes,
+            helpers=p.helpers,
+            nics=p.nics,
+            spill_nodes=nodes - p.memory_nodes,
         )
+
+    @property
+    def home_nodes(self) -> frozenset[int]:
+        """Where its memory belongs: the policy's nodes less those it may only spill onto."""
+        return self.memory_nodes - self.spill_nodes
 
     @classmethod
     def of_entry(cls, e: Entry) -> PlanView:
@@ -114,6 +132,7 @@ class PlanView(Record):
             reason=_sysfs.clean_line(e.reason, 500),
             threads=e.threads,
             helpers=e.helpers,
+            spill_nodes=e.spill,
             thread_plans={
                 tid: (e.device_plans[i][0], e.device_plans[i][1]) for tid, i in e.thread_devices
             },
@@ -332,6 +351,8 @@ class ProcessCheck(Record):
     gpu: GpuSeen = GpuSeen()
     thread_names: dict[int, str] = {}  # noqa: RUF012 (records are immutable)
     mems_allowed: frozenset[int] | None = None  # its cpuset's memory nodes (/proc status)
+    # its private memory per node kind (NODE_KINDS: cpu, gpu, hbm, far, memory), in bytes
+    tiers: dict[str, int] = {}  # noqa: RUF012 (records are immutable)
     # the RDMA adapter ports chosen for its GPU, and the transport variables it runs with
     # (what numabind set, from its registry entry, and the rest of its initial
     # environment); nic_set names those numabind set
@@ -400,6 +421,7 @@ def expected_plan(
         cfg.memory,
         reserve=cfg.reserve,
         smt=cfg.smt,
+        spill=cfg.spill,
         nic_mode=cfg.nic_mode,
         nic_min_rate=cfg.nic_min_rate,
     )
@@ -492,7 +514,7 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
                             by_minor[(a.vendor, a.minor)] = a.pci
                 pci = by_minor.get((row.vendor, minor))
             else:
-                pci = _drm_pci(row.name.format(n=minor))
+                pci = _render_pci(machine, row.vendor, row.name.format(n=minor), minor)
             if pci is not None and pci not in opened:
                 opened.append(pci)
     planned = expected.device_pci if expected is not None else None
@@ -519,6 +541,17 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
         source=source,
         open=tuple(opened[:16]),
     )
+
+
+def _render_pci(machine: Machine, vendor: str, name: str, minor: int) -> str | None:
+    """The PCI address of the GPU behind DRM render node ``name``: its ``device`` link;
+    for a compute partition (whose render node is a platform device, amdgpu_xcp) the GPU
+    the partition topology names."""
+    pci = _drm_pci(name)
+    if pci is not None and normalize_pci(pci) == pci:
+        return pci
+    devs = tuple(a for a in machine.accelerators if a.vendor == vendor)
+    return next((d.pci for d in machine.with_partitions(devs) if d.render_minor == minor), None)
 
 
 def _drm_pci(name: str) -> str | None:
@@ -600,7 +633,9 @@ def check_pid(
         mems = _sysfs.parse_cpulist(status.get("Mems_allowed_list", "-"), what="node")
     except ValueError:
         mems = None
+    tiers = _tiers(machine, own, expected, entry, policy, notes)
     base: dict[str, Any] = {
+        "tiers": tiers,
         "pid": pid,
         "identity": Identity() if isinstance(env, OSError) else Identity.of_environ(env),
         "gpu": gpu_in_use(pid, machine, expected),
@@ -639,8 +674,11 @@ def check_pid(
     # may run on the reserved cores with its first thread
     helper = role_of(names.get(pid, "")) in HELPER_PROCESS_ROLES
     main = None if helper else pid
+    # locality is of its CPU memory: pages on a GPU's or far memory are in ``tiers`` and
+    # said in a note (the GPU driver migrates memory to GPU nodes by itself)
+    cpu_own = {n: c for n, c in own.items() if n not in wrong_tier_nodes(machine)}
     share = _judge(
-        expected, source, main, threads, policy, own, min_locality, problems, notes, names
+        expected, source, main, threads, policy, cpu_own, min_locality, problems, notes, names
     )
     if shared.pages:
         notes.append(
@@ -658,6 +696,95 @@ def check_pid(
         locality=share,
         **base,
     )
+
+
+def _tiers(
+    machine: Machine,
+    own: dict[int, int],
+    expected: PlanView | None,
+    entry: Entry | None,
+    policy: tuple[str, frozenset[int]] | None,
+    notes: list[str],
+) -> dict[str, int]:
+    """A rank's private memory per node kind, and the notes about its tiers: memory on a
+    GPU's or far node it did not ask for (its plan's nodes and spill mask, its host
+    buffers' nodes), and a policy that interleaves a GPU rank over every node."""
+    asked = (expected.memory_nodes if expected is not None else frozenset()) | frozenset(
+        n for b in (entry.buffers if entry is not None else ()) for n in b[2]
+    )
+    notes.extend(wrong_tier_notes(machine, own, asked, expected))
+    notes.extend(_interleave_notes(policy, expected))
+    return memory_by_kind(machine, own)
+
+
+def wrong_tier_nodes(machine: Machine) -> frozenset[int]:
+    """The machine's GPU-memory and far nodes (none are looked for when every node has
+    CPUs)."""
+    return frozenset(
+        n
+        for n in machine.memory_only_ids
+        if (kind := NODE_KINDS.get(machine.node_kind(n) or "")) is not None and kind.wrong_tier
+    )
+
+
+def memory_by_kind(machine: Machine, pages: Mapping[int, int]) -> dict[str, int]:
+    """Bytes of ``pages`` (4 KiB units per node) per node kind; only nodes with pages are
+    looked at, and a machine's nodes are classified only when one of them has no CPUs."""
+    out: dict[str, int] = {}
+    memory_only = machine.memory_only_ids
+    for node, count in sorted(pages.items()):
+        kind = (machine.node_kind(node) or "memory") if node in memory_only else "cpu"
+        out[kind] = out.get(kind, 0) + count * 4096
+    return out
+
+
+def wrong_tier_notes(
+    machine: Machine, pages: Mapping[int, int], asked: frozenset[int], plan: PlanView | None
+) -> list[str]:
+    """A warning for each GPU-memory or far node holding some of a rank's memory that it
+    did not ask for (``asked``: its plan's nodes and spill mask, its host buffers' nodes).
+    A note, never a problem: the GPU driver itself migrates memory to GPU nodes on
+    coherent systems, and a rank may have placed it there on purpose."""
+    memory_only = machine.memory_only_ids
+    out = []
+    for node, count in sorted(pages.items()):
+        if node not in memory_only or node in asked or count <= 0:
+            continue
+        kind = NODE_KINDS.get(machine.node_kind(node) or "")
+        if kind is None or not kind.wrong_tier:
+            continue
+        gpu = machine.gpu_memory().get(node)
+        if gpu is not None:
+            same = [a.pci for a in machine.accelerators if a.vendor == gpu[0].vendor]
+            index = same.index(gpu[0].pci) if gpu[0].pci in same else None
+            what = f"GPU {index}'s memory" if index is not None else f"the memory of {gpu[0].pci}"
+        else:
+            what = kind.label
+        size = count * 4096
+        amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{max(size >> 20, 1)} MiB"
+        why = "not a node its plan uses" if plan is not None and plan.bound else "it has no plan"
+        out.append(f"warning: {amount} of this rank's memory is on node {node}, {what} ({why})")
+    return out
+
+
+def _interleave_notes(
+    policy: tuple[str, frozenset[int]] | None, plan: PlanView | None
+) -> list[str]:
+    """A GPU rank whose memory policy interleaves over several nodes (``numactl
+    --interleave=all``, kept where the rule keeps a deliberate binding): the pinned
+    staging buffers it allocates are spread over every one of them (colibri#82: the
+    host-to-device path 10x slower)."""
+    if policy is None or policy[0] != "interleave" or len(policy[1]) < 2:
+        return []
+    if plan is None or not plan.device_pci:
+        return []
+    return [
+        f"its memory policy interleaves over nodes {fmt(policy[1])}: pinned staging "
+        "buffers it allocates (torch pin_memory, cudaHostAlloc) are spread over all of "
+        "them (one report: the host-to-device path 10x slower); numabind.host_buffer and "
+        "numabind.torch.pinned_empty take a policy of their own, NUMABIND_TORCH=1 gives "
+        "the DataLoader's pin thread the rank's"
+    ]
 
 
 def _escaped_text(
@@ -714,6 +841,8 @@ def _judge(
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
     escaped = {t: c for t, c in threads.items() if not c <= expected.allowed_for(t, main)}
+    if not cpus and not expected.thread_plans:
+        escaped = {}  # a plan for memory alone (one node with CPUs): CPUs are not its promise
     if escaped and len(escaped) == len(threads) and not expected.thread_plans:
         sample = next(iter(escaped.values()))
         problems.append(
@@ -741,7 +870,8 @@ def _judge(
                 f"memory policy is {got_name} {fmt(got_nodes) or '(no nodes)'}, plan "
                 f"{want} {fmt(mem_nodes)}".rstrip()
             )
-    check_nodes = mem_nodes or (
+    home = mem_nodes - expected.spill_nodes if mem_nodes else mem_nodes
+    check_nodes = home or (
         frozenset({expected.numa_node}) if expected.numa_node is not None else frozenset()
     )
     share = locality(own, check_nodes) if check_nodes else None

@@ -16,7 +16,7 @@ import os
 import sys
 
 from .. import __version__
-from .._environ import KNOBS, MAX_LOCAL, parse_reserve
+from .._environ import KNOBS, MAX_LOCAL, parse_reserve, parse_spill
 from .._errors import CaptureError, UsageError
 from .._model import (
     MEMORY_POLICY_TABLE,
@@ -25,6 +25,7 @@ from .._model import (
     SMT_LEVELS,
     USER_POLICIES,
     Reserve,
+    Spill,
 )
 from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help, write_json, write_lines
 
@@ -120,6 +121,14 @@ def _reserve(text: str) -> Reserve:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+def _spill(text: str) -> Spill:
+    """``--spill``: cpu, any or a node list, as NUMABIND_SPILL."""
+    try:
+        return parse_spill(text, "--spill")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
 def _roles(parser: argparse.ArgumentParser) -> None:
     """``--reserve`` and ``--smt``: the core roles of NUMABIND_RESERVE / NUMABIND_SMT."""
     parser.add_argument(
@@ -189,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode (see below)")
     show.add_argument(
         "--memory", choices=USER_POLICIES, default=None, help="memory policy (see below)"
+    )
+    show.add_argument(
+        "--spill",
+        type=_spill,
+        default=None,
+        metavar="cpu|any|NODES",
+        help="where memory goes once a rank's nodes are full: cpu (CPU memory only, the "
+        "default), any (any node), or cpu,N (NUMABIND_SPILL)",
     )
     _roles(show)
     show.add_argument(
@@ -662,7 +679,7 @@ def _explicit(args: argparse.Namespace, cfg: Any, memory: str) -> Any:
         machine = Machine.from_root(cfg.sysroot)
         try:
             cpus = _named_cpus(args.cpus, machine) if args.cpus is not None else None
-            p = explicit(machine, cpus=cpus, node=args.node, memory=memory)
+            p = explicit(machine, cpus=cpus, node=args.node, memory=memory, spill=cfg.spill)
             if not p.bound:  # asked for by name: refuse, as numactl does, not run unbound
                 raise BindingError(f"{p.rank_source}: {p.reason}; the command was not run")
             return enter(p, None, cfg, migrate=False, threads="env")

@@ -40,8 +40,11 @@ def process_lines(r: ProcessCheck) -> list[str]:
     if r.status == "bound" and p is not None:
         policy = "not permitted" if p.memory_policy == "not-permitted" else p.memory_policy
         where = (
-            f"node {p.numa_node}, CPUs {fmt(p.cpus)}, memory {policy} {fmt(p.memory_nodes)}"
+            f"node {p.numa_node}, CPUs {fmt(p.cpus) or 'unchanged'}, memory {policy} "
+            f"{fmt(p.memory_nodes)}"
         ).rstrip()
+        if p.spill_nodes:
+            where += f" (node {fmt(p.home_nodes)} first, spilling onto {fmt(p.spill_nodes)} only)"
         where += (
             f", {r.locality:.1%} of private pages local"
             if r.locality is not None
@@ -53,6 +56,8 @@ def process_lines(r: ProcessCheck) -> list[str]:
         where = "no plan"
     verdict = "UNKNOWN" if r.status == "unknown" else ("OK" if r.ok else "OFF PLAN")
     lines = [f"{verdict:8} {who}: {where}"]
+    if any(kind != "cpu" for kind in r.tiers):
+        lines.append("         memory by kind: " + tiers_text(r.tiers))
     if r.nics or r.nic_settings:
         lines.append(f"         nics: {nic_text(r)}")
     lines += [f"         - {problem}" for problem in r.problems]
@@ -60,6 +65,19 @@ def process_lines(r: ProcessCheck) -> list[str]:
     if len(r.roles) > 1 or any(g.on_plan is False for g in r.roles):
         lines.append("         roles: " + "; ".join(g.text() for g in r.roles))
     return lines
+
+
+def tiers_text(tiers: dict[str, int]) -> str:
+    """``CPU memory 3.2 GiB, GPU memory 1.8 GiB``: a rank's private memory per node kind."""
+    from .._model import NODE_KINDS
+
+    out = []
+    for name, kind in NODE_KINDS.items():
+        size = tiers.get(name, 0)
+        if size:
+            amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{size / 2**20:.0f} MiB"
+            out.append(f"{kind.label} {amount}")
+    return ", ".join(out)
 
 
 def nic_text(r: ProcessCheck) -> str:

@@ -516,8 +516,31 @@ def kernel_findings() -> list[Finding]:
         )
     else:
         out.append(Finding(check="memory policy", status="ok", detail="this process may set it"))
+    found = interleave_finding(policy, nodes)
+    if found is not None:
+        out.append(found)
     out.append(_migration())
     return out
+
+
+def interleave_finding(policy: str, nodes: frozenset[int]) -> Finding | None:
+    """This process (and what it starts: a launcher's ranks) runs under a policy that
+    interleaves over several nodes, ``numactl --interleave=all`` and the like."""
+    from .._sysfs import format_cpulist
+
+    if policy != "interleave" or len(nodes) < 2:
+        return None
+    return Finding(
+        check="interleave",
+        status="warn",
+        detail=f"this process's memory policy interleaves over nodes {format_cpulist(nodes)} "
+        "and every rank started from here inherits it: numabind replaces it with the "
+        "rank's plan, but keeps it where the rank's CPU mask is deliberate and inside its "
+        "GPU's node or NUMABIND=respect; a GPU rank that keeps it spreads its pinned "
+        "staging buffers over every node (torch pin_memory, cudaHostAlloc: one report "
+        "measured the host-to-device path 10x slower); numabind.host_buffer and "
+        "numabind.torch.pinned_empty take a policy of their own",
+    )
 
 
 def _migration() -> Finding:
@@ -574,7 +597,13 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
         f"{_plural(len(machine.node_ids), 'NUMA node')}, {len(with_cpus)} with CPUs; {seen}; this "
         f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
     )
-    if len(with_cpus) <= 1:
+    if len(with_cpus) <= 1 and machine.memory_only_ids:
+        only = format_cpulist(machine.memory_only_ids)
+        detail += (
+            f": one node with CPUs and memory-only node(s) {only}: ranks get a memory "
+            "policy alone, which keeps their memory off those nodes (NUMABIND_SPILL)"
+        )
+    elif len(with_cpus) <= 1:
         detail += ": one node with CPUs, nothing to bind on this machine"
     out.append(Finding(check="machine", status=status, detail=detail))
     others = machine.others()
@@ -605,6 +634,70 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
                 "(it agrees with a bound rank; it costs page faults)"
                 if balancing
                 else "off: pages stay where the memory policy put them",
+            )
+        )
+    return out
+
+
+def subnuma_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
+    """Where a package is split into several NUMA nodes (Intel SNC, AMD NPS) and a GPU's
+    node is smaller than its ranks need: node mode gives each rank of a GPU node that
+    node's cores and memory, shared by its GPUs' ranks, and a split that leaves GPUs
+    unevenly over the package's nodes (some with none: a B200 host in SNC3 has GPUs on
+    four of six nodes) gives them less than the package would.  "Needs" is that even
+    share: the package's cores and memory over its GPUs (one rank per visible device)."""
+    from .._devices import resolve
+    from .._plan import device_node, split_of
+    from .._sysfs import format_cpulist
+
+    visible = resolve(machine, environ).devices
+    gpus: dict[int, int] = {}
+    for dev in visible:
+        node = device_node(machine, dev).node
+        if node is not None:
+            gpus[node] = gpus.get(node, 0) + 1
+    out: list[Finding] = []
+    smt = max(machine.smt, 1)
+    sizes = {n.id: (len(n.cpus) // smt, n.memory_bytes or 0) for n in machine.nodes if n.cpus}
+    seen: set[tuple[int, ...]] = set()
+    for node in sorted(gpus):
+        split = split_of(machine, node)
+        if split is None or split.nodes in seen:
+            continue
+        seen.add(split.nodes)
+        ranks = sum(gpus.get(n, 0) for n in split.nodes)
+        cores = sum(sizes.get(n, (0, 0))[0] for n in split.nodes)
+        memory = sum(sizes.get(n, (0, 0))[1] for n in split.nodes)
+        short = []
+        for n in split.nodes:
+            if not gpus.get(n):
+                continue
+            c, m = sizes.get(n, (0, 0))
+            if c * ranks < cores * gpus[n] or m * ranks < memory * gpus[n]:
+                short.append(
+                    f"node {n}: {c // gpus[n]} cores and {m / gpus[n] / 2**30:.0f} GiB a rank"
+                )
+        if not short:
+            continue
+        idle = [n for n in split.nodes if not gpus.get(n)]
+        row = split.row
+        setting = f" ({split.setting})" if split.setting else ""
+        what = f"package {split.package} is split into {len(split.nodes)} {row.node}s{setting}"
+        out.append(
+            Finding(
+                check="sub-NUMA",
+                status="warn",
+                detail=f"{what}: {'; '.join(short)}, where package {split.package} would give "
+                f"each of its {ranks} GPU ranks {cores // ranks} cores and "
+                f"{memory / ranks / 2**30:.0f} GiB"
+                + (
+                    f" (node{'s' if len(idle) > 1 else ''} {format_cpulist(idle)} "
+                    f"{'have' if len(idle) > 1 else 'has'} no GPU)"
+                    if idle
+                    else ""
+                )
+                + "; NUMABIND_MODE=socket gives the package's ranks all of it, or change "
+                + row.bios,
             )
         )
     return out
@@ -698,6 +791,7 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     found += kernel_findings()
     if machine is not None:
         found += machine_findings(machine, environ)
+        found += subnuma_findings(machine, environ)
     return found
 
 
