@@ -694,6 +694,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "what was asked and not done is said without NUMABIND_VERBOSE",
         ("tests/test_first_hour.py",),
     ),
+    M(
+        "M80",
+        "src/numabind/_range.py",
+        "    leave = frozenset(n for r in before for n in r.pages if mask and n not in mask)",
+        "    leave: frozenset[int] = frozenset()",
+        "late migration leaves pages on a node outside the spill mask (a GPU's own memory)",
+        ("tests/test_appliers.py",),
+    ),
     # --- the NIC next to the GPU (N: numbered apart, so that other branches' M ids stay) ---
     M(
         "N01",

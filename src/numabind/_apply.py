@@ -1003,7 +1003,7 @@ def _migrate(b: Binding, plan: Plan) -> None:
 
     move_as = POLICIES[b.policy_applied or "preferred"].migrate_as or "bind"
     dest = min(target, key=lambda n: (n != plan.numa_node, n))
-    done = migrate_private(target, move_as, dest)
+    done = migrate_private(target, move_as, dest, plan.memory_mask)
     if done is None:
         return
     b.pages_moved, b.pages_failed = done.moved, done.failed
