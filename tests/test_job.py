@@ -131,7 +131,7 @@ def test_a_collector_record_parses_into_rows() -> None:
     row = parse_node(healthy("gpu01", 100, 0), "gpu01", "42")
     assert row.state == "answered" and [r.rank for r in row.ranks] == [0, 1]
     r = row.ranks[1]
-    assert r.plan_cpus == frozenset(range(4, 8)) and r.cpus == r.plan_cpus
+    assert r.plan_cpus == "4-7" and r.cpus == r.plan_cpus and r.plan_cpus.size == 4
     assert r.gpu_pci == "0000:11:00.0" and r.gpu_node == 1 and r.status == "ok"
     assert all(g.on_plan for g in r.threads)
 
@@ -144,7 +144,6 @@ def test_a_collector_record_parses_into_rows() -> None:
         ('{"schema": "other"}', "schema is not"),
         (node("gpu09", []), "record of host 'gpu09' where 'gpu01' was asked"),
         (node("gpu01", {"a": 1}), "ranks is not a list"),
-        (node("gpu01", [rank(1, 0, 0)] * (_job.MAX_RANKS + 1)), "more than 1024 ranks"),
         (node("gpu01", [], facts={"numa_balancing": "yes"}), "numa_balancing is not true"),
         (node("gpu01\nOK everything", []), "is not a host name"),
         ("[" * 100_000 + "]" * 100_000, "not JSON"),
@@ -176,6 +175,12 @@ def test_a_bad_rank_is_an_invalid_rank_row(over: dict[str, Any], why: str) -> No
     good, bad = row.ranks
     assert good.status == "ok" and bad.status == "invalid"
     assert why in bad.problems[0], bad.problems
+
+
+def test_an_over_full_node_record_still_shows_its_first_ranks() -> None:
+    row = parse_node(node("gpu01", [rank(1, 0, 0)] * (_job.MAX_RANKS + 5)), "gpu01", "42")
+    assert row.state == "answered" and len(row.ranks) == _job.MAX_RANKS
+    assert f"{_job.MAX_RANKS + 5} ranks listed: the first {_job.MAX_RANKS} kept" in row.notes
 
 
 def test_record_text_is_cleaned_and_capped() -> None:
