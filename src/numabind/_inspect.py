@@ -25,7 +25,7 @@ import time
 
 from . import _job, _kernel, _registry, _sysfs
 from ._environ import detect
-from ._kernel import locality, pages_per_node, read_maps, shared_pages
+from ._kernel import Region, locality, pages_per_node, shared_pages
 from ._model import (
     DEVICE_FILES,
     GLOBAL_RANK_VARIABLES,
@@ -35,6 +35,7 @@ from ._model import (
     RANK_VARIABLE_NAMES,
     THREAD_ROLES,
     Record,
+    parse_numa_maps_policy,
 )
 from ._threads import AFFINITY_VARIABLES
 from ._threads import VARIABLES as THREAD_VARIABLES
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-    from ._kernel import Region
     from ._plan import Plan
     from ._registry import Entry, Scan
     from ._topology import Machine
@@ -139,16 +139,17 @@ class BufferCheck(Record):
     ok: bool
 
 
-def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[BufferCheck, ...]:
-    """Measure each host buffer the process listed; a warning note for one off its nodes."""
+def check_buffers(
+    entry: Entry | None, found: dict[int, dict[int, int] | None], notes: list[str]
+) -> tuple[BufferCheck, ...]:
+    """Judge each host buffer the process listed from its pages per node (``found``, by
+    buffer index, measured in the one pass over its numa_maps: :func:`memory_view`); a
+    warning note for one off its nodes."""
     if entry is None or not entry.buffers:
         return ()
     out = []
-    for address, nbytes, nodes, policy in entry.buffers:
-        try:
-            pages = _kernel.range_pages(address, address + nbytes, pid)
-        except OSError:
-            pages = None
+    for i, (address, nbytes, nodes, policy) in enumerate(entry.buffers):
+        pages = found.get(i)
         share = locality(pages, frozenset(nodes)) if pages else None
         ok = share is None or share >= BUFFER_LOCALITY
         if pages is None:
@@ -170,6 +171,144 @@ def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[Buff
             )
         )
     return tuple(out)
+
+
+class MemoryView(Record):
+    """What one process's memory looks like, from one pass over ``/proc/PID/maps`` and one
+    over ``numa_maps`` (however many host buffers its entry lists): its main thread's
+    memory policy, its private anonymous regions, each listed buffer's pages per node (by
+    index; None: not mapped), and whether a cap or the deadline cut the reading short."""
+
+    policy: tuple[str, frozenset[int]] | None
+    regions: tuple[Region, ...]
+    buffers: dict[int, dict[int, int] | None]
+    truncated: bool
+    late: bool = False
+
+
+def memory_view(
+    pid: int, buffers: tuple[tuple[int, int], ...] = (), deadline: float | None = None
+) -> MemoryView:
+    """Read ``pid``'s maps and numa_maps once each (numabind._kernel.Lines: bounded
+    streams) and derive from that one reading everything :func:`check_pid` measures:
+    the policy numa_maps shows on the heap (else on the first anonymous region), the
+    private anonymous regions with their pages per node, and the pages of each buffer
+    ``(address, bytes)`` (the mappings that make it up; one that began before it counts
+    whole, as numa_maps says no finer).  Stops at ``deadline`` (a ``time.monotonic()``
+    value), marking the view late.  Raises OSError when the files cannot be read."""
+    return _MemoryReader(pid, buffers, deadline).read()
+
+
+class _MemoryReader:
+    """The one pass of :func:`memory_view` (state kept between the two files)."""
+
+    def __init__(
+        self, pid: int, buffers: tuple[tuple[int, int], ...], deadline: float | None
+    ) -> None:
+        self.pid, self.buffers, self.deadline = pid, buffers, deadline
+        self.late = False
+        self.private: dict[int, tuple[int, str]] = {}  # start -> (end, name)
+        self.firsts = {i: a for i, (a, _) in enumerate(buffers)}  # where their pages begin
+        self.found: dict[int, dict[int, int] | None] = dict.fromkeys(range(len(buffers)))
+        self.regions: list[Region] = []
+        self.pick: str | None = None  # the numa_maps line the policy is read from
+        self.heap = False
+
+    def _stop(self, n: int) -> bool:
+        if self.deadline is not None and n % 4096 == 0 and time.monotonic() > self.deadline:
+            self.late = True
+        return self.late
+
+    def read(self) -> MemoryView:
+        maps = _kernel.Lines(f"/proc/{self.pid}/maps")
+        starts = sorted((a, i) for i, (a, _) in enumerate(self.buffers))
+        for n, line in enumerate(maps):
+            if self._stop(n):
+                break
+            self._maps_line(line, starts)
+        spans = sorted((self.firsts[i], a + size, i) for i, (a, size) in enumerate(self.buffers))
+        numa = _kernel.Lines(f"/proc/{self.pid}/numa_maps")
+        for n, line in enumerate(numa):
+            if self._stop(n):
+                break
+            self._numa_line(line, spans)
+        return MemoryView(
+            policy=self._policy(),
+            regions=tuple(self.regions),
+            buffers=self.found,
+            truncated=maps.truncated or numa.truncated,
+            late=self.late,
+        )
+
+    def _maps_line(self, line: str, starts: list[tuple[int, int]]) -> None:
+        import bisect
+
+        fields = line.split(None, 5)
+        if len(fields) < 5:
+            return
+        a, _, b = fields[0].partition("-")
+        lo, hi = _kernel._hex(a), _kernel._hex(b)
+        if lo is None or hi is None or hi <= lo:
+            return
+        for k in range(bisect.bisect_left(starts, (lo, -1)), len(starts)):
+            if starts[k][0] >= hi:
+                break
+            self.firsts[starts[k][1]] = lo  # the mapping holding this buffer's first byte
+        name = fields[5].strip() if len(fields) == 6 else ""
+        if len(fields[1]) < 4 or fields[1][3] != "p":
+            return
+        if name and not (name in ("[heap]", "[stack]") or name.startswith(("[anon:", "[stack:"))):
+            return
+        if name not in _kernel._SPECIAL:
+            self.private[lo] = (hi, name or "[anon]")
+
+    def _numa_line(self, line: str, spans: list[tuple[int, int, int]]) -> None:
+        if not self.heap:  # the policy, as numabind._kernel.task_policy picks its line
+            if " heap" in line:
+                self.pick, self.heap = line, True
+            elif self.pick is None and " anon=" in line and "file=" not in line:
+                self.pick = line
+        fields = line.split()
+        start = _kernel._hex(fields[0]) if fields else None
+        if start is None:
+            return
+        page_kb, mapmax = 4, 1
+        for f in fields[2:]:
+            if f.startswith("kernelpagesize_kB="):
+                page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
+            elif f.startswith("mapmax="):
+                mapmax = _sysfs.parse_int(f[7:]) or 1
+        counts = list(_kernel._node_counts(fields[2:]))
+        for first, end, i in spans:
+            if first > start:
+                break
+            if start < end:
+                got = self.found[i] or {}
+                for node, c in counts:
+                    got[node] = got.get(node, 0) + c * (page_kb // 4)
+                self.found[i] = got
+        if start in self.private and not any(f.startswith("file=") for f in fields):
+            end_, name = self.private[start]
+            self.regions.append(
+                Region(
+                    start=start,
+                    end=end_,
+                    name=name,
+                    page_size=page_kb * 1024,
+                    pages=dict(counts),
+                    mapmax=mapmax,
+                    policy=parse_numa_maps_policy(fields)[0],
+                )
+            )
+
+    def _policy(self) -> tuple[str, frozenset[int]] | None:
+        if self.pick is None:
+            return None
+        name, nodes = parse_numa_maps_policy(self.pick.split())
+        try:
+            return name, _sysfs.parse_nodelist(nodes) if nodes else frozenset()
+        except ValueError:
+            return name, frozenset()
 
 
 class RoleGroup(Record):
@@ -340,12 +479,17 @@ class CheckReport(Record):
 
 
 def expected_plan(
-    pid: int, machine: Machine, environ: Mapping[str, str] | OSError, source: str
+    pid: int,
+    machine: Machine,
+    environ: Mapping[str, str] | OSError,
+    source: str,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[PlanView | None, str, Entry | None]:
-    """The plan a process should have: its registry entry, else planned from ``environ``
-    (its initial environment, or the error reading it; ``source`` says which).  Returns
-    (plan, where it came from, entry)."""
-    entry = _registry.read(pid)
+    """The plan a process should have: its registry entry (under ``settings``'
+    ``NUMABIND_REGISTRY``, default this process's), else planned from ``environ`` (its
+    initial environment, or the error reading it; ``source`` says which).  Returns (plan,
+    where it came from, entry)."""
+    entry = _registry.read(pid, settings)
     if entry is not None:
         return PlanView.of_entry(entry), "registry", entry
     if isinstance(environ, OSError):
@@ -462,32 +606,37 @@ def check_pid(
     machine: Machine,
     min_locality: float = MIN_LOCALITY,
     environ: Mapping[str, str] | None = None,
+    deadline: float | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> ProcessCheck:
-    """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
+    """Check one process; raises :class:`Vanished` if it is gone or a zombie.  Each of its
+    /proc files is read a fixed number of times (maps and numa_maps once, whatever its
+    entry lists); reading its memory stops at ``deadline``.  ``settings``: where its
+    registry is (``NUMABIND_REGISTRY``; default this process's environment)."""
     if not _kernel.alive(pid):
         raise Vanished(pid)
     env = environ if environ is not None else initial_environ(pid)
     expected, source, entry = expected_plan(
-        pid, machine, env, "its environment" if environ is not None else "its initial environment"
+        pid,
+        machine,
+        env,
+        "its environment" if environ is not None else "its initial environment",
+        settings,
     )
     threads = _kernel.thread_masks(pid)
     if not threads and not _kernel.alive(pid):
         raise Vanished(pid)
     unreadable: list[str] = []
+    listed = tuple((a, n) for a, n, _, _ in entry.buffers) if entry is not None else ()
     try:
-        policy = _kernel.task_policy(pid)
+        view = memory_view(pid, listed, deadline)
     except OSError as err:
         if not _kernel.alive(pid):
             raise Vanished(pid) from None
-        policy = None
-        unreadable.append(f"memory policy ({err.strerror})")
-    try:
-        maps = read_maps(pid)
-    except OSError as err:
-        if not _kernel.alive(pid):
-            raise Vanished(pid) from None
-        maps = _kernel.Maps([], False)
-        unreadable.append(f"memory maps ({err.strerror})")
+        view = MemoryView(policy=None, regions=(), buffers={}, truncated=False)
+        unreadable += [f"memory policy ({err.strerror})", f"memory maps ({err.strerror})"]
+    policy = view.policy
+    maps = _kernel.Maps(list(view.regions), view.truncated)
     regions = maps.regions
     pages = pages_per_node(regions)
     shared = _shared(pid, regions)
@@ -495,6 +644,8 @@ def check_pid(
     own = {n: c for n, c in own.items() if c > 0}
     problems: list[str] = []
     notes: list[str] = []
+    if view.late:
+        notes.append(f"/proc/{pid}: its memory maps were read only in part: the deadline passed")
     if maps.truncated:
         notes.append(
             f"/proc/{pid}/maps or numa_maps is larger than numabind reads "
@@ -538,7 +689,7 @@ def check_pid(
         )
     settings = _thread_settings(entry, env)
     base["thread_settings"] = settings
-    base["host_buffers"] = check_buffers(pid, entry, notes)
+    base["host_buffers"] = check_buffers(entry, view.buffers, notes)
     if not expected.bound:
         if expected.problem:
             cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
@@ -819,9 +970,11 @@ def check(
     named: bool = False,
     scan: Scan | None = None,
     verbose: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> CheckReport:
-    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value); ``named``: the
-    pids were given by the user (a vanished one is a note and exit status 3)."""
+    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value; reading one
+    process's memory stops there too); ``named``: the pids were given by the user (a
+    vanished one is a note and exit status 3); ``settings``: where the registry is."""
     results: list[ProcessCheck] = []
     vanished: list[int] = []
     skipped: list[int] = []
@@ -831,7 +984,9 @@ def check(
             skipped = pids[i:]
             break
         try:
-            results.append(check_pid(pid, machine, environ=own_env))
+            results.append(
+                check_pid(pid, machine, environ=own_env, deadline=deadline, settings=settings)
+            )
         except Vanished:
             vanished.append(pid)
     if vanished and named:
