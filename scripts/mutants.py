@@ -485,8 +485,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "M54",
         "src/numabind/_job.py",
-        "        if expect_host is not None and host != expect_host:",
-        "        if False:",
+        "    if expect_host is not None and host != expect_host:",
+        "    if False:",
         "a node record cannot speak for another host",
         ("tests/test_job.py",),
     ),
@@ -538,6 +538,47 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         "check --job --store refuses a value longer than a record before reading it",
         ("tests/test_report.py",),
+    ),
+    # --- round three: what root runs, and what a report may cost (issue 32) ----------------
+    M(
+        "M61",
+        "src/numabind/_isolated.py",
+        'return [python, "-I", "-S", "-B", "-c", BOOT, mode, root, *args]',
+        'return [python, "-B", "-c", BOOT, mode, root, *args]',
+        "the collector starts isolated: no cwd, no PYTHON* variable, no .pth file",
+        ("tests/test_shared_cluster.py",),
+    ),
+    M(
+        "M62",
+        "src/numabind/_inspect.py",
+        "                if uids is not None and uids == {owner}:",
+        "                if uids is not None:",
+        "without Slurm tracking or a job cgroup, only the job owner's processes are its ranks",
+        ("tests/test_shared_cluster.py",),
+    ),
+    M(
+        "M63",
+        "src/numabind/_job.py",
+        "    if len(raw) > max_ranks and max_ranks == 1:",
+        "    if False:",
+        "a store record listing a second rank is refused before any rank is parsed",
+        ("tests/test_shared_cluster.py",),
+    ),
+    M(
+        "M64",
+        "src/numabind/_inspect.py",
+        "            if start < end:\n                got = self.found[i] or {}",
+        "            if start < end and False:\n                got = self.found[i] or {}",
+        "a listed host buffer is measured from the one pass over numa_maps",
+        ("tests/test_shared_cluster.py", "tests/test_host_memory.py"),
+    ),
+    M(
+        "M65",
+        "src/numabind/cli/_doctor.py",
+        '        drop = {"user": runner.uid, "group": runner.gid, "extra_groups": []}',
+        "        drop = {}",
+        "doctor starts another user's interpreter as that user, never as root",
+        ("tests/test_shared_cluster.py",),
     ),
 )
 

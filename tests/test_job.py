@@ -307,8 +307,9 @@ def test_the_collector_reports_only_its_jobs_ranks_on_its_node(
     fake_ranks: list[subprocess.Popen[bytes]],
 ) -> None:
     env = clean_env(SLURMD_NODENAME="nodea", SLURM_JOB_ID="77", SLURM_STEP_ID="5")
+    uid = str(os.geteuid())  # the job's owner: no Slurm tracking or job cgroup here
     p = subprocess.run(
-        [sys.executable, "-m", "numabind", "check", "--all", "--job-id", "77"],
+        [sys.executable, "-m", "numabind", "check", "--all", "--job-id", "77", "--job-uid", uid],
         capture_output=True,
         text=True,
         env=env,
@@ -323,6 +324,7 @@ def test_the_collector_reports_only_its_jobs_ranks_on_its_node(
     assert {r.step_tasks for r in row.ranks} == {"2(x2)"}
     assert all(r.threads and r.threads[0].names == ("python",) for r in row.ranks)
     assert row.facts["mempolicy_permitted"] is True
+    assert f"job 77's processes here, as told by the job owner's uid {uid}" in row.notes[0]
 
 
 def test_the_collector_needs_all_and_check_job_needs_a_job() -> None:
@@ -453,19 +455,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         subprocess.run([NODES_SCRIPT, "stop"], env=env, capture_output=True, timeout=120)
 
 
-def check_job(env: dict[str, str], job: str, *more: str) -> subprocess.CompletedProcess[str]:
+def check_job(
+    env: dict[str, str], job: str, *more: str, cwd: str = "/"
+) -> subprocess.CompletedProcess[str]:
+    """``numabind check --job`` as an administrator runs it (the installed command), with
+    NUMABIND_SYSROOT naming the path where each simulated node has its own machine (it
+    reaches the collectors as --sysroot)."""
+    env = dict(env, NUMABIND_SYSROOT=f"{env['NUMABIND_SLURM_NODES_DIR']}/machine")
     return subprocess.run(
-        [sys.executable, "-m", "numabind", "check", "--job", job, *more],
+        [str(Path(sys.executable).parent / "numabind"), "check", "--job", job, *more],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
-        cwd="/",
+        cwd=cwd,
     )
 
 
 @pytest.mark.launchers
-def test_check_job_on_a_two_node_slurm_job(cluster: dict[str, str], tmp_path: Path) -> None:
+def test_check_job_on_a_two_node_slurm_job(  # noqa: PLR0915 (one job, every case)
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
     env = dict(cluster)
     ready = tmp_path / "ready"
     ready.mkdir()
@@ -496,16 +506,38 @@ def test_check_job_on_a_two_node_slurm_job(cluster: dict[str, str], tmp_path: Pa
     else:
         raise AssertionError(f"the ranks did not start: {(tmp_path / 'job.out').read_text()}")
     state = cluster["NUMABIND_SLURM_NODES_DIR"]
+    # another user's process claims to be a rank of the job on nodea, and root's directory
+    # holds a planted numabind/ and json.py (issue 32, attacks 1 and 4)
+    claim = clean_env(
+        SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURMD_NODENAME="nodea", SLURM_LOCALID="0"
+    )
+    intruder = subprocess.Popen(
+        ["setpriv", "--reuid=43214", "--regid=43214", "--clear-groups", "sleep", "300"], env=claim
+    )
+    planted = tmp_path / "planted"
+    (planted / "numabind").mkdir(parents=True)
+    for name in ("numabind/__init__.py", "json.py", "socket.py"):
+        (planted / name).write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').close()\n")
 
-    # every rank, on both nodes, with each node's own machine: rank 3 off plan, its thread named
-    p = check_job(env, job)
-    print(p.stdout)
+    # every rank, on both nodes, with each node's own machine: rank 3 off plan, its thread
+    # named; the intruder is not counted (Slurm's own list of the job's processes)
+    began = time.monotonic()
+    p = check_job(env, job, cwd=str(planted))
+    print(p.stdout, f"({time.monotonic() - began:.1f} s)")
+    intruder.kill()
+    intruder.wait()
+    assert not (tmp_path / "PWNED").exists(), "planted code ran"
     assert p.returncode == 1, p.stdout + p.stderr
+    assert (
+        "note: nodea: job " + job + "'s processes here, as told by Slurm's process tracking"
+        in p.stdout
+    )
+    assert str(intruder.pid) not in p.stdout
     lines = p.stdout.splitlines()
     summary = "4 ranks on 2 nodes: 3 ok, 0 warnings, 1 off plan, 0 unreachable"
     assert lines[0] == f"numabind check --job {job}: {summary}"
     bad = next(line for line in lines if "OFF PLAN" in line)
-    assert bad.split()[:3] == ["nodeb", "3", "1"] and "0000:3c:00.0" in bad, bad
+    assert bad.split()[:3] == ["nodeb", "3", "1"] and "1 0000:3c:00.0  0" in bad, bad
     assert "'spinner' on CPUs 0, plan 1" in p.stdout
     assert "0000:17:00.0" in p.stdout and "0000:18:00.0" in p.stdout, "nodea's machine"
     p = check_job(env, job, "--json")
@@ -518,7 +550,8 @@ def test_check_job_on_a_two_node_slurm_job(cluster: dict[str, str], tmp_path: Pa
     p = check_job(env, job, "--python", "/nonexistent/python3", "--deadline", "30")
     print(p.stdout)
     assert p.returncode == 3, p.stdout + p.stderr
-    assert "nodea  UNREACHABLE: " in p.stdout and "nodeb  UNREACHABLE: " in p.stdout, p.stdout
+    gone = "UNREACHABLE: not run: there is no interpreter /nonexistent/python3 on this node"
+    assert f"nodea  {gone}" in p.stdout and f"nodeb  {gone}" in p.stdout, p.stdout
 
     # a collector that hangs: its node is a row, the report comes at the deadline
     hang = Path(state, "hang-nodea")

@@ -754,7 +754,7 @@ def layout(
         done.add(key)
         try:
             counts = expand_tasks(key[1])
-            hosts = expand_hostlist(key[0], min(MAX_HOSTS, budget.hosts_left), budget)
+            hosts = expand_hostlist(key[0], MAX_HOSTS, budget)  # at most one over the budget
         except InvalidRecord:
             if budget.exhausted:
                 left += 1

@@ -185,7 +185,10 @@ def read_report(
         try:
             row, absent = _read_one(store, f"{prefix}/{r}", budget)
         except _Unreadable as err:
-            unread, stopped = world - r, f"the store stopped answering at rank {r} ({err})"
+            unread = world - r
+            stopped = f"the store stopped answering at rank {r} ({err})"
+            if budget.late():  # the wait ended inside a request
+                stopped = f"{budget.spent}"
             break
         if absent:
             if missing and missing[-1][1] == r - 1:
@@ -193,11 +196,7 @@ def read_report(
             else:
                 missing.append((r, r))
             continue
-        problem = row.reason if row.state != "answered" else ""
-        if not problem and (len(row.ranks) != 1 or row.ranks[0].status == "invalid"):
-            problem = row.ranks[0].problems[0] if row.ranks else "a record without a rank"
-        if not problem and row.ranks[0].rank != r:
-            problem = f"a record under rank {r}'s key names rank {row.ranks[0].rank}"
+        problem = _problem(row, r)
         if problem:
             if len(invalid) < _job.MAX_INVALID:
                 invalid.append(
@@ -229,6 +228,16 @@ def read_report(
         unread + more_invalid,
     )
     return report.replace(title=f"numabind job report (torchrun run {run}, restart {restart})")
+
+
+def _problem(row: _job.NodeRow, r: int) -> str:
+    """Why rank ``r``'s record is not a row of its own ("" when it is)."""
+    problem = row.reason if row.state != "answered" else ""
+    if not problem and (len(row.ranks) != 1 or row.ranks[0].status == "invalid"):
+        problem = row.ranks[0].problems[0] if row.ranks else "a record without a rank"
+    if not problem and row.ranks[0].rank != r:
+        problem = f"a record under rank {r}'s key names rank {row.ranks[0].rank}"
+    return problem
 
 
 SELF_REPORTED = (

@@ -314,22 +314,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--store",
         default=None,
         metavar="HOST:PORT",
-        help="with --job: read the records a torch.distributed job posted "
-        "(NUMABIND_REPORT=1) from its store (MASTER_ADDR:MASTER_PORT), read only",
+        help="read the records a torch.distributed job posted (NUMABIND_REPORT=1) from its "
+        "store (MASTER_ADDR:MASTER_PORT), read only",
     )
     check.add_argument(
         "--python",
         default=None,
         metavar="PATH",
         help="with --job: the interpreter that runs the collector on each node (an absolute "
-        "path with numabind installed there; default: this one)",
+        "path with numabind installed there; default: this one); with --ray: the one the "
+        "cluster's job runs (default: python on the cluster's PATH)",
     )
     check.add_argument(
         "--job-id",
         default=None,
         metavar="JOBID",
-        help="with --all: only the ranks of this Slurm job started on this node and not "
-        "of this process's own step, printed as one node record (what --job merges)",
+        help="with --all: only the ranks of this Slurm job on this node (as Slurm or the "
+        "kernel tells its processes) and not of this process's own step, printed as one "
+        "node record (what --job merges)",
+    )
+    check.add_argument(
+        "--job-uid",
+        type=_int_in("--job-uid", 0, (1 << 32) - 2),
+        default=None,
+        metavar="UID",
+        help="with --job-id: the uid the job runs as, where the node has no Slurm process "
+        "tracking or job cgroup (check --job passes it)",
+    )
+    check.add_argument(
+        "--sysroot",
+        default=None,
+        metavar="DIR",
+        help="read the machine from DIR (NUMABIND_SYSROOT, as an argument: check --job "
+        "passes it to its collectors); for root, only a path root alone can change",
+    )
+    check.add_argument(
+        "--registry",
+        default=None,
+        metavar="DIR",
+        help="the registry's base (NUMABIND_REGISTRY, as an argument), same rule",
     )
     check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     check.add_argument(
@@ -463,18 +486,24 @@ def _silence_stdout() -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    if args.python is not None and (args.job is None or args.store is not None):
-        from .._errors import UsageError
+    from .._errors import UsageError
 
+    if args.python is not None and (
+        (args.job is None and args.ray is None) or args.store is not None
+    ):
         raise UsageError(
             "numabind check: --python names the interpreter --job runs on each node "
-            "(not with --store, --ray or --all)"
+            "(or --ray's job in the cluster); not with --store or --all"
         )
+    if args.job_uid is not None and args.job_id is None:
+        raise UsageError("numabind check: --job-uid goes with --all --job-id JOBID")
+    if args.ray is not None and (args.job is not None or args.store is not None):
+        raise UsageError("numabind check: --ray, --job and --store are three reports; give one")
     if args.ray is not None:
         from ._ray import run_ray
 
         return run_ray(args)
-    if args.job is not None or args.job_id is not None:
+    if args.job is not None or args.job_id is not None or args.store is not None:
         from ._job import run_job
 
         return run_job(args)
