@@ -580,6 +580,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "doctor starts another user's interpreter as that user, never as root",
         ("tests/test_shared_cluster.py",),
     ),
+    M(
+        "M66",
+        "src/numabind/cli/_ray.py",
+        "            if node not in holders or names.get(node, node[:12]) in rows:",
+        "            if names.get(node, node[:12]) in rows:",
+        "check --ray takes a record only for a node the dashboard says holds a GPU",
+        ("tests/test_shared_cluster.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

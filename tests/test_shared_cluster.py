@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -839,3 +840,208 @@ def test_store_usage_and_a_peer_that_is_not_a_store() -> None:
         capture_output=True, text=True, env=clean_env(), timeout=60,
     )  # fmt: skip
     assert p.returncode == 2 and "it takes no JOBID" in p.stderr
+
+
+# --- attack 2: check --ray joined any cluster and unpickled what it sent -------------------------
+
+NODE_A, NODE_B = "a" * 56, "b" * 56
+
+
+class FakeDashboard:
+    """Ray's dashboard as its HTTP API looks (the state API, /api/version, the job API),
+    served by the test: honest, or as a hostile or broken one (``mode``).  The job it
+    runs 'prints' ``log``; it records what it was asked."""
+
+    def __init__(self, log: str = "", mode: str = "honest") -> None:
+        import http.server
+        import threading
+
+        self.log, self.mode, self.asked, self.jobs = log, mode, [], {}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                outer.asked.append(("GET", self.path))
+                outer.answer(self, "GET")
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.asked.append(("POST", self.path, body))
+                outer.answer(self, "POST", body)
+
+            def do_DELETE(self) -> None:
+                outer.asked.append(("DELETE", self.path))
+                outer.send(self, 200, {"deleted": True})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def send(h: Any, status: int, data: Any, raw: bytes | None = None) -> None:
+        body = raw if raw is not None else json.dumps(data).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    @staticmethod
+    def listing(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"result": True, "msg": "", "data": {"result": {"total": len(rows), "result": rows}}}
+
+    def answer(self, h: Any, method: str, body: bytes = b"") -> None:  # noqa: PLR0911
+        path = h.path.split("?")[0]
+        if self.mode == "huge" and path == "/api/v0/actors":
+            h.send_response(200)
+            h.send_header("Content-Length", str(1 << 40))
+            h.end_headers()
+            h.wfile.write(b"[" * 65536)
+            return
+        if self.mode == "drip" and path == "/api/v0/actors":
+            h.send_response(200)
+            h.end_headers()
+            for _ in range(120):
+                h.wfile.write(b" ")
+                h.wfile.flush()
+                time.sleep(0.5)
+            return
+        if self.mode == "redirect" and path == "/api/version":
+            h.send_response(302)
+            h.send_header("Location", "http://127.0.0.1:1/elsewhere")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        if self.mode == "nested" and path == "/api/v0/nodes":
+            return self.send(h, 200, None, b"[" * 200_000 + b"]" * 200_000)
+        if self.mode == "pickle" and path == "/api/v0/tasks":
+            import pickle
+
+            return self.send(h, 200, None, pickle.dumps(["this is not JSON"]))
+        if path == "/api/version":
+            return self.send(h, 200, {"version": "4", "ray_version": "2.60.0"})
+        if path == "/api/v0/nodes":
+            nodes = [
+                {"node_id": NODE_A, "node_ip": "10.0.0.1"},
+                {"node_id": NODE_B, "node_ip": "10.0.0.2"},
+            ]
+            return self.send(h, 200, self.listing(nodes))
+        if path == "/api/v0/actors":
+            actor = {
+                "pid": 4242,
+                "node_id": NODE_A,
+                "state": "ALIVE",
+                "required_resources": {"GPU": 1},
+            }
+            return self.send(h, 200, self.listing([actor]))
+        if path == "/api/v0/tasks":
+            task = {"worker_pid": 4343, "node_id": NODE_B, "state": "RUNNING",
+                    "required_resources": {"GPU": 0.5}}  # fmt: skip
+            return self.send(h, 200, self.listing([task]))
+        if path == "/api/jobs/" and method == "POST":
+            ident = json.loads(body)["submission_id"]
+            self.jobs[ident] = json.loads(body)
+            return self.send(h, 200, {"submission_id": ident})
+        if path.startswith("/api/jobs/") and path.endswith("/logs"):
+            return self.send(h, 200, {"logs": self.log})
+        if path.startswith("/api/jobs/") and path.endswith("/stop"):
+            return self.send(h, 200, {"stopped": True})
+        if path.startswith("/api/jobs/"):
+            return self.send(h, 200, {"status": "SUCCEEDED", "message": "Job finished."})
+        return self.send(h, 404, {"error": "no such page"})
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def ray_record(host: str, pid: int) -> str:
+    return store_record(store_rank(0, pid=pid), host=host).decode()
+
+
+def check_ray(
+    dash: FakeDashboard | int, *more: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    port = dash if isinstance(dash, int) else dash.port
+    return subprocess.run(
+        [sys.executable, "-m", "numabind", "check", "--ray", f"127.0.0.1:{port}", *more],
+        capture_output=True, text=True, timeout=120, env=clean_env(**env), cwd="/",
+    )  # fmt: skip
+
+
+def test_check_ray_reads_the_dashboard_and_runs_nothing_of_the_cluster(tmp_path: Path) -> None:
+    """0.3.0 ran ray.init(address="auto") in root's process (joining whatever cluster it
+    found), ran its collector in that cluster's workers and unpickled the results.  Now
+    Ray is never imported here (a 'ray' on PYTHONPATH that leaves a marker stays
+    untouched), the state comes over HTTP as JSON, the checking is a job of the
+    cluster's own, and its log's records are parsed as input: a record for a node that
+    holds no GPU, or naming another host, or not JSON, is not evidence."""
+    fake_ray = tmp_path / "fake" / "ray"
+    fake_ray.mkdir(parents=True)
+    (fake_ray / "__init__.py").write_text(f"open({str(tmp_path / 'IMPORTED')!r}, 'w').close()\n")
+    log = "\n".join([
+        "Running entrypoint for job numabind-check-...",
+        "numabind-driver uid=43215 ray=2.60.0",
+        f"numabind-record {NODE_A} {ray_record('10.0.0.1', 4242)}",
+        f"numabind-record {NODE_B} {ray_record('10.0.0.9', 4343)}",  # names another host
+        f"numabind-record {'c' * 56} {ray_record('10.0.0.3', 1)}",  # a node holding no GPU
+        f"numabind-record {NODE_A} {ray_record('10.0.0.1', 1)}",  # said twice
+        "\x80\x04\x95 a pickle: bytes are text here",
+    ])  # fmt: skip
+    dash = FakeDashboard(log)
+    try:
+        p = check_ray(dash, "--json", PYTHONPATH=str(tmp_path / "fake"))
+    finally:
+        dash.close()
+    assert not (tmp_path / "IMPORTED").exists(), "ray was imported in the checking process"
+    assert p.returncode == 3, p.stdout + p.stderr
+    report = json.loads(p.stdout)
+    rows = {n["host"]: n for n in report["nodes"]}
+    assert sorted(rows) == ["10.0.0.1", "10.0.0.2"], rows
+    assert [r["pid"] for r in rows["10.0.0.1"]["ranks"]] == [4242]
+    assert rows["10.0.0.2"]["state"] == "invalid" and "10.0.0.9" in rows["10.0.0.2"]["reason"]
+    assert any("uid=43215" in n and "the cluster's word" in n for n in report["notes"])
+    (job,) = dash.jobs.values()
+    assert job["entrypoint"].startswith("python -m numabind._raydriver ")
+    assert job["entrypoint_num_cpus"] == 0
+    assert ("DELETE", f"/api/jobs/{job['submission_id']}") in dash.asked, "the job is removed"
+
+
+def test_check_ray_never_joins_a_cluster_it_was_not_named() -> None:
+    dash = FakeDashboard()
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "numabind", "check", "--ray"],
+            capture_output=True, text=True, timeout=60, cwd="/",
+            env=clean_env(RAY_ADDRESS=f"127.0.0.1:{dash.port}"),
+        )  # fmt: skip
+    finally:
+        dash.close()
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "name the cluster's dashboard" in p.stderr and dash.asked == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("huge", "an answer of 1099511627776 bytes (at most"),
+        ("drip", "no answer from the dashboard before the deadline"),
+        ("redirect", "HTTP 302 for /api/version"),
+        ("nested", "/api/v0/nodes did not answer JSON"),
+        ("pickle", "/api/v0/tasks did not answer JSON"),
+    ],
+)
+def test_a_hostile_dashboard_is_one_line(mode: str, said: str) -> None:
+    dash = FakeDashboard(mode=mode)
+    try:
+        began = time.monotonic()
+        p = check_ray(dash, "--deadline", "3")
+        took = time.monotonic() - began
+    finally:
+        dash.close()
+    assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
+    assert said in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert took < 30, took  # a hang guard (the drip would last a minute)

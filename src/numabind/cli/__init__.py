@@ -304,11 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--ray",
         nargs="?",
-        const="auto",
+        const="",
         default=None,
-        metavar="ADDRESS",
-        help="every Ray actor and task holding a GPU, on every node, in one report "
-        "(default: the cluster this machine is part of); needs ray[default]",
+        metavar="DASHBOARD",
+        help="every Ray actor and task holding a GPU, on every node, in one report, from "
+        "the cluster whose dashboard is at HOST:PORT (http://HOST:8265): read over its "
+        "HTTP API, checked by a job of the cluster's own; nothing of Ray runs here",
     )
     check.add_argument(
         "--store",
