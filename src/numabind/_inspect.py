@@ -1005,9 +1005,11 @@ def _listpids(job: str, timeout: float) -> frozenset[int] | None:
     import shutil
     import subprocess
 
+    from ._isolated import loose
+
     scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return None
+    if scontrol is None or loose(scontrol, {0, os.geteuid()}) is not None:
+        return None  # not here, or a program another user could change: not run
     try:
         p = subprocess.run(
             [scontrol, "listpids", job],
@@ -1171,14 +1173,18 @@ def rank_status(r: ProcessCheck) -> str:
 def rank_record(r: ProcessCheck) -> dict[str, object]:
     """One rank of the node record: what the job report shows of it, compact (CPU sets in
     the kernel's list form, threads grouped by mask, the first few ids and names of
-    each), and never more than the budget of one rank (numabind._job.RANK_BYTES): a rank
-    with many odd masks on a large machine drops its last groups and says so."""
+    each), and never more than the budget of one rank (numabind._job.RANK_BYTES and
+    RANK_VALUES): a rank with many odd masks on a large machine drops its last groups and
+    says so."""
     import json
 
     record = _rank_record(r)
     threads: list[object] = record["threads"]  # type: ignore[assignment]
     dropped = 0
-    while threads and len(json.dumps(record, separators=(",", ":"))) > _job.RANK_BYTES - 512:
+    while threads:
+        text = json.dumps(record, separators=(",", ":"))
+        if len(text) <= _job.RANK_BYTES - 512 and _job._values(text) <= _job.RANK_VALUES - 64:
+            break
         threads.pop()
         dropped += 1
     if dropped:

@@ -150,10 +150,23 @@ class SlurmError(Exception):
     """Slurm could not tell or run what was asked (one line for the user)."""
 
 
+def slurm_tool(name: str) -> str:
+    """The path of Slurm's ``name`` on PATH, refused (SlurmError) when another user could
+    change it: it is run with the caller's privileges."""
+    path = shutil.which(name)
+    if path is None:
+        raise SlurmError(f"{name} is not installed here: check --job needs Slurm")
+    found = loose(path, {0, os.geteuid()})
+    if found is not None:
+        raise SlurmError(f"{say(found)}: {name} is not run as uid {os.geteuid()}")
+    return path
+
+
 def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    argv = [slurm_tool(argv[0]), *argv[1:]]
     try:
         return subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd="/"
         )
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} is not installed here: check --job needs Slurm") from None
@@ -246,9 +259,7 @@ def collect_slurm(
     """Run the collector on ``nodes`` in one ``srun --overlap`` step (from ``/``); the rows
     of the nodes that answered (or whose launch failed, with Slurm's reason; or that
     refused to run it) and notes."""
-    srun = shutil.which("srun")
-    if srun is None:
-        raise SlurmError("srun is not installed here: check --job needs Slurm")
+    srun = slurm_tool("srun")
     if isinstance(collector, str):
         collector = Collector(python=collector or sys.executable, root=install_root())
     left = max(deadline - STOP_SECONDS, 1.0)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 8265  # the dashboard's
 ANSWER_CAP = 64 << 20  # bytes of one HTTP answer (10,000 actors in detail are ~20 MiB)
 HEADER_CAP = 64 << 10  # bytes of an answer's status line and headers
-VALUES_CAP = 4 << 20  # JSON values in one answer (counted before it is parsed)
+VALUES_CAP = 1 << 20  # JSON values in one answer (counted before it is parsed)
 POLL = 0.5  # seconds between looks at the job's status
 DONE = ("SUCCEEDED", "FAILED", "STOPPED")
 
