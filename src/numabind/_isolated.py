@@ -209,9 +209,7 @@ sys.exit(main(ARGS))
 def install_root() -> str:
     """The directory that holds this numabind package (site-packages, or the checkout's
     ``src`` for an editable install)."""
-    import numabind
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(numabind.__file__ or "")))
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # <root>/numabind/
 
 
 def boot_argv(python: str, args: list[str], root: str = "", mode: str = "plain") -> list[str]:
