@@ -1063,3 +1063,37 @@ def test_slurm_tools_another_user_could_change_are_not_run(fake_slurm: dict[str,
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert f"bin is owned by uid {ATTACKER}: scontrol is not run as uid 0" in p.stderr
     assert not (fake_slurm["top"] / "srun.json").exists()
+
+
+def test_nested_lying_and_oversized_records_through_a_store_are_rows() -> None:
+    """One store holding every kind of bad record at once: each is its own invalid row,
+    the honest ones are counted, and the report is one screen with exit status 3."""
+    nested = b'{"schema":"numabind-node/1","host":"h","ranks":[' + b"[" * 40_000
+    values = {
+        "numabind/latest": b"run/0/6",
+        "numabind/run/0/0": store_record(store_rank(0)),
+        "numabind/run/0/1": store_record(store_rank(1), store_rank(5)),  # two ranks
+        "numabind/run/0/2": nested + b"]" * 40_000 + b"]}",  # 40,000 deep, 80 KB
+        "numabind/run/0/3": store_record(
+            store_rank(3, step_nodes="n" + "[0]" * 1000, step_tasks="1")
+        ),
+        "numabind/run/0/4": b"x" * (200 << 10),  # over a store record's 96 KiB
+        "numabind/run/0/5": store_record(store_rank(4)),  # rank 5's key, rank 4's record
+    }
+    store = DictStore(values)
+    try:
+        p, took, peak = check_store_here(store.port, "--deadline", "20")
+    finally:
+        store.close()
+    print(f"\na store of nested, lying and oversized records: {took:.1f} s, peak {peak} MiB")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.stdout.splitlines()[0].endswith(
+        "6 ranks on 2 nodes: 2 ok, 0 warnings, 0 off plan, 0 unreachable, 4 unknown or invalid"
+    ), p.stdout
+    for said in (
+        "a store record holds one rank, this one 2",
+        "invalid record: more than 6,144 values",  # the nesting, refused before json.loads
+        "not read: a value of 204800 bytes",
+        "a record under rank 5's key names rank 4",
+    ):
+        assert said in p.stdout, (said, p.stdout.splitlines())

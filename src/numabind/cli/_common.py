@@ -57,16 +57,18 @@ EXITS: tuple[Exit, ...] = (
         code=2,
         name="usage",
         meaning="usage error: bad arguments, an unreadable or malformed input, an output "
-        "that exists (without --force); check --job: no such job, or Slurm is not installed "
-        "here",
+        "that exists (without --force); check --job: no such job, Slurm is not installed "
+        "here, or the collector's interpreter, numabind or Slurm's tools could be changed by "
+        "another user (they are not run)",
     ),
     Exit(
         code=3,
         name="unreachable",
         meaning="check --pid: a process named is gone (or a zombie), or has no plan to check "
         "against; check --all: a rank not reached before --deadline; check --job: no rank "
-        "off plan, but a node did not answer (or sent an invalid record) or a rank could "
-        "not be checked",
+        "off plan, but a node did not answer (or sent an invalid record, or would not run "
+        "the collector) or a rank could not be checked; check --store, --ray: the store or "
+        "dashboard could not be reached or read",
     ),
     Exit(code=127, name="not-run", meaning="run: the command could not be executed"),
 )
