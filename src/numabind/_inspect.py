@@ -25,7 +25,7 @@ import time
 
 from . import _job, _kernel, _registry, _sysfs
 from ._environ import detect
-from ._kernel import locality, pages_per_node, read_maps, shared_pages
+from ._kernel import Region, locality, pages_per_node, shared_pages
 from ._model import (
     DEVICE_FILES,
     GLOBAL_RANK_VARIABLES,
@@ -178,18 +178,17 @@ class BufferCheck(Record):
     ok: bool
 
 
-def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[BufferCheck, ...]:
-    """Measure each host buffer the process listed; a warning note for one off its nodes."""
+def check_buffers(
+    entry: Entry | None, found: dict[int, dict[int, int] | None], notes: list[str]
+) -> tuple[BufferCheck, ...]:
+    """Judge each host buffer the process listed from its pages per node (``found``, by
+    buffer index, measured in the one pass over its numa_maps:
+    :func:`numabind._kernel.memory_view`); a warning note for one off its nodes."""
     if entry is None or not entry.buffers:
         return ()
-    from ._range import numa_maps_pages
-
-    try:  # one pass over maps and numa_maps, however many buffers the entry lists
-        measured = numa_maps_pages([(a, n) for a, n, _, _ in entry.buffers], pid)
-    except OSError:
-        measured = [None] * len(entry.buffers)
     out = []
-    for (address, nbytes, nodes, policy), pages in zip(entry.buffers, measured):
+    for i, (address, nbytes, nodes, policy) in enumerate(entry.buffers):
+        pages = found.get(i)
         share = locality(pages, frozenset(nodes)) if pages else None
         ok = share is None or share >= BUFFER_LOCALITY
         if pages is None:
@@ -392,12 +391,17 @@ class CheckReport(Record):
 
 
 def expected_plan(
-    pid: int, machine: Machine, environ: Mapping[str, str] | OSError, source: str
+    pid: int,
+    machine: Machine,
+    environ: Mapping[str, str] | OSError,
+    source: str,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[PlanView | None, str, Entry | None]:
-    """The plan a process should have: its registry entry, else planned from ``environ``
-    (its initial environment, or the error reading it; ``source`` says which).  Returns
-    (plan, where it came from, entry)."""
-    entry = _registry.read(pid)
+    """The plan a process should have: its registry entry (under ``settings``'
+    ``NUMABIND_REGISTRY``, default this process's), else planned from ``environ`` (its
+    initial environment, or the error reading it; ``source`` says which).  Returns (plan,
+    where it came from, entry)."""
+    entry = _registry.read(pid, settings)
     if entry is not None:
         return PlanView.of_entry(entry), "registry", entry
     if isinstance(environ, OSError):
@@ -581,32 +585,37 @@ def check_pid(
     machine: Machine,
     min_locality: float = MIN_LOCALITY,
     environ: Mapping[str, str] | None = None,
+    deadline: float | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> ProcessCheck:
-    """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
+    """Check one process; raises :class:`Vanished` if it is gone or a zombie.  Each of its
+    /proc files is read a fixed number of times (maps and numa_maps once, whatever its
+    entry lists); reading its memory stops at ``deadline``.  ``settings``: where its
+    registry is (``NUMABIND_REGISTRY``; default this process's environment)."""
     if not _kernel.alive(pid):
         raise Vanished(pid)
     env = environ if environ is not None else initial_environ(pid)
     expected, source, entry = expected_plan(
-        pid, machine, env, "its environment" if environ is not None else "its initial environment"
+        pid,
+        machine,
+        env,
+        "its environment" if environ is not None else "its initial environment",
+        settings,
     )
     threads = _kernel.thread_masks(pid)
     if not threads and not _kernel.alive(pid):
         raise Vanished(pid)
     unreadable: list[str] = []
+    listed = tuple((a, n) for a, n, _, _ in entry.buffers) if entry is not None else ()
     try:
-        policy = _kernel.task_policy(pid)
+        view = _kernel.memory_view(pid, listed, deadline)
     except OSError as err:
         if not _kernel.alive(pid):
             raise Vanished(pid) from None
-        policy = None
-        unreadable.append(f"memory policy ({err.strerror})")
-    try:
-        maps = read_maps(pid)
-    except OSError as err:
-        if not _kernel.alive(pid):
-            raise Vanished(pid) from None
-        maps = _kernel.Maps([], False)
-        unreadable.append(f"memory maps ({err.strerror})")
+        view = _kernel.MemoryView(policy=None, regions=(), buffers={}, truncated=False)
+        unreadable += [f"memory policy ({err.strerror})", f"memory maps ({err.strerror})"]
+    policy = view.policy
+    maps = _kernel.Maps(list(view.regions), view.truncated)
     regions = maps.regions
     pages = pages_per_node(regions)
     shared = _shared(pid, regions)
@@ -614,6 +623,8 @@ def check_pid(
     own = {n: c for n, c in own.items() if c > 0}
     problems: list[str] = []
     notes: list[str] = []
+    if view.late:
+        notes.append(f"/proc/{pid}: its memory maps were read only in part: the deadline passed")
     if maps.truncated:
         notes.append(
             f"/proc/{pid}/maps or numa_maps is larger than numabind reads "
@@ -660,7 +671,7 @@ def check_pid(
     settings = _thread_settings(entry, env)
     base["thread_settings"] = settings
     base.update(nic_facts(machine, expected, entry, env, notes))
-    base["host_buffers"] = check_buffers(pid, entry, notes)
+    base["host_buffers"] = check_buffers(entry, view.buffers, notes)
     if not expected.bound:
         _why_skipped(expected, env, machine, problems, notes)
         return ProcessCheck(
@@ -1021,15 +1032,20 @@ def _thread_notes(settings: dict[str, str], expected: PlanView, notes: list[str]
 
 def rank_pids(
     keep: Callable[[Mapping[str, str]], bool] | None = None,
+    members: frozenset[int] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[list[int], Scan]:
     """Processes on this machine that are ranks: a rank variable in their initial
-    environment, or an entry in numabind's registry; with ``keep``, only those whose
-    initial environment it accepts (a job's ranks on this node)."""
-    scan = _registry.scan(all_users=True)
+    environment, or an entry in numabind's registry (``settings``' ``NUMABIND_REGISTRY``,
+    default this process's); with ``members``, only those (a job's processes, as the
+    kernel or Slurm says: :func:`job_members`), and with ``keep``, only those whose
+    initial environment it accepts too (what they claim narrows, never widens)."""
+    scan = _registry.scan(settings, all_users=True)
     registered = set(scan.entries)
-    found = set(registered) if keep is None else set()
+    found = set(registered) if keep is None and members is None else set()
     me = os.getpid()
-    for name in _sysfs.listdir("/proc", 1 << 22):
+    names = _sysfs.listdir("/proc", 1 << 22) if members is None else [str(p) for p in members]
+    for name in names:
         if not (name.isascii() and name.isdigit()):
             continue
         pid = int(name)
@@ -1046,6 +1062,116 @@ def rank_pids(
         ):
             found.add(pid)
     return sorted(found), scan
+
+
+class Membership(Record):
+    """Which processes of this node belong to a job, and who said so (``source``): Slurm's
+    own process tracking, the job's cgroup, or, failing both, the job owner's uid.  Never
+    what a process's environment claims: anyone can start a process with
+    ``SLURM_JOB_ID=J``."""
+
+    pids: frozenset[int]
+    source: str
+
+
+LISTPIDS_CAP = 4 << 20  # bytes of ``scontrol listpids`` read
+
+
+def job_members(job: str, owner: int | None, timeout: float = 10.0) -> Membership:
+    """The processes of job ``job`` on this node, from the first source that knows:
+
+    1. ``scontrol listpids JOB`` (slurmstepd's own list of the processes of each step,
+       whatever the process tracking plugin);
+    2. the cgroup the kernel puts each process in (``.../slurm.../job_J/...``, v1 or v2:
+       a process can be moved there only by who may write the job's cgroup);
+    3. ``owner``, the uid the job runs as (from ``scontrol show job``): a process of
+       another uid is never a rank of the job, whatever its environment says.
+    """
+    base = job.split("_", 1)[0]
+    listed = _listpids(base, timeout)
+    if listed is not None:
+        return Membership(pids=listed, source="Slurm's process tracking (scontrol listpids)")
+    in_cgroup = _cgroup_members(base)
+    if in_cgroup is not None:
+        return Membership(pids=in_cgroup, source=f"the kernel's cgroup of the job (job_{base})")
+    if owner is not None:
+        pids = []
+        for name in _sysfs.listdir("/proc", 1 << 22):
+            if name.isascii() and name.isdigit():
+                uids = _kernel.process_uids(int(name))
+                if uids is not None and uids == {owner}:
+                    pids.append(int(name))
+        return Membership(
+            pids=frozenset(pids),
+            source=f"the job owner's uid {owner} (no Slurm process tracking or job cgroup here)",
+        )
+    return Membership(
+        pids=frozenset(),
+        source="unknown: no Slurm process tracking, no job cgroup and no owner uid "
+        "(--job-uid): no process counted",
+    )
+
+
+def _listpids(job: str, timeout: float) -> frozenset[int] | None:
+    """``scontrol listpids JOB``'s pids, or None where it cannot answer here."""
+    import shutil
+    import subprocess
+
+    from ._isolated import loose
+
+    scontrol = shutil.which("scontrol")
+    if scontrol is None or loose(scontrol, {0, os.geteuid()}) is not None:
+        return None  # not here, or a program another user could change: not run
+    try:
+        p = subprocess.run(
+            [scontrol, "listpids", job],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if p.returncode != 0:
+        return None
+    pids = set()
+    for line in p.stdout[:LISTPIDS_CAP].decode("ascii", "replace").splitlines()[: 1 << 20]:
+        fields = line.split()
+        if len(fields) >= 2 and fields[1] == job and fields[0].isdigit() and len(fields[0]) < 11:
+            pids.add(int(fields[0]))
+    return frozenset(pids) if pids else None
+
+
+def slurm_jobs(cgroup: str) -> set[str]:
+    """The Slurm jobs a ``/proc/PID/cgroup`` text puts a process in: a ``job_N``
+    component below one whose name starts with ``slurm`` (v1 ``/slurm/uid_U/job_N/...``,
+    v2 ``/system.slice/slurmstepd.scope/job_N/...``, ``slurm_NODE`` with several slurmd).
+    Linear in the text: components are compared, no pattern backtracks."""
+    out = set()
+    for line in cgroup.splitlines()[:64]:
+        parts = line.split(":", 2)[-1].split("/")
+        under = False
+        for part in parts:
+            if part.startswith("slurm"):
+                under = True
+            elif under and part.startswith("job_") and part[4:].isascii() and part[4:].isdigit():
+                out.add(part[4:])
+    return out
+
+
+def _cgroup_members(job: str) -> frozenset[int] | None:
+    """Processes whose cgroup (any hierarchy) is job ``job``'s, or None when no process
+    here, this one included, is in a Slurm job cgroup at all (no cgroup tracking)."""
+    tracked = False
+    pids = set()
+    for name in _sysfs.listdir("/proc", 1 << 22):
+        if not (name.isascii() and name.isdigit()):
+            continue
+        jobs = slurm_jobs(_sysfs.read_opt(f"/proc/{name}/cgroup", 1 << 16) or "")
+        tracked = tracked or bool(jobs)
+        if job in jobs:
+            pids.add(int(name))
+    return frozenset(pids) if tracked else None
 
 
 def node_facts(machine: Machine) -> NodeFacts:
@@ -1071,9 +1197,11 @@ def check(
     named: bool = False,
     scan: Scan | None = None,
     verbose: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> CheckReport:
-    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value); ``named``: the
-    pids were given by the user (a vanished one is a note and exit status 3)."""
+    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value; reading one
+    process's memory stops there too); ``named``: the pids were given by the user (a
+    vanished one is a note and exit status 3); ``settings``: where the registry is."""
     results: list[ProcessCheck] = []
     vanished: list[int] = []
     skipped: list[int] = []
@@ -1083,7 +1211,9 @@ def check(
             skipped = pids[i:]
             break
         try:
-            results.append(check_pid(pid, machine, environ=own_env))
+            results.append(
+                check_pid(pid, machine, environ=own_env, deadline=deadline, settings=settings)
+            )
         except Vanished:
             vanished.append(pid)
     if vanished and named:
@@ -1154,7 +1284,31 @@ def rank_status(r: ProcessCheck) -> str:
 
 def rank_record(r: ProcessCheck) -> dict[str, object]:
     """One rank of the node record: what the job report shows of it, compact (CPU sets in
-    the kernel's list form, threads grouped by mask)."""
+    the kernel's list form, threads grouped by mask, the first few ids and names of
+    each), and never more than the budget of one rank (numabind._job.RANK_BYTES and
+    RANK_VALUES): a rank with many odd masks on a large machine drops its last groups and
+    says so."""
+    import json
+
+    record = _rank_record(r)
+    threads: list[object] = record["threads"]  # type: ignore[assignment]
+    dropped = 0
+    while threads:
+        text = json.dumps(record, separators=(",", ":"))
+        if len(text) <= _job.RANK_BYTES - 512 and _job._values(text) <= _job.RANK_VALUES - 64:
+            break
+        threads.pop()
+        dropped += 1
+    if dropped:
+        notes: list[str] = record["notes"]  # type: ignore[assignment]
+        notes[_job.MAX_NOTES - 1 :] = [
+            f"{dropped} thread group(s) left out: the rank's record would exceed "
+            f"{_job.RANK_BYTES >> 10} KiB"
+        ]
+    return record
+
+
+def _rank_record(r: ProcessCheck) -> dict[str, object]:
     p = r.plan
     groups: dict[frozenset[int], list[int]] = {}
     for tid, cpus in r.threads.items():
@@ -1165,8 +1319,8 @@ def rank_record(r: ProcessCheck) -> dict[str, object]:
         threads.append(
             {
                 "cpus": fmt(cpus),
-                "tids": tids[:64],
-                "names": [r.thread_names.get(t, "") for t in tids[:8]],
+                "tids": tids[: _job.TIDS_KEPT],
+                "names": [r.thread_names.get(t, "") for t in tids[: _job.TIDS_KEPT]],
                 "count": len(tids),
             }
         )
@@ -1203,16 +1357,19 @@ def rank_record(r: ProcessCheck) -> dict[str, object]:
             {"nbytes": b.nbytes, "nodes": fmt(b.nodes), "locality": b.locality}
             for b in r.host_buffers
         ],
-        "problems": list(r.problems[: _job.MAX_NOTES]),
-        "notes": list(r.notes[: _job.MAX_NOTES]),
+        "problems": [_sysfs.clean_line(t, _job.TEXT) for t in r.problems[: _job.MAX_NOTES]],
+        "notes": [_sysfs.clean_line(t, _job.TEXT) for t in r.notes[: _job.MAX_NOTES]],
     }
 
 
-def node_record(report: CheckReport, job: str | None) -> dict[str, object]:
-    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks."""
+def node_record(
+    report: CheckReport, job: str | None, notes_first: tuple[str, ...] = ()
+) -> dict[str, object]:
+    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks;
+    ``notes_first`` lead its notes (how the job's processes were told)."""
     facts = report.node
     assert facts is not None
-    notes = list(report.notes)
+    notes = [*notes_first, *report.notes]
     if report.skipped:
         notes.append(f"{len(report.skipped)} rank(s) not reached before the deadline")
     return {

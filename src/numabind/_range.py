@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 
-from . import _kernel, _sysfs
+from . import _kernel
 from ._model import Record
 
 TYPE_CHECKING = False
@@ -136,41 +136,12 @@ def numa_maps_pages(
     ranges: Sequence[tuple[int, int]], pid: int | str = 0
 ) -> list[dict[int, int] | None]:
     """Resident pages per node (in 4 KiB units) of the mappings that make up each
-    ``(start, nbytes)`` range, from one pass over ``/proc/PID/maps`` and one over
-    ``numa_maps`` (a mapping that began before the range counts whole: numa_maps says no
-    finer); None for a range where nothing is mapped.  Shared and huge-page mappings
-    count too."""
-    who = "self" if pid == 0 else pid
-    bounds = sorted((s, s + n, i) for i, (s, n) in enumerate(ranges))
-    firsts = {i: s for s, _, i in bounds}  # the mapping holding a range's start may begin before
-    for line in _kernel.Lines(f"/proc/{who}/maps"):
-        a, _, rest = line.partition("-")
-        lo, hi = _kernel.hex_int(a), _kernel.hex_int(rest.split(None, 1)[0] if rest else "")
-        if lo is None or hi is None:
-            continue
-        for s, _, i in bounds:
-            if lo <= s < hi:
-                firsts[i] = min(firsts[i], lo)
-    out: list[dict[int, int] | None] = [None] * len(ranges)
-    for line in _kernel.Lines(f"/proc/{who}/numa_maps"):
-        fields = line.split()
-        addr = _kernel.hex_int(fields[0]) if fields else None
-        if addr is None:
-            continue
-        owners = [i for s, e, i in bounds if firsts[i] <= addr < e]
-        if not owners:
-            continue
-        page_kb = 4
-        for f in fields[2:]:
-            if f.startswith("kernelpagesize_kB="):
-                page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
-        counts = list(_kernel.node_counts(fields[2:]))
-        for i in owners:
-            found: dict[int, int] = out[i] or {}
-            for node, n in counts:
-                found[node] = found.get(node, 0) + n * (page_kb // 4)
-            out[i] = found
-    return out
+    ``(start, nbytes)`` range, from the one pass over ``/proc/PID/maps`` and ``numa_maps``
+    (:func:`numabind._kernel.memory_view`: a mapping that began before the range counts
+    whole, as numa_maps says no finer); None for a range where nothing is mapped.  Shared
+    and huge-page mappings count too."""
+    view = _kernel.memory_view("self" if pid == 0 else pid, tuple(ranges))
+    return [view.buffers.get(i) for i in range(len(ranges))]
 
 
 def moved_onto(

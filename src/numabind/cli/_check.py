@@ -101,26 +101,56 @@ def exit_status(report: CheckReport, named: bool) -> int:
     return OK
 
 
+def settings_of(args: argparse.Namespace) -> tuple[str, Mapping[str, str] | None]:
+    """Where the machine is read from and where the registry is: ``--sysroot`` and
+    ``--registry`` (how an isolated collector is told: numabind._isolated) under the rule
+    the startup hook applies to ``NUMABIND_SYSROOT`` and ``NUMABIND_REGISTRY`` (for root:
+    a path only root can change), else those variables as the hook reads them.  Returns
+    (sysroot, the registry's settings for numabind._registry, None: this environment)."""
+    from .._environ import Config
+    from .._errors import UsageError
+    from .._sysfs import root_owned_path, short
+
+    sysroot = getattr(args, "sysroot", None)
+    registry = getattr(args, "registry", None)
+    for flag, value in (("--sysroot", sysroot), ("--registry", registry)):
+        if value is None:
+            continue
+        why = "not an absolute path" if not value.startswith("/") else None
+        if why is None and os.geteuid() == 0:
+            why = root_owned_path(value)
+        if why is None and not os.path.isdir(value):
+            why = "not a directory"
+        if why is not None:
+            raise UsageError(f"numabind check: {flag} {short(value)}: {why}")
+    settings = None if registry is None else {"NUMABIND_REGISTRY": registry}
+    return sysroot or Config.from_env().sysroot, settings
+
+
 def run_check(
     args: argparse.Namespace,
     keep: Callable[[Mapping[str, str]], bool] | None = None,
     emit: Callable[[CheckReport], None] | None = None,
+    members: frozenset[int] | None = None,
+    cap: Callable[[list[int]], list[int]] | None = None,
 ) -> int:
-    """``numabind check``; ``keep`` narrows ``--all`` (a job's ranks), ``emit`` writes the
-    report instead of the text or JSON (the job collector's node record)."""
-    from .._environ import Config
+    """``numabind check``; ``members`` and ``keep`` narrow ``--all`` (a job's processes,
+    and what they claim), ``cap`` bounds how many are checked, ``emit`` writes the report
+    instead of the text or JSON (the job collector's node record)."""
     from .._errors import UsageError
     from .._topology import Machine
 
     if args.pid and args.all:
         raise UsageError("numabind check: --pid and --all are exclusive; give one")
+    sysroot, settings = settings_of(args)
     own_env: Mapping[str, str] | None = None
     scan = None
     named = bool(args.pid)
     if args.pid:
         pids = list(dict.fromkeys(args.pid))
     elif args.all:
-        pids, scan = rank_pids(keep)
+        pids, scan = rank_pids(keep, members, settings)
+        pids = cap(pids) if cap is not None else pids
     else:
         info = detect(os.environ)
         if info.local_rank is None and info.problem is None:
@@ -129,7 +159,7 @@ def run_check(
                 "(numabind check --help)"
             )
         pids, own_env = [os.getpid()], os.environ
-    machine = Machine.from_root(Config.from_env().sysroot)
+    machine = Machine.from_root(sysroot)
     try:
         deadline = time.monotonic() + args.deadline if args.all else None
         report = check(
@@ -140,6 +170,7 @@ def run_check(
             named=named,
             scan=scan,
             verbose=args.verbose,
+            settings=settings,
         )
     finally:
         machine.close()

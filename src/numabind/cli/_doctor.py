@@ -130,6 +130,7 @@ class Probe(Record):
     start_error: str | None
     numabind: tuple[str, str] | None
     numabind_error: str | None
+    runner: str = ""  # whom it was started as, and why (probe_runner)
 
 
 def _plural(n: int, word: str) -> str:
@@ -195,18 +196,147 @@ def probe_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def resolve_python(python: str | None) -> str:
+    """The interpreter ``--python`` names: a path relative to the caller's directory (the
+    probe runs from ``/``), a bare name looked up on PATH; default this one."""
+    import shutil
+
+    if python is None:
+        return sys.executable
+    if "/" not in python:
+        found = shutil.which(python)
+        if found is None:
+            raise ValueError(f"{python}: no such interpreter on PATH")
+        return found
+    return os.path.abspath(python)
+
+
+def site_paths(python: str, environ: Mapping[str, str], home: str | None) -> list[str]:
+    """What an interpreter runs or imports at start besides itself, told from its layout
+    alone (nothing is run): the site directories of its venv and of its base (``lib/
+    python3*/site-packages`` and Debian's ``dist-packages``), the user site under
+    ``home``, each ``.pth`` file and top-level entry there, the directories ``.pth``
+    path lines add, and the ``PYTHONPATH`` entries (where a ``sitecustomize`` is found)."""
+    import glob
+
+    prefixes = [
+        os.path.dirname(os.path.dirname(os.path.abspath(python))),
+        os.path.dirname(os.path.dirname(os.path.realpath(python))),
+    ]
+    patterns = ["lib/python3*/site-packages", "lib/python3*/dist-packages"]
+    patterns += ["lib/python3/dist-packages", "local/lib/python3*/dist-packages"]
+    sites = [d for pre in dict.fromkeys(prefixes) for pat in patterns
+             for d in sorted(glob.glob(os.path.join(pre, pat)))[:8]]  # fmt: skip
+    if home:
+        sites += sorted(glob.glob(os.path.join(home, ".local/lib/python3*/site-packages")))[:8]
+    sites += [p for p in environ.get("PYTHONPATH", "").split(os.pathsep)[:64] if p]
+    out: list[str] = []
+    for site in dict.fromkeys(sites):
+        if not os.path.isdir(site):
+            continue
+        out.append(site)
+        try:
+            names = sorted(os.listdir(site))[:20000]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(site, name)
+            out.append(path)
+            if name.endswith(".pth"):
+                out += _pth_dirs(site, path)
+    return list(dict.fromkeys(out))
+
+
+def _pth_dirs(site: str, pth: str) -> list[str]:
+    """The directories a ``.pth`` file's path lines add (read as text, never run)."""
+    try:
+        fd = os.open(pth, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        text = os.read(fd, 65536).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    out = []
+    for line in text.splitlines()[:1000]:
+        line = line.strip()
+        if line and not line.startswith(("#", "import ", "import\t")):
+            where = os.path.join(site, line)
+            if os.path.isdir(where):
+                out.append(where)
+    return out
+
+
+class Runner(Record):
+    """Whom the probe runs as: ``uid`` (None: this process's own) and why."""
+
+    uid: int | None
+    gid: int | None
+    home: str | None
+    said: str
+
+
+def probe_runner(python: str, environ: Mapping[str, str]) -> Runner:
+    """Starting an interpreter runs its site directories' ``.pth`` files and
+    ``sitecustomize``: code of whoever may write them.  The probe runs with no more
+    privilege than they have (numabind._isolated): as this user when only root or this
+    user can change any of it; as root's one other writer, dropped to that uid, when
+    there is exactly one; refused (ValueError) when a file is writable by group or
+    others, or several users could change it, or this user is not root."""
+    import pwd
+
+    from .._isolated import interpreter_paths, writers
+
+    me = os.geteuid()
+    uid: int | None = None
+    home = environ.get("HOME")
+    for _ in range(3):  # the interpreter first, then what it would run as that uid
+        allowed = {0, me if uid is None else uid}
+        paths = interpreter_paths(python) + site_paths(python, environ, home)
+        owners, why = writers(paths, allowed)
+        if not owners:
+            break
+        if -1 in owners or len(owners) > 1 or me != 0 or uid is not None:
+            loosest = [w for w in why if "owned by" not in w] if -1 in owners else why
+            reason = (loosest or why or ["it could be changed by another user"])[0]
+            raise ValueError(
+                f"{python}: not started: {reason} (its .pth files and sitecustomize would run "
+                f"as uid {me}; run doctor as the user who owns it)"
+            )
+        uid = next(iter(owners))
+        try:
+            entry = pwd.getpwuid(uid)
+            home, gid = entry.pw_dir, entry.pw_gid
+        except KeyError:
+            home, gid = None, uid
+    if uid is None:
+        who = "root" if me == 0 else f"uid {me}"
+        return Runner(uid=None, gid=None, home=None, said=f"started as you ({who})")
+    return Runner(uid=uid, gid=gid, home=home, said=f"started as uid {uid}, its owner, not as root")
+
+
 def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
     """Start ``python`` on the probe (from ``/``, so no module in the caller's directory
-    is imported) and read its answer; ValueError with one line when it could not."""
+    is imported; as :func:`probe_runner` says) and read its answer; ValueError with one
+    line when it could not."""
     code = PROBE % {"heavy": HEAVY}
+    if not os.path.exists(python):
+        raise ValueError(f"{python}: no such interpreter")
+    runner = probe_runner(python, environ)
+    env = probe_environ(environ)
+    drop: dict[str, Any] = {}
+    if runner.uid is not None:
+        drop = {"user": runner.uid, "group": runner.gid, "extra_groups": []}
+        env["HOME"] = runner.home or "/"
     try:
         proc = subprocess.run(
             [python, "-c", code],
-            env=probe_environ(environ),
+            env=env,
             cwd="/",
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT,
+            **drop,
         )
     except FileNotFoundError:
         raise ValueError(f"{python}: no such interpreter") from None
@@ -223,7 +353,7 @@ def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
         why = last[0][:300] if last else f"exit status {proc.returncode}"
         raise ValueError(f"{python}: the probe failed ({why}); is it a Python interpreter?")
     try:
-        return parse_probe(proc.stdout[:PROBE_CAP])
+        return parse_probe(proc.stdout[:PROBE_CAP]).replace(runner=runner.said)
     except (ValueError, UnicodeError) as err:
         raise ValueError(f"{python}: the probe's answer could not be read ({err})") from None
 
@@ -252,7 +382,10 @@ def interpreter_findings(p: Probe, environ: Mapping[str, str]) -> list[Finding]:
     from .._environ import TRIGGER_VARIABLES
     from .._startup import sitecustomize_dir
 
-    out = [Finding(check="python", status="info", detail=f"{p.executable} (Python {p.version})")]
+    ran = f"; {p.runner}: its .pth files and sitecustomize ran" if p.runner else ""
+    out = [
+        Finding(check="python", status="info", detail=f"{p.executable} (Python {p.version}){ran}")
+    ]
     if p.numabind is None:
         out.append(
             Finding(
@@ -781,8 +914,8 @@ def nic_findings(machine: Any) -> list[Finding]:
 
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
     """Every finding, interpreter first."""
-    target = python or sys.executable
     try:
+        target = resolve_python(python)
         probe = run_probe(target, environ)
         found = interpreter_findings(probe, environ)
     except ValueError as err:
