@@ -657,6 +657,13 @@ def plan(
     binding, its registry entry and its state depend on."""
     mode, priority = cfg["mode"], cfg["priority"]
     cpu_nodes = sorted(n for n, c in m.nodes.items() if c)
+    if m.q.get("partitioned"):
+        # GPUs split into compute partitions (AMD CPX): one PCI function, several devices
+        raise Handover("GPU compute partitions: the planner numbers them")
+    if m.q.get("memory-only") != [["-"]]:
+        # memory-only nodes (a GH200's GPU memory, HBM, CXL): which of them the rank's
+        # memory may spill onto is NUMABIND_SPILL's rule (numabind._plan.spill_mask)
+        raise Handover("a memory-only node: where memory may spill is the planner's")
     one_node = len(cpu_nodes) <= 1
     if one_node and mode in ("node", "socket") and (priority == "off" or not m.kinds_distinct()):
         return {"status": "skipped"}

@@ -363,3 +363,31 @@ def test_the_bench_calls_a_remote_cost_of_1_3x_a_difference() -> None:
     assert ratio is not None and abs(ratio - 1.3) < 1e-9 and "binding pays" in text, text
     text, _ = verdict([m(0, "copy", 11.9), m(1, "copy", 10.0)])
     assert text.startswith("no measurable difference"), text
+
+
+@two_cpus
+@pytest.mark.parametrize(("mask", "moved"), [("frozenset({1, 2})", False), ("frozenset()", True)])
+def test_late_migration_leaves_pages_on_a_node_outside_the_spill_mask(
+    tmp_path: Path, mask: str, moved: bool
+) -> None:
+    """NUMABIND_SPILL=cpu binds over the CPU-memory nodes; a page on a node outside that
+    mask (a GPU's own memory, CXL: the driver or the program put it there) is left where
+    it is by a late binding, while without a mask it is moved.  Here every page is on node
+    0, outside the mask {1, 2}: no move is asked of the kernel at all."""
+    code = f"""
+from numabind import _apply
+from numabind._plan import Plan
+keep = bytearray(32 << 20)
+p = Plan(local_rank=0, status="bound", cpus=frozenset({{0}}), numa_node=1,
+         memory_nodes=frozenset({{1}}), memory_policy="preferred", memory_mask={mask})
+b = _apply.Binding(p)
+b.policy_applied = "bind"
+_apply._migrate(b, p)
+"""
+    _, lines = traced(code, clean_env(), tmp_path, "mbind,move_pages")
+    asked = [
+        ln
+        for ln in lines
+        if "MPOL_MF_MOVE" in ln or re.search(r"move_pages\(0, \d+, \[.*\], \[", ln)
+    ]
+    assert bool(asked) == moved, lines[:4]

@@ -74,7 +74,7 @@ def _levels(k: CoreKinds) -> list[tuple[int, str]]:
 
 
 def test_a_real_raptor_lake_capture_ranks_its_cores_by_cppc_highest_perf() -> None:
-    """MANIFEST #11: CPPC highest_perf 67 on the two Turbo Boost Max 3.0 cores (4-5, 8-9),
+    """MANIFEST #12: CPPC highest_perf 67 on the two Turbo Boost Max 3.0 cores (4-5, 8-9),
     64 on the other P-cores, 39 on the E-cores; the first file that differs decides."""
     m = Machine.from_capture(str(DATA / "20em64t-hybrid-1p6c2t+2ca4co1t.tar.bz2"))
     k = m.core_kinds
@@ -88,7 +88,7 @@ def test_a_real_raptor_lake_capture_ranks_its_cores_by_cppc_highest_perf() -> No
 
 
 def test_a_real_dgx_spark_capture_and_its_hwloc_export_agree_on_the_big_cores() -> None:
-    """MANIFEST #12/#13: the tarball's CPPC values rank all 20 cores (five values); hwloc's
+    """MANIFEST #13/#14: the tarball's CPPC values rank all 20 cores (five values); hwloc's
     export groups them into two cpukinds.  The fastest CPPC core lies among hwloc's big
     ones, and hwloc's priority kind is exactly the Cortex-X925 cores."""
     tar = Machine.from_capture(str(DATA / "nvidia-dgx-gb10.tar.bz2"))
@@ -292,13 +292,13 @@ def test_main_in_exclusive_mode_takes_a_core_of_its_own_share() -> None:
 
 def test_one_node_machines_bind_only_where_their_cores_differ() -> None:
     plain = Machine.from_example("one-node")
-    assert nothing_to_bind(plain, "node", "rank")
+    assert nothing_to_bind(plain, "node", priority="rank")
     skipped = _plans(plain, 1, "rank")[0]
     assert not skipped.bound and "cores are one kind" in skipped.reason
     spec = synth.one_node()
     spec.cpu_files = {"acpi_cppc/highest_perf": {0: 30, 1: 40}}
     fast = _memory(spec)
-    assert not nothing_to_bind(fast, "node", "rank") and nothing_to_bind(fast, "node")
+    assert not nothing_to_bind(fast, "node", priority="rank") and nothing_to_bind(fast, "node")
     p = _plans(fast, 1, "rank")[0]
     assert p.bound and p.cpus == frozenset({1})
     q = _plans(fast, 1, "main")[0]

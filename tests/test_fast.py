@@ -116,7 +116,9 @@ def full_plan(m: Machine, env: dict[str, str]) -> Plan:
     cfg = Config.from_env(env)
     info = detect(env, ["python", "-c", "pass"])
     visible = None
-    if info.problem is None and not nothing_to_bind(m, cfg.mode, cfg.priority):
+    if info.problem is None and not nothing_to_bind(
+        m, cfg.mode, cfg.memory, cfg.spill, cfg.priority
+    ):
         visible = resolve(m, env, None)
     request = request_for(
         info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt,
@@ -251,8 +253,11 @@ def test_every_fast_plan_is_the_planners() -> None:
                     full = full_plan(m, env)
                 except Exception:
                     continue
-                # a rank the full path binds without a word is what the fast path is for
-                handed += full.bound and not full.unmet
+                # a rank the full path binds without a word is what the fast path is for;
+                # memory-only nodes (their spill rule) and GPU partitions it leaves to the
+                # planner by design, and a test below shows each is handed over
+                left = quick.get("memory-only") != [["-"]] or bool(quick.get("partitioned"))
+                handed += full.bound and not full.unmet and not left
     assert not wrong, "\n".join(wrong[:20]) + f"\n({len(wrong)} in all)"
     assert decided > 10000 and handed < decided / 10, (decided, handed)
 
@@ -273,6 +278,21 @@ def test_the_fast_path_hands_over_what_it_does_not_decide() -> None:
         with pytest.raises(start.Handover):
             fast.plan(fm, env, start._config(env), *start._rank(env)[:3])
             pytest.fail(f"{what}: decided")
+
+
+def test_memory_only_nodes_and_gpu_partitions_go_to_the_planner() -> None:
+    """A GH200 (its GPU's memory a node without CPUs: NUMABIND_SPILL keeps memory off it),
+    and an MI300X in CPX (eight devices on one PCI function): the planner decides these;
+    the fast path hands every rank over, saying why, and never binds one as a one-node
+    machine's skip."""
+    for name, why in (("gh200", "memory-only node"), ("mi300x-cpx", "compute partitions")):
+        fm = fast._Machine(quick_of(Machine.from_example(name), frozenset()))
+        for rank in range(2):
+            env = {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+            with pytest.raises(start.Handover, match=why):
+                fast.plan(fm, env, start._config(env), *start._rank(env)[:3])
+    plain = quick_of(Machine.from_example("dgx-h100"), frozenset())
+    assert plain["memory-only"] == [["-"]] and "partitioned" not in plain
 
 
 # --- real ranks, bound by each path ------------------------------------------------------------

@@ -178,6 +178,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_inspect",
         "_store",
         "_report",
+        "_isolated",
+        "_raydriver",
         "",
         "_site.sitecustomize",
     ),

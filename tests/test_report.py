@@ -188,7 +188,7 @@ def test_garbage_forged_and_missing_records_are_rows(tmp_path: Path) -> None:
     store.set(_report.LATEST, "run7/0/6")
     report = _report.read_report(store, prefix, 6, 5.0)
     text = "\n".join(_job.report_lines(report))
-    assert report.missing == (3,)
+    assert report.missing == "3"
     assert text.splitlines()[0] == (
         "numabind job report (torchrun run run7, restart 0): 6 ranks on 3 nodes: 2 ok, "
         "0 warnings, 0 off plan, 1 unreachable, 3 unknown or invalid"
@@ -206,10 +206,13 @@ def test_garbage_forged_and_missing_records_are_rows(tmp_path: Path) -> None:
     assert p.returncode == 3, p.stderr
     assert p.stdout.splitlines()[0] == text.splitlines()[0]
     d = json.loads(check_store(f"127.0.0.1:{port}", "--json").stdout)
-    assert d["missing"] == [3] and d["summary"]["unknown"] == 3
+    assert d["missing"] == "3" and d["summary"]["unknown"] == 3
+    assert d["schema"] == "numabind-job/2"
+    assert any("store records are self-reported" in n for n in d["notes"])
     late = _report.read_report(store, prefix, 6, None, time.monotonic() - 1)
-    assert late.missing == (0, 1, 2, 3, 4, 5)
-    assert late.notes == ("6 rank(s) not read before the deadline",)
+    assert late.missing == "" and late.unread == 6
+    assert late.notes[-1] == "6 rank(s) not read: the deadline passed"
+    assert late.summary.unreachable == 6
     del store
 
 

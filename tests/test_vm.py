@@ -143,6 +143,15 @@ def vm4() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def vm_tiers() -> dict[str, Any]:
+    """Memory tiers (tests/vm/tiers.py): 2 CPU nodes of 1 GiB, CPU-less nodes 2 (GPU 1's
+    memory: GPU 1's PCI numa_node is 2, as a GB200's is) and 3 (far: 40 from every node),
+    512 MiB each; node 0 is nearer node 2 (20) than node 1 (30)."""
+    extra = {"MEM_NODES": "2:512 3:512", "DISTANCE": "30 0-2:20 *-3:40"}
+    return _boot("tests/vm/tiers.py", "0 2", mem="1024", extra=extra)
+
+
+@pytest.fixture(scope="session")
 def vm_launchers() -> dict[str, Any]:
     """Devices 0-1 on node 0, 2-3 on node 1."""
     return _boot("tests/vm/launchers.py", "0 0 1 1")
@@ -841,3 +850,81 @@ def test_a_registered_buffer_is_not_mapped_by_a_fork_child(vm_roles: dict[str, A
         assert d["before"] == d["after"] == {"1": 16384}, d  # 64 MiB, all on node 1
         assert d["child_maps"] is (dontfork == "False"), d
     assert data["live"] == 0
+
+
+# --- memory tiers (issue 36) ---------------------------------------------------------------------
+
+
+def _mib(pages: dict[str, int], node: str) -> float:
+    return pages.get(node, 0) * 4096 / 2**20
+
+
+def _fill(vm_tiers: dict[str, Any], name: str) -> dict[str, Any]:
+    r = vm_tiers[f"fill_{name}"]
+    assert r["rc"] == 0 and r["data"] is not None, r["stderr"]
+    data: dict[str, Any] = r["data"]
+    return data
+
+
+def test_tiers_are_read_from_the_kernel(vm_tiers: dict[str, Any]) -> None:
+    kinds = {n["id"]: n["kind"] for n in vm_tiers["nodes_read"]}
+    assert kinds == {0: "cpu", 1: "cpu", 2: "gpu", 3: "far"}, vm_tiers["nodes_read"]
+    how = {n["id"]: n["how"] for n in vm_tiers["nodes_read"]}
+    assert "its PCI numa_node" in how[2] and "distance 40" in how[3], how
+    assert vm_tiers["plan"]["kernel_policy"] == ["bind", [0, 1]], vm_tiers["plan"]
+    assert vm_tiers["plan"]["memory_nodes"] == [0]
+
+
+def test_the_default_never_spills_onto_gpu_or_far_memory(vm_tiers: dict[str, Any]) -> None:
+    """1.25 GiB from a rank on node 0 (1 GiB): node 0 fills, the rest goes to node 1, and
+    neither numa_maps nor move_pages (the probe's own code) finds a page on node 2 or 3."""
+    d = _fill(vm_tiers, "default")
+    assert d["policy_at_start"] == ["bind", [0, 1]], d
+    fill = d["fill"]
+    assert set(fill["numa_maps"]) <= {"0", "1"} and set(fill["move_pages"]) <= {"0", "1"}, fill
+    assert _mib(fill["numa_maps"], "0") > 300 and _mib(fill["numa_maps"], "1") > 300, fill
+
+
+def test_spill_any_is_the_kernel_s_fallback_onto_the_gpu_s_memory(vm_tiers: dict[str, Any]) -> None:
+    """What 0.3.0 did: preferred node 0, and a full node 0 spills onto node 2 first."""
+    d = _fill(vm_tiers, "any")
+    assert d["policy_at_start"] == ["preferred", [0]], d
+    fill = d["fill"]
+    assert _mib(fill["numa_maps"], "2") > 200 and _mib(fill["move_pages"], "2") > 200, fill
+
+
+def test_a_named_node_takes_the_spill_and_no_other(vm_tiers: dict[str, Any]) -> None:
+    d = _fill(vm_tiers, "named")  # NUMABIND_SPILL=cpu,2
+    assert d["policy_at_start"] == ["bind", [0, 1, 2]], d
+    fill = d["fill"]
+    assert _mib(fill["numa_maps"], "2") > 200 and "3" not in fill["numa_maps"], fill
+    assert "3" not in fill["move_pages"], fill
+
+
+def test_check_warns_of_pages_a_rank_put_on_gpu_memory_by_hand(vm_tiers: dict[str, Any]) -> None:
+    held = vm_tiers["by_hand"]
+    assert held["by_hand"]["numa_maps"] == {"2": 16384}, held  # 64 MiB, all on node 2
+    assert held["buffer"]["numa_maps"] == {"3": 8192}, held  # named by node=3: there
+    check = vm_tiers["check"]
+    assert check["rc"] == 0, check  # a note, not an exit status
+    [proc] = check["json"]["processes"]
+    assert proc["ok"], proc["problems"]
+    warned = [n for n in proc["notes"] if n.startswith("warning:")]
+    assert warned == [
+        "warning: 64 MiB of this rank's memory is on node 2, GPU 1's memory (not a node its "
+        "plan uses)"
+    ], proc["notes"]
+    assert proc["tiers"]["gpu"] >= 64 << 20 and proc["tiers"]["far"] >= 32 << 20, proc["tiers"]
+    assert "memory by kind: CPU memory" in vm_tiers["check_text"], vm_tiers["check_text"]
+    assert vm_tiers["by_hand_rc"] == 0
+
+
+def test_a_process_wide_interleave_does_not_reach_a_host_buffer(vm_tiers: dict[str, Any]) -> None:
+    r = vm_tiers["interleave"]
+    assert r["rc"] == 0 and r["data"] is not None, r["stderr"]
+    d = r["data"]
+    assert d["policy_interleaved"] == ["interleave", [0, 1, 2, 3]], d
+    buf = d["buffer_under_interleave"]
+    assert buf["policy"] == "bind" and buf["numa_maps"] == {"0": 16384}, buf
+    assert set(buf["move_pages"]) == {"0"}, buf
+    assert len(d["plain_under_interleave"]) >= 3, d  # the process's own pages: spread

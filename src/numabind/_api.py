@@ -289,6 +289,7 @@ def _plan(
         reserve=cfg.reserve if reserve is None else reserve,
         smt=smt or cfg.smt,
         priority=priority or cfg.priority,
+        spill=cfg.spill,
         nic_mode=cfg.nic_mode if (bool(cfg.nic) if nics is None else nics) else "",
         nic_min_rate=cfg.nic_min_rate,
     )
@@ -507,7 +508,9 @@ def _thread_plan(
         if mine is not None:
             return mine
     if found is None:
-        request = request_for(RankInfo(rank_source="bind_thread"), visible, cfg.mode, cfg.memory)
+        request = request_for(
+            RankInfo(rank_source="bind_thread"), visible, cfg.mode, cfg.memory, spill=cfg.spill
+        )
         return plan(m, request.replace(problem=f"device {device!r}: {why}"))
     return _plan(
         m, os.environ, cfg, None, None, mode, memory, None, roles=roles, devices=(device,)

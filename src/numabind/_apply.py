@@ -239,6 +239,8 @@ class Binding:
             if self.refused and not self.policy_applied
             else (self.policy_nodes or p.memory_nodes)
         )
+        # a spill mask applied: the nodes beyond the plan's own are where memory may spill
+        spill = nodes - p.memory_nodes if p.memory_mask and nodes == p.memory_mask else frozenset()
         device_plans, thread_devices = _thread_entries(p)
         return Entry(
             buffers=listed_buffers(),
@@ -264,6 +266,7 @@ class Binding:
             main_thread=self.main_thread,
             main_cpus=p.main_cpus if self.main_thread is not None else frozenset(),
             machine=self.machine,
+            spill=spill,
             nics=p.nics,
             nic_env=self.nic_env,
         )
@@ -1010,10 +1013,10 @@ def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
         name, nodes = b._previous_policy
         b.notes.append(f"kept the memory policy already set ({name} {fmt(nodes)})")
         return
+    # the plan's policy, or MPOL_BIND over its spill mask (NUMABIND_SPILL=cpu)
+    asked, asked_nodes = plan.placement.kernel_policy
     try:
-        policy, nodes, note = _kernel.set_policy(
-            plan.memory_policy, plan.memory_nodes, plan.numa_node
-        )
+        policy, nodes, note = _kernel.set_policy(asked, asked_nodes, plan.numa_node)
     except OSError as err:
         if not _refused(b, err, "set_mempolicy"):
             b.errors.append(str(err))
@@ -1040,7 +1043,7 @@ def _migrate(b: Binding, plan: Plan) -> None:
 
     move_as = POLICIES[b.policy_applied or "preferred"].migrate_as or "bind"
     dest = min(target, key=lambda n: (n != plan.numa_node, n))
-    done = migrate_private(target, move_as, dest)
+    done = migrate_private(target, move_as, dest, plan.memory_mask)
     if done is None:
         return
     b.pages_moved, b.pages_failed = done.moved, done.failed
@@ -1132,11 +1135,11 @@ def _replan(record: dict[str, object]) -> Plan:
     m = opened.machine
     try:
         visible = None
-        if not nothing_to_bind(m, cfg.mode, cfg.priority):
+        if not nothing_to_bind(m, cfg.mode, cfg.memory, cfg.spill, cfg.priority):
             visible = resolve(m, environ, LazyNvml())
         request = request_for(
             info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt,
-            priority=cfg.priority,
+            priority=cfg.priority, spill=cfg.spill,
         ).replace(budget=cfg.threads != "off")  # fmt: skip
         p = plan(m, request)
     finally:

@@ -50,6 +50,7 @@ from ._model import (
     Accelerator,
     Allowed,
     CoreKinds,
+    KfdNode,
     Nic,
     NicPort,
     Node,
@@ -114,6 +115,10 @@ def _text_key(value: str) -> str:
     return _escape(value)
 
 
+def _vendor_key(vendor: object, arg: object) -> str:
+    return f"{_escape(str(getattr(vendor, 'key', vendor)))}.{_escape(str(arg))}"
+
+
 def _sets_key(*sets: frozenset[str]) -> str:
     return _escape(repr([sorted(s) for s in sets]))
 
@@ -144,6 +149,9 @@ FACTS: tuple[Fact, ...] = (
     Fact(method="dra_devices", records=(DraDevice,)),
     Fact(method="kernel_release"),
     Fact(method="numa_balancing"),
+    Fact(method="cpu_vendor"),
+    Fact(method="partition_nodes", argkey=_vendor_key, records=(KfdNode,)),
+    Fact(method="partition_modes", argkey=_vendor_key),
 )
 BY_METHOD = {f.method: f for f in FACTS}
 _RECORDS: dict[str, type[Record]] = {cls.__name__: cls for f in FACTS for cls in f.records}
@@ -414,6 +422,9 @@ def derive(machine: Machine, want: frozenset[str]) -> list[str]:
     machine.smt  # noqa: B018  # every plan asks (the thread budget): in the record, then
     for n in nodes:
         lines.append(f"node {n.id} {fmt(n.cpus)}")
+    # memory-only nodes (GPU memory, HBM, CXL): the fast path leaves their spill rule to
+    # the planner
+    lines.append(f"memory-only {fmt(machine.memory_only_ids) or '-'}")
     allowed = machine.allowed
     mems = "-" if allowed.mems is None else fmt(allowed.mems)
     lines.append(f"allowed {fmt(allowed.cpus)} {mems}")
@@ -437,6 +448,8 @@ def derive(machine: Machine, want: frozenset[str]) -> list[str]:
         if vendor.key not in tried:
             continue
         devs, _ = reachable(machine, vendor, {})
+        if any(dev.partition is not None for dev in devs):
+            lines.append(f"partitioned {vendor.key}")  # the fast path hands these over
         for dev in devs:
             node = device_node(machine, dev).node
             detail = machine.detailed(dev)

@@ -130,7 +130,22 @@ def reachable(
                 devs = narrowed
                 notes.append(f"{var} limits this process to GPU minors {sorted(minors)}")
     devs.sort(key=lambda a: pci_sort_key(a.pci))
-    return tuple(devs), notes
+    # a GPU split into compute partitions is that many devices to its runtime
+    return machine.with_partitions(devs), notes
+
+
+def _count(devs: tuple[Accelerator, ...], vendor: str) -> str:
+    """``8 reachable nvidia GPUs``; ``64 reachable amd devices (8 GPUs in CPX, 8 compute
+    partitions each)`` where GPUs are split."""
+    gpus = len({d.pci for d in devs})
+    if gpus == len(devs):
+        return f"{len(devs)} reachable {vendor} GPU{'s' if len(devs) != 1 else ''}"
+    modes = sorted({d.compute_partition for d in devs if d.compute_partition})
+    mode = f" in {'/'.join(modes)}" if modes else ""
+    return (
+        f"{len(devs)} reachable {vendor} devices: {gpus} GPU{'s' if gpus != 1 else ''}{mode}, "
+        "split into compute partitions"
+    )
 
 
 def _match_uuid(token: str, devs: tuple[Accelerator, ...]) -> list[Accelerator]:
@@ -156,6 +171,11 @@ def _by_uuid(
     if len(found) == 1:
         return found[0], None
     if len(found) > 1:
+        if len({d.pci for d in found}) == 1 and found[0].partition is not None:
+            return None, (
+                f"{short(token)} names all {len(found)} compute partitions of {found[0].pci} "
+                "(they share its UUID; ROCm takes it as no device): use partition indices"
+            )
         return None, f"{short(token)} matches {len(found)} GPUs (a UUID prefix must be unique)"
     if not any(d.uuid for d in devs):
         how = f"without {vendor.runtime}" if vendor.runtime else f"(no {vendor.uuid_file} in sysfs)"
@@ -258,7 +278,7 @@ def resolve(
                 return Visible(
                     devices=devs,
                     vendor=v.key,
-                    source=f"all {len(devs)} reachable {v.key} GPU{'s' if len(devs) != 1 else ''}",
+                    source=f"all {_count(devs, v.key)}",
                     notes=_order_notes(v, devs, environ, notes),
                 )
         return Visible(devices=(), vendor=None, source="no accelerator found")
@@ -300,7 +320,7 @@ def resolve(
     return Visible(
         devices=devs,
         vendor=vendor.key,
-        source=" + ".join(sources) or f"all {len(devs)} reachable {vendor.key} GPUs",
+        source=" + ".join(sources) or f"all {_count(devs, vendor.key)}",
         notes=_order_notes(vendor, devs, environ, notes),
     )
 

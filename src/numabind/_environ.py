@@ -50,12 +50,15 @@ from ._model import (
     RANK_VARIABLES,
     RESERVE_SCOPES,
     SMT_LEVELS,
+    SPILL_ANY,
+    SPILL_CPU,
     USER_POLICIES,
     WORKER_PLACEMENTS,
     Record,
     Reserve,
+    Spill,
 )
-from ._sysfs import redirect, short
+from ._sysfs import parse_nodelist, redirect, short
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,7 +81,9 @@ class Knob(Record):
 
     name: str
     field: str
-    kind: str  # "choice", "flag", "threads", "reserve", "devices", "transports", "rate", ...
+    kind: (
+        str  # "choice", "flag", "threads", "reserve", "spill", "devices", "transports", "rate", ...
+    )
     default: str
     help: str
     values: tuple[str, ...] = ()
@@ -113,6 +118,17 @@ KNOBS: tuple[Knob, ...] = (
         default="preferred",
         binding=True,
         help="the memory policy a rank gets",
+    ),
+    Knob(
+        name="NUMABIND_SPILL",
+        field="spill",
+        kind="spill",
+        default="cpu",
+        binding=True,
+        help="where a rank's memory goes once its nodes are full: cpu (the other CPU-memory "
+        "nodes, nearest first, then the allocation fails), any (the kernel's fallback: any "
+        "node, a GPU's memory and CXL included), or cpu,N / N: nodes named besides or "
+        "instead of CPU memory",
     ),
     Knob(
         name="NUMABIND_RESERVE",
@@ -388,6 +404,30 @@ def parse_reserve(raw: str | None, name: str = "NUMABIND_RESERVE") -> Reserve:
     )
 
 
+def parse_spill(raw: str | None, name: str = "NUMABIND_SPILL") -> Spill:
+    """``cpu`` (or empty: the default), ``any``, or comma-separated words each ``cpu`` or
+    a node number or range (``cpu,4``, ``2-3``), as a :class:`~numabind._model.Spill`: the
+    one parser of the setting.  Whether the named nodes exist is the planner's question."""
+    if raw is None or not raw.strip():
+        return SPILL_CPU
+    value = raw.strip().lower()
+    if value == "any":
+        return SPILL_ANY
+    words = [w.strip() for w in value.split(",", 65)]
+    cpu = "cpu" in words
+    nodes = ",".join(w for w in words if w != "cpu")
+    try:
+        named = parse_nodelist(nodes) if nodes else frozenset()
+    except ValueError:
+        named = None
+    if len(value) > 4096 or len(words) > 64 or named is None or (not cpu and not named):
+        raise _invalid(
+            f"{name}={short(raw)} is not cpu, any, or a comma list of cpu and node numbers "
+            "(cpu,4; 2-3)"
+        )
+    return Spill(cpu=cpu, nodes=named)
+
+
 MAX_DEVICE_TEXT = 4096  # a list of 64 UUIDs with their prefixes
 
 
@@ -461,6 +501,7 @@ class Config(Record):
     enable: str = "auto"
     mode: str = "node"
     memory: str = "preferred"
+    spill: Spill = SPILL_CPU
     reserve: Reserve = NO_RESERVE
     smt: str = "all"
     priority: str = "off"  # NUMABIND_PRIORITY: off, rank, main
@@ -514,6 +555,8 @@ class Config(Record):
                     value = parse_threads(raw, knob.name)
                 elif knob.kind == "reserve":
                     value = parse_reserve(raw, knob.name)
+                elif knob.kind == "spill":
+                    value = parse_spill(raw, knob.name)
                 elif knob.kind == "devices":
                     value = parse_devices(raw, knob.name)
                 elif knob.kind == "transports":

@@ -42,6 +42,11 @@ class Gpu:
     # /sys/bus/pci/devices/<bdf> is a link to it, as on a live machine (None: no tree).
     bridges: tuple[str, ...] | None = None
     rdma: str | None = None  # an RDMA adapter's /sys/class/infiniband name (mlx5_0)
+    # an AMD GPU's compute partitions (each one KFD node), and the modes amdgpu's
+    # current_compute_partition / current_memory_partition say (None: files absent)
+    partitions: int = 1
+    compute_partition: str | None = None
+    memory_partition: str | None = None
 
 
 @dataclass
@@ -103,6 +108,14 @@ class Spec:
     # per-CPU files that tell cores apart (numabind._model.KIND_FILES paths): path -> CPU
     # -> value, written under /sys/devices/system/cpu/cpuN/
     cpu_files: dict[str, dict[int, int]] = field(default_factory=dict)
+    # the SLIT, when the default rule (10 local, 12 same package, 32 across, 80 to and
+    # from a memory-only node) is not the machine's
+    distance_matrix: list[list[int]] | None = None
+    memory_gib_of: dict[int, int] | None = None  # per-node sizes beyond memory_gib
+    tiers: dict[int, int] | None = None  # node -> kernel memory tier (memory_tierN)
+    bandwidth: dict[int, int] | None = None  # node -> HMAT read bandwidth (MB/s)
+    vendor: str | None = None  # "intel" / "amd": /sys/devices/system/cpu/modalias
+    kfd: bool = False  # write AMD's KFD topology: a CPU agent per CPU node, then the GPUs'
     cgroup_path: str = "/job/step"  # the process's cgroup (v2) where cgroup_cpus is set
     files: dict[str, str] = field(default_factory=dict)  # more files: a pod's DRA metadata
     masked_pci: tuple[str, ...] = ()  # devices whose sysfs entry is absent (a masked /sys)
@@ -149,12 +162,28 @@ class _Tree:
             base = f"/sys/devices/system/node/node{i}"
             self.w(f"{base}/cpulist", format_cpulist(cpus))
             self.w(f"{base}/cpumap", _mask(cpus))
-            kib = spec.memory_gib * 1024 * 1024
-            self.w(f"{base}/meminfo", f"Node {i} MemTotal:       {kib} kB")
+            gib = (spec.memory_gib_of or {}).get(i, spec.memory_gib)
+            self.w(f"{base}/meminfo", f"Node {i} MemTotal:       {gib * 1024 * 1024} kB")
             self.w(f"{base}/distance", " ".join(str(self.distance(i, j)) for j in ids))
+            if spec.bandwidth and i in spec.bandwidth:
+                self.w(f"{base}/access0/initiators/read_bandwidth", str(spec.bandwidth[i]))
+        by_tier: dict[int, list[int]] = {}
+        for node, tier in (spec.tiers or {}).items():
+            by_tier.setdefault(tier, []).append(node)
+        for tier, members in by_tier.items():
+            tb = f"/sys/devices/virtual/memory_tiering/memory_tier{tier}"
+            self.w(f"{tb}/nodelist", format_cpulist(members))
+        if spec.vendor is not None:
+            ven = {"intel": "0000", "amd": "0002"}[spec.vendor]
+            self.w(
+                "/sys/devices/system/cpu/modalias",
+                f"cpu:type:x86,ven{ven}fam0006mod008F:feature:,0000",
+            )
 
     def distance(self, i: int, j: int) -> int:
         spec = self.spec
+        if spec.distance_matrix is not None:
+            return spec.distance_matrix[i][j]
         if i == j:
             return 10
         if not spec.nodes[i] or not spec.nodes[j]:
@@ -228,6 +257,10 @@ class _Tree:
         self.w(f"{base}/local_cpus", _mask(local))
         if g.unique_id is not None:
             self.w(f"{base}/unique_id", g.unique_id)
+        if g.compute_partition is not None:
+            self.w(f"{base}/current_compute_partition", g.compute_partition)
+        if g.memory_partition is not None:
+            self.w(f"{base}/current_memory_partition", g.memory_partition)
         self.driver_files(g)
 
     def driver_files(self, g: Gpu) -> None:
@@ -244,6 +277,34 @@ class _Tree:
             )
             if g.memory_node is not None:
                 self.w(f"{pbase}/numa_status", f"Node:      {g.memory_node}\nStatus:    online")
+
+    def kfd(self) -> None:
+        """AMD's KFD topology as amdgpu writes it: a CPU agent per node with CPUs, then
+        every AMD GPU's agents (one per compute partition), in PCI order; a partition's
+        ``location_id`` is its GPU's with the partition's index in the function bits."""
+        spec = self.spec
+        base = "/sys/class/kfd/kfd/topology/nodes"
+        node = 0
+        for cpus in spec.nodes:
+            if cpus:
+                props = f"cpu_cores_count {len(cpus)}\nsimd_count 0\nlocation_id 0\ndomain 0"
+                self.w(f"{base}/{node}/properties", props + "\ndrm_render_minor 0")
+                node += 1
+        minor = 128
+        for g in sorted(spec.gpus, key=lambda g: g.bdf):
+            if g.vendor != 0x1002:
+                continue
+            domain, bus, devfn = int(g.bdf[:4], 16), int(g.bdf[5:7], 16), int(g.bdf[8:10], 16) << 3
+            unique = int(g.unique_id or "0", 16)
+            for k in range(g.partitions):
+                loc = (bus << 8) | devfn | (k if g.partitions > 1 else 0)
+                self.w(
+                    f"{base}/{node}/properties",
+                    f"cpu_cores_count 0\nsimd_count {1216 // g.partitions}\nlocation_id {loc}\n"
+                    f"domain {domain}\ndrm_render_minor {minor}\nunique_id {unique}",
+                )
+                node += 1
+                minor += 1
 
     def port(self, name: str, p: Port) -> None:
         base = f"/sys/class/infiniband/{name}/ports/{p.number}"
@@ -315,6 +376,8 @@ def build(spec: Spec) -> _Tree:
     tree.nodes()
     tree.cpus()
     tree.pci()
+    if spec.kfd:
+        tree.kfd()
     for a in spec.adapters:
         tree.adapter(a)
     for i in spec.interfaces:
@@ -659,7 +722,9 @@ def nps4() -> Spec:
         Gpu(f"0000:{b:02x}:00.0", n, device=0x20B0, uuid=_uuid(i), minor=i, model="A100")
         for i, (b, n) in enumerate([(0x01, 3), (0x41, 1), (0x81, 7), (0xC1, 5)])
     ]
-    return Spec(nodes=nodes, package_of_node=[0, 0, 0, 0, 1, 1, 1, 1], l3=l3, gpus=gpus)
+    return Spec(
+        nodes=nodes, package_of_node=[0, 0, 0, 0, 1, 1, 1, 1], l3=l3, gpus=gpus, vendor="amd"
+    )
 
 
 def gb200() -> Spec:
@@ -682,6 +747,134 @@ def gb200() -> Spec:
     return Spec(nodes=nodes, package_of_node=[0, 1, 0, 0, 1, 1], gpus=gpus)
 
 
+def gh200() -> Spec:
+    """One Grace Hopper superchip in NUMA mode: the Grace CPU's 72 cores and 480 GiB of
+    LPDDR5X on node 0, the H100's 96 GiB of HBM3 as the CPU-less node 1, which the GPU
+    driver names (``numa_status``); node 0's only fallback is the GPU's memory."""
+    nodes: list[list[int]] = [list(range(72)), []]
+    gpu = Gpu(
+        "0009:01:00.0",
+        0,
+        device=0x2342,
+        uuid=_uuid(0),
+        minor=0,
+        memory_node=1,
+        local_cpus=nodes[0],
+        model="NVIDIA GH200 480GB",
+    )
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0],
+        gpus=[gpu],
+        memory_gib_of={0: 480, 1: 96},
+        distance_matrix=[[10, 80], [80, 10]],
+        kernel="6.8.0-1013-nvidia-64k",
+    )
+
+
+def xeon_max() -> Spec:
+    """Two Xeon Max 9480 (56 cores x 2 threads each) in SNC4 and HBM flat mode: 16 nodes.
+    Nodes 0-7 are the sub-NUMA clusters (14 cores and 64 GiB of DDR5 each, 0-3 on package
+    0), nodes 8-15 their HBM (16 GiB each, no CPUs: node 8 + k belongs to cluster k), as
+    ``numactl -H`` shows such a machine.  The firmware's HMAT gives each HBM node about
+    three times its cluster's DDR bandwidth; the SLIT puts a cluster's HBM a little farther
+    than its DDR, its package's other clusters nearer than the other package.  Six Intel
+    Data Center GPU Max 1550 (an Aurora node's layout): on clusters 0-2 and 4-6."""
+    ddr = []
+    for pkg in range(2):
+        for k in range(4):
+            first = pkg * 56 + k * 14
+            cores = list(range(first, first + 14))
+            ddr.append(cores + [c + 112 for c in cores])
+    nodes: list[list[int]] = ddr + [[] for _ in range(8)]
+
+    def dist(i: int, j: int) -> int:
+        if i == j:
+            return 10
+        pi, pj = (i % 8) // 4, (j % 8) // 4
+        hbm = (i >= 8) + (j >= 8)
+        if pi != pj:
+            return 21 if hbm == 0 else 23
+        if hbm == 1 and i % 8 == j % 8:
+            return 13  # a cluster and its own HBM
+        return 12 if hbm == 0 else 14
+
+    gpus = [
+        Gpu(f"0000:{b:02x}:00.0", n, vendor=0x8086, device=0x0BD5, pci_class=0x038000)
+        for b, n in ((0x18, 0), (0x42, 1), (0x6C, 2), (0x9A, 4), (0xC3, 5), (0xEC, 6))
+    ]
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0, 0, 0, 1, 1, 1, 1] * 2,
+        smt=2,
+        smt_stride=112,
+        gpus=gpus,
+        memory_gib=64,
+        memory_gib_of={n: 16 for n in range(8, 16)},
+        distance_matrix=[[dist(i, j) for j in range(16)] for i in range(16)],
+        bandwidth={n: (76800 if n < 8 else 230400) for n in range(16)},
+        vendor="intel",
+    )
+
+
+def snc3() -> Spec:
+    """Two Xeon 6 (Granite Rapids, 72 cores x 2 threads each) in SNC3: six nodes of 24
+    cores, 0-2 on package 0; eight B200, two each on nodes 0, 1, 3 and 4, none on 2 and 5
+    (a B200 host with sub-NUMA clustering: six CPU nodes, GPUs on four)."""
+    nodes = []
+    for pkg in range(2):
+        for k in range(3):
+            first = pkg * 72 + k * 24
+            cores = list(range(first, first + 24))
+            nodes.append(cores + [c + 144 for c in cores])
+
+    def dist(i: int, j: int) -> int:
+        return 10 if i == j else (12 if i // 3 == j // 3 else 21)
+
+    gpus = [
+        Gpu(f"0000:{b:02x}:00.0", n, device=0x2901, uuid=_uuid(i), minor=i, model="NVIDIA B200")
+        for i, (b, n) in enumerate(
+            [(0x1A, 0), (0x2A, 0), (0x3A, 1), (0x4A, 1), (0x9A, 3), (0xAA, 3), (0xBA, 4), (0xCA, 4)]
+        )
+    ]
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 0, 0, 1, 1, 1],
+        smt=2,
+        smt_stride=144,
+        gpus=gpus,
+        memory_gib=340,
+        distance_matrix=[[dist(i, j) for j in range(6)] for i in range(6)],
+        vendor="intel",
+    )
+
+
+def cxl() -> Spec:
+    """Two AMD EPYC sockets (NPS1, 64 cores each) with a CXL memory expander on each
+    (nodes 2 and 3, 256 GiB, onlined by dax/kmem): Linux puts them in memory_tier22 and
+    the CPU nodes in memory_tier4.  The SLIT puts each expander nearer its socket (24)
+    than the other socket is (32): by distance alone node 0 would spill onto node 2 first.
+    Four H100 PCIe, two per socket."""
+    nodes: list[list[int]] = [list(range(64)), list(range(64, 128)), [], []]
+    matrix = [[10, 32, 24, 40], [32, 10, 40, 24], [24, 40, 10, 44], [40, 24, 44, 10]]
+    gpus = [
+        Gpu(
+            f"0000:{b:02x}:00.0", n, device=0x2331, uuid=_uuid(i), minor=i, model="NVIDIA H100 PCIe"
+        )
+        for i, (b, n) in enumerate([(0x01, 0), (0x21, 0), (0x81, 1), (0xA1, 1)])
+    ]
+    return Spec(
+        nodes=nodes,
+        package_of_node=[0, 1, 0, 1],
+        gpus=gpus,
+        memory_gib=384,
+        memory_gib_of={2: 256, 3: 256},
+        distance_matrix=matrix,
+        tiers={0: 4, 1: 4, 2: 22, 3: 22},
+        vendor="amd",
+    )
+
+
 def mi300x() -> Spec:
     """8 AMD MI300X (class 0x1200, processing accelerator), 4 per socket, 2 sockets."""
     n0, n1 = list(range(0, 96)), list(range(96, 192))
@@ -696,6 +889,36 @@ def mi300x() -> Spec:
         for i, b in enumerate([0x05, 0x15, 0x65, 0x75, 0x85, 0x95, 0xE5, 0xF5])
     ]
     return Spec(nodes=[n0, n1], package_of_node=[0, 1], gpus=gpus)
+
+
+MI300X_BUSES = (0x05, 0x27, 0x47, 0x65, 0x85, 0xA7, 0xC7, 0xE5)
+
+
+def mi300x_cpx(compute: str = "CPX", memory: str = "NPS4", numa: tuple[int, ...] = ()) -> Spec:
+    """8 AMD MI300X in a compute-partition mode (CPX: 8 partitions each, 64 devices to
+    ROCm) and memory-partition mode (NPS4: each GPU's HBM in four parts), 4 per socket,
+    2 sockets of 96 cores; the GPUs' PCI addresses are those of a real CPX host's KFD
+    topology (tests/data/kfd).  ``numa`` overrides the GPUs' sysfs numa_node (-1: no
+    affinity, as amd-smi reports some)."""
+    parts = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4, "CPX": 8}[compute]
+    nodes = [list(range(0, 96)), list(range(96, 192))]
+    gpus = []
+    for i, bus in enumerate(MI300X_BUSES):
+        node = numa[i] if numa else (0 if i < 4 else 1)
+        gpus.append(
+            Gpu(
+                f"0000:{bus:02x}:00.0",
+                node,
+                vendor=0x1002,
+                device=0x74A1,
+                pci_class=0x120000,
+                unique_id=f"{0xE3A0B1C2D3E4F500 + i:x}",
+                partitions=parts,
+                compute_partition=compute,
+                memory_partition=memory,
+            )
+        )
+    return Spec(nodes=nodes, package_of_node=[0, 1], gpus=gpus, vendor="amd", kfd=True)
 
 
 def container_2_of_8() -> Spec:
@@ -848,7 +1071,12 @@ EXAMPLES = {
     "p4d": p4d,
     "nics-one-socket": nics_one_socket,
     "gb200": gb200,
+    "gh200": gh200,
+    "xeon-max": xeon_max,
+    "snc3": snc3,
+    "cxl": cxl,
     "mi300x": mi300x,
+    "mi300x-cpx": mi300x_cpx,
     "nps4": nps4,
     "container": container_2_of_8,
     "k8s-pod": k8s_pod,

@@ -54,6 +54,12 @@ _TEXT_TAGS = {"indexes", "u64values"}
 _ENCODINGS = {"utf-8", "utf8", "us-ascii", "ascii"}
 
 
+# hwloc's NUMANode subtypes (memattrs.c, hwloc_memory_tier_kinds) -> numabind's node kinds
+_SUBTYPE_KINDS = {"GPUMEMORY": "gpu", "HBM": "hbm", "MCDRAM": "hbm", "NVM": "far"}
+# the Package CPUVendor info hwloc writes -> numabind's vendor words (as the sysfs reader's)
+_CPU_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "hygon"}
+
+
 class HwlocError(CaptureError):
     """The file is not an hwloc topology numabind can read."""
 
@@ -267,9 +273,12 @@ class HwlocSource(Source):
         self._others: list[OtherDevice] = []
         self._paths: dict[str, tuple[str, ...]] = {}
         self._gpu_mem: dict[str, int] = {}
+        self._kinds: dict[int, tuple[str, str]] = {}
+        self._vendor: str | None = None
         self._walk(machine, [], _Context())
+        self._shared_cpusets()
         self._distances = self._read_distances(root)
-        self._kinds = self._read_kinds(root)
+        self._cpu_kinds = self._read_kinds(root)  # CPU -> its kind's rank
         # hwloc 2 records NVLink bandwidths (its NVML backend) as a heterogeneous matrix;
         # show --matrix says it carries them rather than read them
         self.nvlink = any(
@@ -304,6 +313,10 @@ class HwlocSource(Source):
             raw = obj.get("os_index", "") or ""
             pkg = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 7 else None
             ctx = _Context(pkg, ctx.siblings, ctx.level, ctx.cache)
+            if self._vendor is None:
+                for info in obj.findall("info"):
+                    if info.get("name") == "CPUVendor":
+                        self._vendor = _CPU_VENDORS.get(info.get("value") or "")
         elif kind == "Core":
             ctx = _Context(
                 ctx.package, self._mask(obj, "cpuset") or frozenset(), ctx.level, ctx.cache
@@ -339,12 +352,46 @@ class HwlocSource(Source):
         mem = _sysfs.parse_int(mem_raw) if mem_raw else None
         infos = {i.get("name"): i.get("value") for i in obj.findall("info")}
         bus = infos.get("PCIBusID")
-        if obj.get("subtype") == "GPUMemory" or bus:
+        subtype = obj.get("subtype") or ""
+        if subtype == "GPUMemory" or bus:
             cpus = frozenset()
             norm = normalize_pci(bus) if bus else None
             if norm:
                 self._gpu_mem[norm] = os_index
+        # hwloc's memory kinds (hwloc 2.10+ NUMANode subtypes, memattrs.c): what the
+        # export says a CPU-less node is; DRAM and SPM say nothing numabind acts on
+        kind = _SUBTYPE_KINDS.get(subtype.upper()) or (
+            "far" if subtype.upper().startswith("CXL-") else None
+        )
+        if "CXLDevice" in infos and kind is None:
+            kind = "far"
+        how = f"hwloc subtype {_sysfs.clean_line(subtype, 32)}" if kind and subtype else ""
+        if kind and not how:
+            how = "hwloc CXLDevice"
+        if kind is not None and subtype.upper() != "GPUMEMORY":
+            # hwloc gives a memory-only node (HBM, CXL, NVM) the CPUs of the object it is
+            # attached to, its locality: those CPUs are the DRAM node's
+            cpus = frozenset()
         self._nodes[os_index] = (cpus, mem if mem is not None and mem >= 0 else None)
+        if kind is not None:
+            self._kinds[os_index] = (kind, how)
+
+    def _shared_cpusets(self) -> None:
+        """Nodes an export gives the same CPUs (memory attached to one object, its kind not
+        named): the lowest-numbered keeps them, the others are read as memory-only, said
+        once each (two nodes owning the same CPUs would make every plan ambiguous)."""
+        owner: dict[frozenset[int], int] = {}
+        for os_index in sorted(self._nodes):
+            cpus, mem = self._nodes[os_index]
+            if not cpus:
+                continue
+            first = owner.setdefault(cpus, os_index)
+            if first != os_index:
+                self._nodes[os_index] = (frozenset(), mem)
+                self.warn(
+                    f"{self._path}: NUMA node {os_index} has the same CPUs as node {first} "
+                    "and no memory kind: read as memory-only"
+                )
 
     def _add_pci(self, obj: _El, ancestors: list[_El]) -> None:
         busid = normalize_pci(obj.get("pci_busid", "") or "")
@@ -535,7 +582,7 @@ class HwlocSource(Source):
     def core_kinds(self, online: frozenset[int]) -> CoreKinds:
         from ._sources import kinds_from
 
-        values = {c: v for c, v in self._kinds.items() if c in online}
+        values = {c: v for c, v in self._cpu_kinds.items() if c in online}
         if len(set(values.values())) > 1:
             return kinds_from(values, HWLOC_KINDS, (HWLOC_KINDS,))
         looked = (HWLOC_KINDS,) if values else ()
@@ -551,12 +598,18 @@ class HwlocSource(Source):
         self, node_id: int, online: frozenset[int], all_ids: tuple[int, ...], full: bool = True
     ) -> Node:
         cpus, mem = self._nodes[node_id]
+        kind, how = self._kinds.get(node_id, (None, ""))
         return Node(
             id=node_id,
             cpus=cpus & online,
             memory_bytes=mem,
             distances=self._distances.get(node_id, ()),
+            kind=kind,
+            kind_how=how,
         )
+
+    def cpu_vendor(self) -> str | None:
+        return self._vendor
 
     def cpu_info(self, cpu: int) -> CpuInfo:
         return self._cpu.get(cpu) or CpuInfo(

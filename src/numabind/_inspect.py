@@ -25,18 +25,20 @@ import time
 
 from . import _job, _kernel, _registry, _sysfs
 from ._environ import detect
-from ._kernel import locality, pages_per_node, read_maps, shared_pages
+from ._kernel import Region, locality, pages_per_node, shared_pages
 from ._model import (
     DEVICE_FILES,
     GLOBAL_RANK_VARIABLES,
     HELPER_PROCESS_ROLES,
     JOB_VARIABLES,
+    NODE_KINDS,
     POLICIES,
     RANK_VARIABLE_NAMES,
     THREAD_ROLES,
     Record,
     binder_of,
 )
+from ._sysfs import normalize_pci
 from ._threads import AFFINITY_VARIABLES
 from ._threads import VARIABLES as THREAD_VARIABLES
 
@@ -84,6 +86,10 @@ class PlanView(Record):
     problem: str | None = None
     threads: int | None = None
     helpers: frozenset[int] = frozenset()  # reserved for helpers: on plan too
+    # nodes of ``memory_nodes`` that are only where memory may spill (``memory_policy`` is
+    # then the kernel's: MPOL_BIND over the spill mask, NUMABIND_SPILL=cpu); locality is
+    # measured on the others
+    spill_nodes: frozenset[int] = frozenset()
     # threads bound to one device of a multi-device process (numabind.bind_thread): thread
     # id -> (that device's PCI address, its plan's CPUs), judged against those CPUs
     thread_plans: dict[int, tuple[str, frozenset[int]]] = {}  # noqa: RUF012 (immutable)
@@ -98,15 +104,23 @@ class PlanView(Record):
     def of_plan(cls, p: Plan) -> PlanView:
         d = p.to_dict()
         sets = ("thread_plans", "priority_cpus", "main_cpus", "nics")
+        policy, nodes = p.placement.kernel_policy if p.bound else (p.memory_policy, p.memory_nodes)
         return cls(**{k: d[k] for k in cls._fields if k in d and k not in sets}).replace(
             cpus=p.cpus,
-            memory_nodes=p.memory_nodes,
+            memory_nodes=nodes,
+            memory_policy=policy,
             notes=p.notes,
             helpers=p.helpers,
             priority_cpus=p.priority_cpus,
             main_cpus=p.main_cpus,
             nics=p.nics,
+            spill_nodes=nodes - p.memory_nodes,
         )
+
+    @property
+    def home_nodes(self) -> frozenset[int]:
+        """Where its memory belongs: the policy's nodes less those it may only spill onto."""
+        return self.memory_nodes - self.spill_nodes
 
     @classmethod
     def of_entry(cls, e: Entry) -> PlanView:
@@ -124,6 +138,7 @@ class PlanView(Record):
             reason=_sysfs.clean_line(e.reason, 500),
             threads=e.threads,
             helpers=e.helpers,
+            spill_nodes=e.spill,
             thread_plans={
                 tid: (e.device_plans[i][0], e.device_plans[i][1]) for tid, i in e.thread_devices
             },
@@ -172,18 +187,17 @@ class BufferCheck(Record):
     ok: bool
 
 
-def check_buffers(pid: int, entry: Entry | None, notes: list[str]) -> tuple[BufferCheck, ...]:
-    """Measure each host buffer the process listed; a warning note for one off its nodes."""
+def check_buffers(
+    entry: Entry | None, found: dict[int, dict[int, int] | None], notes: list[str]
+) -> tuple[BufferCheck, ...]:
+    """Judge each host buffer the process listed from its pages per node (``found``, by
+    buffer index, measured in the one pass over its numa_maps:
+    :func:`numabind._kernel.memory_view`); a warning note for one off its nodes."""
     if entry is None or not entry.buffers:
         return ()
-    from ._range import numa_maps_pages
-
-    try:  # one pass over maps and numa_maps, however many buffers the entry lists
-        measured = numa_maps_pages([(a, n) for a, n, _, _ in entry.buffers], pid)
-    except OSError:
-        measured = [None] * len(entry.buffers)
     out = []
-    for (address, nbytes, nodes, policy), pages in zip(entry.buffers, measured):
+    for i, (address, nbytes, nodes, policy) in enumerate(entry.buffers):
+        pages = found.get(i)
         share = locality(pages, frozenset(nodes)) if pages else None
         ok = share is None or share >= BUFFER_LOCALITY
         if pages is None:
@@ -353,6 +367,8 @@ class ProcessCheck(Record):
     # where the machine the rank planned from came from (its registry entry): "sysfs",
     # "cache", or "sysfs (cache: why not)"; "" when it did not say
     machine: str = ""
+    # its private memory per node kind (NODE_KINDS: cpu, gpu, hbm, far, memory), in bytes
+    tiers: dict[str, int] = {}  # noqa: RUF012 (records are immutable)
     # the RDMA adapter ports chosen for its GPU, and the transport variables it runs with
     # (what numabind set, from its registry entry, and the rest of its initial
     # environment); nic_set names those numabind set
@@ -392,12 +408,17 @@ class CheckReport(Record):
 
 
 def expected_plan(
-    pid: int, machine: Machine, environ: Mapping[str, str] | OSError, source: str
+    pid: int,
+    machine: Machine,
+    environ: Mapping[str, str] | OSError,
+    source: str,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[PlanView | None, str, Entry | None]:
-    """The plan a process should have: its registry entry, else planned from ``environ``
-    (its initial environment, or the error reading it; ``source`` says which).  Returns
-    (plan, where it came from, entry)."""
-    entry = _registry.read(pid)
+    """The plan a process should have: its registry entry (under ``settings``'
+    ``NUMABIND_REGISTRY``, default this process's), else planned from ``environ`` (its
+    initial environment, or the error reading it; ``source`` says which).  Returns (plan,
+    where it came from, entry)."""
+    entry = _registry.read(pid, settings)
     if entry is not None:
         return PlanView.of_entry(entry), "registry", entry
     if isinstance(environ, OSError):
@@ -422,6 +443,7 @@ def expected_plan(
         reserve=cfg.reserve,
         smt=cfg.smt,
         priority=cfg.priority,
+        spill=cfg.spill,
         nic_mode=cfg.nic_mode,
         nic_min_rate=cfg.nic_min_rate,
     )
@@ -514,7 +536,7 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
                             by_minor[(a.vendor, a.minor)] = a.pci
                 pci = by_minor.get((row.vendor, minor))
             else:
-                pci = _drm_pci(row.name.format(n=minor))
+                pci = _render_pci(machine, row.vendor, row.name.format(n=minor), minor)
             if pci is not None and pci not in opened:
                 opened.append(pci)
     planned = expected.device_pci if expected is not None else None
@@ -541,6 +563,17 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
         source=source,
         open=tuple(opened[:16]),
     )
+
+
+def _render_pci(machine: Machine, vendor: str, name: str, minor: int) -> str | None:
+    """The PCI address of the GPU behind DRM render node ``name``: its ``device`` link;
+    for a compute partition (whose render node is a platform device, amdgpu_xcp) the GPU
+    the partition topology names."""
+    pci = _drm_pci(name)
+    if pci is not None and normalize_pci(pci) == pci:
+        return pci
+    devs = tuple(a for a in machine.accelerators if a.vendor == vendor)
+    return next((d.pci for d in machine.with_partitions(devs) if d.render_minor == minor), None)
 
 
 def _drm_pci(name: str) -> str | None:
@@ -570,32 +603,37 @@ def check_pid(
     machine: Machine,
     min_locality: float = MIN_LOCALITY,
     environ: Mapping[str, str] | None = None,
+    deadline: float | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> ProcessCheck:
-    """Check one process; raises :class:`Vanished` if it is gone or a zombie."""
+    """Check one process; raises :class:`Vanished` if it is gone or a zombie.  Each of its
+    /proc files is read a fixed number of times (maps and numa_maps once, whatever its
+    entry lists); reading its memory stops at ``deadline``.  ``settings``: where its
+    registry is (``NUMABIND_REGISTRY``; default this process's environment)."""
     if not _kernel.alive(pid):
         raise Vanished(pid)
     env = environ if environ is not None else initial_environ(pid)
     expected, source, entry = expected_plan(
-        pid, machine, env, "its environment" if environ is not None else "its initial environment"
+        pid,
+        machine,
+        env,
+        "its environment" if environ is not None else "its initial environment",
+        settings,
     )
     threads = _kernel.thread_masks(pid)
     if not threads and not _kernel.alive(pid):
         raise Vanished(pid)
     unreadable: list[str] = []
+    listed = tuple((a, n) for a, n, _, _ in entry.buffers) if entry is not None else ()
     try:
-        policy = _kernel.task_policy(pid)
+        view = _kernel.memory_view(pid, listed, deadline)
     except OSError as err:
         if not _kernel.alive(pid):
             raise Vanished(pid) from None
-        policy = None
-        unreadable.append(f"memory policy ({err.strerror})")
-    try:
-        maps = read_maps(pid)
-    except OSError as err:
-        if not _kernel.alive(pid):
-            raise Vanished(pid) from None
-        maps = _kernel.Maps([], False)
-        unreadable.append(f"memory maps ({err.strerror})")
+        view = _kernel.MemoryView(policy=None, regions=(), buffers={}, truncated=False)
+        unreadable += [f"memory policy ({err.strerror})", f"memory maps ({err.strerror})"]
+    policy = view.policy
+    maps = _kernel.Maps(list(view.regions), view.truncated)
     regions = maps.regions
     pages = pages_per_node(regions)
     shared = _shared(pid, regions)
@@ -603,6 +641,8 @@ def check_pid(
     own = {n: c for n, c in own.items() if c > 0}
     problems: list[str] = []
     notes: list[str] = []
+    if view.late:
+        notes.append(f"/proc/{pid}: its memory maps were read only in part: the deadline passed")
     if maps.truncated:
         notes.append(
             f"/proc/{pid}/maps or numa_maps is larger than numabind reads "
@@ -622,7 +662,9 @@ def check_pid(
         mems = _sysfs.parse_cpulist(status.get("Mems_allowed_list", "-"), what="node")
     except ValueError:
         mems = None
+    tiers = _tiers(machine, own, expected, entry, policy, notes)
     base: dict[str, Any] = {
+        "tiers": tiers,
         "pid": pid,
         "identity": Identity() if isinstance(env, OSError) else Identity.of_environ(env),
         "gpu": gpu_in_use(pid, machine, expected),
@@ -647,7 +689,7 @@ def check_pid(
     settings = _thread_settings(entry, env)
     base["thread_settings"] = settings
     base.update(nic_facts(machine, expected, entry, env, notes))
-    base["host_buffers"] = check_buffers(pid, entry, notes)
+    base["host_buffers"] = check_buffers(entry, view.buffers, notes)
     if not expected.bound:
         _why_skipped(expected, env, machine, problems, notes)
         return ProcessCheck(
@@ -661,8 +703,11 @@ def check_pid(
     # may run on the reserved cores with its first thread
     helper = role_of(names.get(pid, "")) in HELPER_PROCESS_ROLES
     main = None if helper else pid
+    # locality is of its CPU memory: pages on a GPU's or far memory are in ``tiers`` and
+    # said in a note (the GPU driver migrates memory to GPU nodes by itself)
+    cpu_own = {n: c for n, c in own.items() if n not in wrong_tier_nodes(machine)}
     share = _judge(
-        expected, source, main, threads, policy, own, min_locality, problems, notes, names
+        expected, source, main, threads, policy, cpu_own, min_locality, problems, notes, names
     )
     if shared.pages:
         notes.append(
@@ -736,6 +781,95 @@ def _priority_check(
     return prio, on
 
 
+def _tiers(
+    machine: Machine,
+    own: dict[int, int],
+    expected: PlanView | None,
+    entry: Entry | None,
+    policy: tuple[str, frozenset[int]] | None,
+    notes: list[str],
+) -> dict[str, int]:
+    """A rank's private memory per node kind, and the notes about its tiers: memory on a
+    GPU's or far node it did not ask for (its plan's nodes and spill mask, its host
+    buffers' nodes), and a policy that interleaves a GPU rank over every node."""
+    asked = (expected.memory_nodes if expected is not None else frozenset()) | frozenset(
+        n for b in (entry.buffers if entry is not None else ()) for n in b[2]
+    )
+    notes.extend(wrong_tier_notes(machine, own, asked, expected))
+    notes.extend(_interleave_notes(policy, expected))
+    return memory_by_kind(machine, own)
+
+
+def wrong_tier_nodes(machine: Machine) -> frozenset[int]:
+    """The machine's GPU-memory and far nodes (none are looked for when every node has
+    CPUs)."""
+    return frozenset(
+        n
+        for n in machine.memory_only_ids
+        if (kind := NODE_KINDS.get(machine.node_kind(n) or "")) is not None and kind.wrong_tier
+    )
+
+
+def memory_by_kind(machine: Machine, pages: Mapping[int, int]) -> dict[str, int]:
+    """Bytes of ``pages`` (4 KiB units per node) per node kind; only nodes with pages are
+    looked at, and a machine's nodes are classified only when one of them has no CPUs."""
+    out: dict[str, int] = {}
+    memory_only = machine.memory_only_ids
+    for node, count in sorted(pages.items()):
+        kind = (machine.node_kind(node) or "memory") if node in memory_only else "cpu"
+        out[kind] = out.get(kind, 0) + count * 4096
+    return out
+
+
+def wrong_tier_notes(
+    machine: Machine, pages: Mapping[int, int], asked: frozenset[int], plan: PlanView | None
+) -> list[str]:
+    """A warning for each GPU-memory or far node holding some of a rank's memory that it
+    did not ask for (``asked``: its plan's nodes and spill mask, its host buffers' nodes).
+    A note, never a problem: the GPU driver itself migrates memory to GPU nodes on
+    coherent systems, and a rank may have placed it there on purpose."""
+    memory_only = machine.memory_only_ids
+    out = []
+    for node, count in sorted(pages.items()):
+        if node not in memory_only or node in asked or count <= 0:
+            continue
+        kind = NODE_KINDS.get(machine.node_kind(node) or "")
+        if kind is None or not kind.wrong_tier:
+            continue
+        gpu = machine.gpu_memory().get(node)
+        if gpu is not None:
+            same = [a.pci for a in machine.accelerators if a.vendor == gpu[0].vendor]
+            index = same.index(gpu[0].pci) if gpu[0].pci in same else None
+            what = f"GPU {index}'s memory" if index is not None else f"the memory of {gpu[0].pci}"
+        else:
+            what = kind.label
+        size = count * 4096
+        amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{max(size >> 20, 1)} MiB"
+        why = "not a node its plan uses" if plan is not None and plan.bound else "it has no plan"
+        out.append(f"warning: {amount} of this rank's memory is on node {node}, {what} ({why})")
+    return out
+
+
+def _interleave_notes(
+    policy: tuple[str, frozenset[int]] | None, plan: PlanView | None
+) -> list[str]:
+    """A GPU rank whose memory policy interleaves over several nodes (``numactl
+    --interleave=all``, kept where the rule keeps a deliberate binding): the pinned
+    staging buffers it allocates are spread over every one of them (colibri#82: the
+    host-to-device path 10x slower)."""
+    if policy is None or policy[0] != "interleave" or len(policy[1]) < 2:
+        return []
+    if plan is None or not plan.device_pci:
+        return []
+    return [
+        f"its memory policy interleaves over nodes {fmt(policy[1])}: pinned staging "
+        "buffers it allocates (torch pin_memory, cudaHostAlloc) are spread over all of "
+        "them (one report: the host-to-device path 10x slower); numabind.host_buffer and "
+        "numabind.torch.pinned_empty take a policy of their own, NUMABIND_TORCH=1 gives "
+        "the DataLoader's pin thread the rank's"
+    ]
+
+
 def _escaped_text(
     tid: int, mask: frozenset[int], expected: PlanView, names: Mapping[int, str]
 ) -> str:
@@ -790,6 +924,8 @@ def _judge(
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
     escaped = {t: c for t, c in threads.items() if not c <= expected.allowed_for(t, main)}
+    if not cpus and not expected.thread_plans:
+        escaped = {}  # a plan for memory alone (one node with CPUs): CPUs are not its promise
     if escaped and len(escaped) == len(threads) and not expected.thread_plans:
         sample = next(iter(escaped.values()))
         problems.append(
@@ -817,7 +953,8 @@ def _judge(
                 f"memory policy is {got_name} {fmt(got_nodes) or '(no nodes)'}, plan "
                 f"{want} {fmt(mem_nodes)}".rstrip()
             )
-    check_nodes = mem_nodes or (
+    home = mem_nodes - expected.spill_nodes if mem_nodes else mem_nodes
+    check_nodes = home or (
         frozenset({expected.numa_node}) if expected.numa_node is not None else frozenset()
     )
     share = locality(own, check_nodes) if check_nodes else None
@@ -967,15 +1104,20 @@ def _thread_notes(settings: dict[str, str], expected: PlanView, notes: list[str]
 
 def rank_pids(
     keep: Callable[[Mapping[str, str]], bool] | None = None,
+    members: frozenset[int] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> tuple[list[int], Scan]:
     """Processes on this machine that are ranks: a rank variable in their initial
-    environment, or an entry in numabind's registry; with ``keep``, only those whose
-    initial environment it accepts (a job's ranks on this node)."""
-    scan = _registry.scan(all_users=True)
+    environment, or an entry in numabind's registry (``settings``' ``NUMABIND_REGISTRY``,
+    default this process's); with ``members``, only those (a job's processes, as the
+    kernel or Slurm says: :func:`job_members`), and with ``keep``, only those whose
+    initial environment it accepts too (what they claim narrows, never widens)."""
+    scan = _registry.scan(settings, all_users=True)
     registered = set(scan.entries)
-    found = set(registered) if keep is None else set()
+    found = set(registered) if keep is None and members is None else set()
     me = os.getpid()
-    for name in _sysfs.listdir("/proc", 1 << 22):
+    names = _sysfs.listdir("/proc", 1 << 22) if members is None else [str(p) for p in members]
+    for name in names:
         if not (name.isascii() and name.isdigit()):
             continue
         pid = int(name)
@@ -992,6 +1134,116 @@ def rank_pids(
         ):
             found.add(pid)
     return sorted(found), scan
+
+
+class Membership(Record):
+    """Which processes of this node belong to a job, and who said so (``source``): Slurm's
+    own process tracking, the job's cgroup, or, failing both, the job owner's uid.  Never
+    what a process's environment claims: anyone can start a process with
+    ``SLURM_JOB_ID=J``."""
+
+    pids: frozenset[int]
+    source: str
+
+
+LISTPIDS_CAP = 4 << 20  # bytes of ``scontrol listpids`` read
+
+
+def job_members(job: str, owner: int | None, timeout: float = 10.0) -> Membership:
+    """The processes of job ``job`` on this node, from the first source that knows:
+
+    1. ``scontrol listpids JOB`` (slurmstepd's own list of the processes of each step,
+       whatever the process tracking plugin);
+    2. the cgroup the kernel puts each process in (``.../slurm.../job_J/...``, v1 or v2:
+       a process can be moved there only by who may write the job's cgroup);
+    3. ``owner``, the uid the job runs as (from ``scontrol show job``): a process of
+       another uid is never a rank of the job, whatever its environment says.
+    """
+    base = job.split("_", 1)[0]
+    listed = _listpids(base, timeout)
+    if listed is not None:
+        return Membership(pids=listed, source="Slurm's process tracking (scontrol listpids)")
+    in_cgroup = _cgroup_members(base)
+    if in_cgroup is not None:
+        return Membership(pids=in_cgroup, source=f"the kernel's cgroup of the job (job_{base})")
+    if owner is not None:
+        pids = []
+        for name in _sysfs.listdir("/proc", 1 << 22):
+            if name.isascii() and name.isdigit():
+                uids = _kernel.process_uids(int(name))
+                if uids is not None and uids == {owner}:
+                    pids.append(int(name))
+        return Membership(
+            pids=frozenset(pids),
+            source=f"the job owner's uid {owner} (no Slurm process tracking or job cgroup here)",
+        )
+    return Membership(
+        pids=frozenset(),
+        source="unknown: no Slurm process tracking, no job cgroup and no owner uid "
+        "(--job-uid): no process counted",
+    )
+
+
+def _listpids(job: str, timeout: float) -> frozenset[int] | None:
+    """``scontrol listpids JOB``'s pids, or None where it cannot answer here."""
+    import shutil
+    import subprocess
+
+    from ._isolated import loose
+
+    scontrol = shutil.which("scontrol")
+    if scontrol is None or loose(scontrol, {0, os.geteuid()}) is not None:
+        return None  # not here, or a program another user could change: not run
+    try:
+        p = subprocess.run(
+            [scontrol, "listpids", job],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if p.returncode != 0:
+        return None
+    pids = set()
+    for line in p.stdout[:LISTPIDS_CAP].decode("ascii", "replace").splitlines()[: 1 << 20]:
+        fields = line.split()
+        if len(fields) >= 2 and fields[1] == job and fields[0].isdigit() and len(fields[0]) < 11:
+            pids.add(int(fields[0]))
+    return frozenset(pids) if pids else None
+
+
+def slurm_jobs(cgroup: str) -> set[str]:
+    """The Slurm jobs a ``/proc/PID/cgroup`` text puts a process in: a ``job_N``
+    component below one whose name starts with ``slurm`` (v1 ``/slurm/uid_U/job_N/...``,
+    v2 ``/system.slice/slurmstepd.scope/job_N/...``, ``slurm_NODE`` with several slurmd).
+    Linear in the text: components are compared, no pattern backtracks."""
+    out = set()
+    for line in cgroup.splitlines()[:64]:
+        parts = line.split(":", 2)[-1].split("/")
+        under = False
+        for part in parts:
+            if part.startswith("slurm"):
+                under = True
+            elif under and part.startswith("job_") and part[4:].isascii() and part[4:].isdigit():
+                out.add(part[4:])
+    return out
+
+
+def _cgroup_members(job: str) -> frozenset[int] | None:
+    """Processes whose cgroup (any hierarchy) is job ``job``'s, or None when no process
+    here, this one included, is in a Slurm job cgroup at all (no cgroup tracking)."""
+    tracked = False
+    pids = set()
+    for name in _sysfs.listdir("/proc", 1 << 22):
+        if not (name.isascii() and name.isdigit()):
+            continue
+        jobs = slurm_jobs(_sysfs.read_opt(f"/proc/{name}/cgroup", 1 << 16) or "")
+        tracked = tracked or bool(jobs)
+        if job in jobs:
+            pids.add(int(name))
+    return frozenset(pids) if tracked else None
 
 
 def node_facts(machine: Machine) -> NodeFacts:
@@ -1017,9 +1269,11 @@ def check(
     named: bool = False,
     scan: Scan | None = None,
     verbose: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> CheckReport:
-    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value); ``named``: the
-    pids were given by the user (a vanished one is a note and exit status 3)."""
+    """Check ``pids`` until ``deadline`` (a ``time.monotonic()`` value; reading one
+    process's memory stops there too); ``named``: the pids were given by the user (a
+    vanished one is a note and exit status 3); ``settings``: where the registry is."""
     results: list[ProcessCheck] = []
     vanished: list[int] = []
     skipped: list[int] = []
@@ -1029,7 +1283,9 @@ def check(
             skipped = pids[i:]
             break
         try:
-            results.append(check_pid(pid, machine, environ=own_env))
+            results.append(
+                check_pid(pid, machine, environ=own_env, deadline=deadline, settings=settings)
+            )
         except Vanished:
             vanished.append(pid)
     if vanished and named:
@@ -1100,7 +1356,31 @@ def rank_status(r: ProcessCheck) -> str:
 
 def rank_record(r: ProcessCheck) -> dict[str, object]:
     """One rank of the node record: what the job report shows of it, compact (CPU sets in
-    the kernel's list form, threads grouped by mask)."""
+    the kernel's list form, threads grouped by mask, the first few ids and names of
+    each), and never more than the budget of one rank (numabind._job.RANK_BYTES and
+    RANK_VALUES): a rank with many odd masks on a large machine drops its last groups and
+    says so."""
+    import json
+
+    record = _rank_record(r)
+    threads: list[object] = record["threads"]  # type: ignore[assignment]
+    dropped = 0
+    while threads:
+        text = json.dumps(record, separators=(",", ":"))
+        if len(text) <= _job.RANK_BYTES - 512 and _job._values(text) <= _job.RANK_VALUES - 64:
+            break
+        threads.pop()
+        dropped += 1
+    if dropped:
+        notes: list[str] = record["notes"]  # type: ignore[assignment]
+        notes[_job.MAX_NOTES - 1 :] = [
+            f"{dropped} thread group(s) left out: the rank's record would exceed "
+            f"{_job.RANK_BYTES >> 10} KiB"
+        ]
+    return record
+
+
+def _rank_record(r: ProcessCheck) -> dict[str, object]:
     p = r.plan
     groups: dict[frozenset[int], list[int]] = {}
     for tid, cpus in r.threads.items():
@@ -1111,8 +1391,8 @@ def rank_record(r: ProcessCheck) -> dict[str, object]:
         threads.append(
             {
                 "cpus": fmt(cpus),
-                "tids": tids[:64],
-                "names": [r.thread_names.get(t, "") for t in tids[:8]],
+                "tids": tids[: _job.TIDS_KEPT],
+                "names": [r.thread_names.get(t, "") for t in tids[: _job.TIDS_KEPT]],
                 "count": len(tids),
             }
         )
@@ -1149,16 +1429,19 @@ def rank_record(r: ProcessCheck) -> dict[str, object]:
             {"nbytes": b.nbytes, "nodes": fmt(b.nodes), "locality": b.locality}
             for b in r.host_buffers
         ],
-        "problems": list(r.problems[: _job.MAX_NOTES]),
-        "notes": list(r.notes[: _job.MAX_NOTES]),
+        "problems": [_sysfs.clean_line(t, _job.TEXT) for t in r.problems[: _job.MAX_NOTES]],
+        "notes": [_sysfs.clean_line(t, _job.TEXT) for t in r.notes[: _job.MAX_NOTES]],
     }
 
 
-def node_record(report: CheckReport, job: str | None) -> dict[str, object]:
-    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks."""
+def node_record(
+    report: CheckReport, job: str | None, notes_first: tuple[str, ...] = ()
+) -> dict[str, object]:
+    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks;
+    ``notes_first`` lead its notes (how the job's processes were told)."""
     facts = report.node
     assert facts is not None
-    notes = list(report.notes)
+    notes = [*notes_first, *report.notes]
     if report.skipped:
         notes.append(f"{len(report.skipped)} rank(s) not reached before the deadline")
     return {

@@ -13,6 +13,23 @@ ranks they should have had (the step's layout, from the ranks that did answer), 
 :func:`report_lines` prints one screen: the ranks that are not healthy first, identical
 healthy nodes collapsed into one block, and one summary line.
 
+What a report may cost is stated, and counted, not implied by caps on single items (the
+threat model in docs/security.rst):
+
+* **CPU and node sets stay text.**  ``"0-16383"`` is 7 bytes and 16,384 CPUs, so a set
+  expanded into numbers is no multiple of its record's size.  Every set in a row is an
+  :class:`IdList`: its canonical list text, compared, joined and tested for inclusion
+  range by range, never expanded.
+* **A budget per record** (:data:`RECORD_BYTES` and :data:`RECORD_VALUES` for a node
+  record, :data:`STORE_RECORD_BYTES` and one rank for a store record), checked before
+  the structure it bounds is built: a store record listing a second rank is refused
+  before any rank is parsed.
+* **A budget per report** (:class:`Budget`): bytes of records parsed, an estimate of the
+  memory the rows keep, host names expanded from every step layout together, and the
+  caller's deadline.  Once spent, what is left is one line, not one row each.
+* Hostlists are expanded without recursion and with at most :data:`MAX_BRACKETS` bracket
+  groups per name.
+
 Everything here is pure: no /proc, no subprocess (numabind.cli._job runs the collectors).
 """
 
@@ -20,21 +37,33 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from . import _sysfs
 from ._model import Record
 
 SCHEMA = "numabind-node/1"
-JOB_SCHEMA = "numabind-job/1"
+JOB_SCHEMA = "numabind-job/2"  # /2: sets as list text ("0-3,8"), missing as a list text
 MAX_HOSTS = 100_000  # nodes one report may name (the largest jobs are ~10,000 nodes)
 MAX_RANKS = 1024  # ranks one node record may hold (8 GPUs x many ranks is far below)
 MAX_GROUPS = 64  # thread groups (one CPU mask each) kept per rank
-MAX_TIDS = 4096  # thread ids kept per rank
+MAX_TIDS = 4096  # thread ids one rank's groups may list in all
+TIDS_KEPT = 8  # thread ids (and names) kept per group: the report names the first 4
 MAX_NOTES = 32  # problems or notes kept per rank or node
 MAX_BUFFERS = 64  # host buffers kept per rank
+MAX_BRACKETS = 8  # bracket groups in one hostlist name (Slurm's dimensions: 1 to 4)
 TEXT = 300  # characters kept of one piece of text
-RECORD_BYTES = 64 << 20  # bytes of one node record parsed at most
+RANK_BYTES = 32 << 10  # one rank of a record, as the collector writes it (it fits itself in)
+RECORD_BYTES = MAX_RANKS * RANK_BYTES + (64 << 10)  # one node record (32 MiB and its facts)
+STORE_RECORD_BYTES = RANK_BYTES + (64 << 10)  # one store record: one rank and its node's facts
+RANK_VALUES = 2048  # JSON values one rank may spend (64 groups of tids and names)
+RECORD_VALUES = MAX_RANKS * RANK_VALUES + 4096
+LIST_TEXT = RANK_BYTES  # characters of one CPU or node list
+REPORT_BYTES = 256 << 20  # bytes of records one report parses in all
+REPORT_MEMORY = 512 << 20  # bytes its rows may keep (an estimate: :func:`_row_cost`)
+MAX_INVALID = 1024  # invalid records kept as rows; the others are counted
 STATUSES = ("off plan", "invalid", "unknown", "warning", "ok")  # the order rows are shown in
 HEALTHY = ("ok",)
 
@@ -43,15 +72,172 @@ class InvalidRecord(ValueError):
     """A node record (or one rank of it) that is not what a collector writes."""
 
 
+# --- sets of numbers, kept as text -------------------------------------------------------------
+
+
+def _ranges(text: str, limit: int, what: str) -> list[tuple[int, int]]:
+    """The kernel's list form (``0-3,8``, no strides: the collector never writes them) as
+    sorted, merged ``(first, last)`` pairs; ValueError past ``limit`` or when malformed.
+    Linear in the text: no number range is walked."""
+    if len(text) > LIST_TEXT:
+        raise ValueError(f"{what} list of {len(text)} characters (at most {LIST_TEXT})")
+    pairs: list[tuple[int, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo_s, sep, hi_s = part.partition("-")
+        for token in (lo_s, hi_s) if sep else (lo_s,):
+            token = token.strip()
+            if not (token.isascii() and token.isdigit() and len(token) < 7):
+                raise ValueError(f"bad {what} list {_sysfs.short(text)}")
+        lo = int(lo_s)
+        hi = int(hi_s) if sep else lo
+        if hi < lo or hi >= limit:
+            raise ValueError(f"{what} list {_sysfs.short(text)}: beyond {limit - 1} or reversed")
+        pairs.append((lo, hi))
+    return _merged(pairs)
+
+
+def _merged(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(pairs):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+class IdList(str):
+    """A set of CPU, node or rank numbers kept as its canonical list text (``0-3,8``).
+
+    The text is what a record spent on it, so a set can never cost more than its text:
+    inclusion, union and size work on its ranges.  It *is* the string (JSON writes it as
+    the kernel's list form); ``len()`` is the text's length, :attr:`size` the count."""
+
+    __slots__ = ()
+
+    @classmethod
+    def parse(cls, text: str, limit: int = _sysfs.MAX_CPUS, what: str = "CPU") -> IdList:
+        return cls.of_ranges(_ranges(text, limit, what))
+
+    @classmethod
+    def of_ranges(cls, pairs: Iterable[tuple[int, int]]) -> IdList:
+        return cls(",".join(str(a) if a == b else f"{a}-{b}" for a, b in pairs))
+
+    @classmethod
+    def of(cls, numbers: Iterable[int]) -> IdList:
+        return cls(_sysfs.format_cpulist(numbers))
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """Its pairs (canonical already: parsed without checks)."""
+        out = []
+        for part in self.split(",") if self else ():
+            lo, _, hi = part.partition("-")
+            out.append((int(lo), int(hi or lo)))
+        return out
+
+    @property
+    def size(self) -> int:
+        return sum(b - a + 1 for a, b in self.ranges())
+
+    def within(self, other: IdList) -> bool:
+        """Whether every number of this set is in ``other`` (a merge of the two range
+        lists: linear in their texts)."""
+        theirs = other.ranges()
+        i = 0
+        for lo, hi in self.ranges():
+            while i < len(theirs) and theirs[i][1] < lo:
+                i += 1
+            if i == len(theirs) or theirs[i][0] > lo or theirs[i][1] < hi:
+                return False
+        return True
+
+    def union(self, *others: IdList) -> IdList:
+        pairs = list(self.ranges())
+        for o in others:
+            pairs += o.ranges()
+        return IdList.of_ranges(_merged(pairs))
+
+    def first(self, n: int) -> list[int]:
+        """Its first ``n`` numbers (for a line that names a few)."""
+        out: list[int] = []
+        for a, b in self.ranges():
+            out.extend(range(a, min(b, a + n - len(out) - 1) + 1))
+            if len(out) >= n:
+                break
+        return out
+
+
+EMPTY = IdList("")
+
+
+# --- what one report may spend ------------------------------------------------------------------
+
+
+class Budget:
+    """One report's budget: bytes of records parsed, the memory its rows keep (estimated
+    by :func:`_row_cost`), host names expanded from step layouts (all steps together), and
+    the deadline (a ``time.monotonic()`` value).  :attr:`spent` says what ran out first;
+    a caller stops reading there and says so in one line."""
+
+    def __init__(
+        self,
+        deadline: float | None = None,
+        nbytes: int = REPORT_BYTES,
+        memory: int = REPORT_MEMORY,
+        hosts: int = MAX_HOSTS,
+    ) -> None:
+        self.deadline = deadline
+        self.bytes_left = nbytes
+        self.memory_left = memory
+        self.hosts_left = hosts
+        self.limits = (nbytes, memory, hosts)
+        self.spent: str | None = None
+
+    def late(self) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.spent = self.spent or "the deadline passed"
+            return True
+        return False
+
+    def take_bytes(self, n: int) -> bool:
+        if n > self.bytes_left:
+            self.spent = self.spent or f"the report's {self.limits[0] >> 20} MiB of records"
+            return False
+        self.bytes_left -= n
+        return True
+
+    def take_memory(self, n: int) -> bool:
+        if n > self.memory_left:
+            self.spent = self.spent or f"the report's {self.limits[1] >> 20} MiB for its rows"
+            return False
+        self.memory_left -= n
+        return True
+
+    def take_hosts(self, n: int) -> bool:
+        if n > self.hosts_left:
+            self.spent = self.spent or f"the report's {self.limits[2]:,} host names"
+            return False
+        self.hosts_left -= n
+        return True
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent is not None
+
+
 # --- hostlists ---------------------------------------------------------------------------------
 
-_BRACKET = re.compile(r"\[([^\[\]]*)\]")
 
-
-def expand_hostlist(text: str, limit: int = MAX_HOSTS) -> list[str]:
+def expand_hostlist(text: str, limit: int = MAX_HOSTS, budget: Budget | None = None) -> list[str]:
     """Slurm's hostlist expression (``gpu[01-03,07],login1``, several bracket groups in one
     name too) as names, in order and without repeats; raises :class:`InvalidRecord` past
-    ``limit`` names or on a malformed expression."""
+    ``limit`` names (or what ``budget`` has left), past :data:`MAX_BRACKETS` groups in one
+    name, or on a malformed expression.  No recursion: a name of a thousand groups costs
+    one refusal, not a RecursionError."""
     names: list[str] = []
     seen: set[str] = set()
     for item in _split_top(text):
@@ -63,6 +249,8 @@ def expand_hostlist(text: str, limit: int = MAX_HOSTS) -> list[str]:
                 names.append(name)
         if len(names) > limit:
             raise InvalidRecord(f"hostlist names more than {limit} hosts")
+    if budget is not None and not budget.take_hosts(len(names)):
+        raise InvalidRecord(f"hostlist of {len(names)} hosts: {budget.spent} are spent")
     return names
 
 
@@ -78,38 +266,51 @@ def _split_top(text: str) -> list[str]:
             out.append(text[start:i])
             start = i + 1
         if depth not in (0, 1):
-            raise InvalidRecord(f"hostlist {_sysfs.short(text)!r}: unbalanced brackets")
+            raise InvalidRecord(f"hostlist {_sysfs.short(text)}: unbalanced brackets")
     if depth:
-        raise InvalidRecord(f"hostlist {_sysfs.short(text)!r}: unbalanced brackets")
+        raise InvalidRecord(f"hostlist {_sysfs.short(text)}: unbalanced brackets")
     out.append(text[start:])
     return [s.strip() for s in out]
 
 
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
 def _expand_one(item: str, budget: int) -> list[str]:
-    m = _BRACKET.search(item)
-    if m is None:
-        if not _good_name(item):
-            raise InvalidRecord(f"host name {_sysfs.short(item)!r} is not a host name")
-        return [item]
-    head, tail = item[: m.start()], item[m.end() :]
-    out: list[str] = []
-    for part in m.group(1).split(","):
-        lo, sep, hi = part.partition("-")
-        if not (lo.isascii() and lo.isdigit() and len(lo) < 10):
-            raise InvalidRecord(f"hostlist range {_sysfs.short(part)!r} is not a number range")
-        if sep and not (hi.isascii() and hi.isdigit() and len(hi) < 10):
-            raise InvalidRecord(f"hostlist range {_sysfs.short(part)!r} is not a number range")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if last < first or last - first >= budget + 1:
-            raise InvalidRecord(f"hostlist range {_sysfs.short(part)!r} is too large or reversed")
-        for n in range(first, last + 1):
-            for rest in _expand_one(tail, budget) if _BRACKET.search(tail) else [tail]:
-                out.append(f"{head}{n:0{len(lo)}d}{rest}")
-                if len(out) > budget:
-                    raise InvalidRecord(f"hostlist names more than {budget} hosts")
+    """One name with its bracket groups, expanded left to right into at most ``budget``
+    names (one list per group, built iteratively)."""
+    groups = list(_BRACKET.finditer(item))
+    if len(groups) > MAX_BRACKETS:
+        raise InvalidRecord(
+            f"host name {_sysfs.short(item)} has {len(groups)} bracket groups "
+            f"(at most {MAX_BRACKETS})"
+        )
+    texts = [""]
+    at = 0
+    for m in groups:
+        head = item[at : m.start()]
+        at = m.end()
+        numbers: list[str] = []
+        for part in m.group(1).split(","):
+            lo, sep, hi = part.partition("-")
+            if not (lo.isascii() and lo.isdigit() and len(lo) < 10):
+                raise InvalidRecord(f"hostlist range {_sysfs.short(part)} is not a number range")
+            if sep and not (hi.isascii() and hi.isdigit() and len(hi) < 10):
+                raise InvalidRecord(f"hostlist range {_sysfs.short(part)} is not a number range")
+            first, last = int(lo), int(hi) if sep else int(lo)
+            if last < first or last - first >= budget:
+                raise InvalidRecord(f"hostlist range {_sysfs.short(part)} is too large or reversed")
+            numbers.extend(f"{n:0{len(lo)}d}" for n in range(first, last + 1))
+            if len(numbers) > budget:
+                raise InvalidRecord(f"hostlist names more than {budget} hosts")
+        if len(texts) * len(numbers) > budget:
+            raise InvalidRecord(f"hostlist names more than {budget} hosts")
+        texts = [f"{t}{head}{n}" for t in texts for n in numbers]
+    tail = item[at:]
+    out = [t + tail for t in texts]
     for name in out:
         if not _good_name(name):
-            raise InvalidRecord(f"host name {_sysfs.short(name)!r} is not a host name")
+            raise InvalidRecord(f"host name {_sysfs.short(name)} is not a host name")
     return out
 
 
@@ -123,7 +324,7 @@ def expand_tasks(text: str, limit: int = MAX_HOSTS) -> list[int]:
     for part in text.split(","):
         m = re.fullmatch(r"(\d{1,6})(?:\(x(\d{1,6})\))?", part.strip())
         if m is None:
-            raise InvalidRecord(f"tasks per node {_sysfs.short(text)!r} is malformed")
+            raise InvalidRecord(f"tasks per node {_sysfs.short(text)} is malformed")
         count, times = int(m.group(1)), int(m.group(2) or 1)
         if len(out) + times > limit:
             raise InvalidRecord(f"tasks per node names more than {limit} nodes")
@@ -135,10 +336,11 @@ def expand_tasks(text: str, limit: int = MAX_HOSTS) -> list[int]:
 
 
 class ThreadGroup(Record):
-    """Threads of a rank that share one CPU mask: their ids and names (first few kept),
-    and whether that mask lies within the plan (None: no plan)."""
+    """Threads of a rank that share one CPU mask: the first few ids and names
+    (:data:`TIDS_KEPT`), how many there are, and whether that mask lies within the plan
+    (None: no plan)."""
 
-    cpus: frozenset[int]
+    cpus: IdList
     tids: tuple[int, ...]
     names: tuple[str, ...]
     count: int
@@ -147,7 +349,7 @@ class ThreadGroup(Record):
 
 class BufferRow(Record):
     nbytes: int
-    nodes: frozenset[int]
+    nodes: IdList
     locality: float | None
 
 
@@ -165,17 +367,17 @@ class RankRow(Record):
     gpu_pci: str | None = None
     gpu_node: int | None = None
     gpu_source: str = ""
-    plan_cpus: frozenset[int] | None = None
-    plan_helpers: frozenset[int] = frozenset()
+    plan_cpus: IdList | None = None
+    plan_helpers: IdList = EMPTY
     plan_node: int | None = None
     plan_policy: str | None = None
-    plan_mems: frozenset[int] = frozenset()
+    plan_mems: IdList = EMPTY
     plan_source: str = ""
     threads: tuple[ThreadGroup, ...] = ()
     memory_policy: str | None = None
-    memory_nodes: frozenset[int] = frozenset()
+    memory_nodes: IdList = EMPTY
     locality: float | None = None
-    mems_allowed: frozenset[int] | None = None
+    mems_allowed: IdList | None = None
     buffers: tuple[BufferRow, ...] = ()
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -183,9 +385,9 @@ class RankRow(Record):
     step_tasks: str | None = None
 
     @property
-    def cpus(self) -> frozenset[int]:
+    def cpus(self) -> IdList:
         """Every CPU its threads may run on."""
-        return frozenset().union(*(g.cpus for g in self.threads))
+        return EMPTY.union(*(g.cpus for g in self.threads))
 
     @property
     def off_plan_threads(self) -> tuple[ThreadGroup, ...]:
@@ -194,8 +396,9 @@ class RankRow(Record):
 
 class NodeRow(Record):
     """One node of the job: ``state`` ``answered``, ``unreachable`` (no record before the
-    deadline, ``reason`` says what the launcher said) or ``invalid`` (a record that did
-    not parse); ``expected`` the ranks the step layout puts on it (None: unknown)."""
+    deadline, or numabind not run there; ``reason`` says why) or ``invalid`` (a record
+    that did not parse); ``expected`` the ranks the step layout puts on it (None:
+    unknown)."""
 
     host: str
     state: str
@@ -229,13 +432,16 @@ class Summary(Record):
 
 class JobReport(Record):
     """The whole report: ``missing`` are the global ranks that posted nothing (a report
-    from a framework's store, where hosts are known only from what was posted)."""
+    from a framework's store, where hosts are known only from what was posted), as a list
+    text; ``unread`` the ranks a store held that were not read (its budget or deadline
+    ran out, or the store stopped answering): counted, not listed."""
 
     job: str | None
     nodes: tuple[NodeRow, ...]
     summary: Summary
     notes: tuple[str, ...] = ()
-    missing: tuple[int, ...] = ()
+    missing: IdList = EMPTY
+    unread: int = 0
     title: str = ""  # the first line's start (default: numabind check --job JOB)
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,11 +478,12 @@ def _opt_int(d: dict[str, Any], key: str, lo: int = 0, hi: int = 1 << 31) -> int
     return None if value is None else _int(value, key, lo, hi)
 
 
-def _cpus(value: object, what: str, limit: int = _sysfs.MAX_CPUS) -> frozenset[int]:
-    """A CPU or node list in the kernel's text form (``0-3,8``), bounded."""
-    text = _text(value, what, 4 * _sysfs.MAX_CPUS)
+def _cpus(value: object, what: str, limit: int = _sysfs.MAX_CPUS) -> IdList:
+    """A CPU or node list in the kernel's text form (``0-3,8``), kept as text."""
+    if not isinstance(value, str):
+        raise InvalidRecord(f"{what} is not text")
     try:
-        return _sysfs.parse_cpulist(text, limit)
+        return IdList.parse(value, limit, "node" if limit == _sysfs.MAX_NODES else "CPU")
     except ValueError as err:
         raise InvalidRecord(f"{what}: {err}") from None
 
@@ -312,23 +519,35 @@ def parse_rank(obj: object, host: str) -> RankRow:
     plan = d.get("plan")
     plan_d = _dict(plan, "plan") if plan is not None else None
     plan_cpus = _cpus(plan_d.get("cpus"), "plan cpus") if plan_d else None
-    helpers = _cpus(plan_d.get("helpers", ""), "plan helpers") if plan_d else frozenset()
+    helpers = _cpus(plan_d.get("helpers", ""), "plan helpers") if plan_d else EMPTY
+    allowed_main = plan_cpus
+    allowed_other = plan_cpus.union(helpers) if plan_cpus is not None else None
+    bound = plan_d is not None and plan_d.get("bound", True) is not False
     groups = []
-    kept = 0
+    listed = 0
     for g in _list(d.get("threads", []), "threads", MAX_GROUPS):
         gd = _dict(g, "thread group")
         cpus = _cpus(gd.get("cpus"), "thread cpus")
-        tids = [_int(t, "thread id", 1, 1 << 22) for t in _list(gd.get("tids"), "tids", MAX_TIDS)]
-        tids = tids[: max(MAX_TIDS - kept, 0)]
-        kept += len(tids)
-        names = tuple(_text(n, "thread name", 32) for n in _list(gd.get("names", []), "names", 8))
+        raw = _list(gd.get("tids"), "tids", MAX_TIDS)
+        listed += len(raw)
+        if listed > MAX_TIDS:
+            raise InvalidRecord(f"more than {MAX_TIDS} thread ids")
+        tids = [_int(t, "thread id", 1, 1 << 22) for t in raw]
+        names = tuple(
+            _text(n, "thread name", 32) for n in _list(gd.get("names", []), "names", TIDS_KEPT)
+        )
         count = _int(gd.get("count", len(tids)), "thread count", len(tids), 1 << 22)
         on_plan = None
-        if plan_cpus is not None and plan_d is not None and plan_d.get("bound", True):
-            allowed = plan_cpus if pid in tids else plan_cpus | helpers
-            on_plan = cpus <= allowed
+        if allowed_main is not None and allowed_other is not None and bound:
+            on_plan = cpus.within(allowed_main if pid in tids else allowed_other)
         groups.append(
-            ThreadGroup(cpus=cpus, tids=tuple(tids), names=names, count=count, on_plan=on_plan)
+            ThreadGroup(
+                cpus=cpus,
+                tids=tuple(tids[:TIDS_KEPT]),
+                names=names[:TIDS_KEPT],
+                count=count,
+                on_plan=on_plan,
+            )
         )
     gpu = _dict(d.get("gpu") or {}, "gpu")
     buffers = []
@@ -364,7 +583,7 @@ def parse_rank(obj: object, host: str) -> RankRow:
         plan_policy=_opt_text(plan_d, "memory_policy", 20) if plan_d else None,
         plan_mems=_cpus(plan_d.get("memory_nodes", ""), "plan memory nodes", _sysfs.MAX_NODES)
         if plan_d
-        else frozenset(),
+        else EMPTY,
         plan_source=_opt_text(plan_d, "source", 120) or "" if plan_d else "",
         threads=tuple(groups),
         memory_policy=None if policy is None else _text(policy, "memory policy", 20),
@@ -379,58 +598,122 @@ def parse_rank(obj: object, host: str) -> RankRow:
     )
 
 
+def _row_cost(r: RankRow) -> int:
+    """About the bytes a rank row keeps (its objects and texts), for the report's memory
+    budget: a fixed part per row, group and buffer, and every text's length."""
+    cost = 1200 + sum(len(t) + 64 for t in (*r.problems, *r.notes))
+    cost += len(r.step_nodes or "") + len(r.step_tasks or "") + len(r.gpu_source)
+    for s in (r.plan_cpus or "", r.plan_helpers, r.plan_mems, r.memory_nodes, r.mems_allowed):
+        cost += len(s or "")
+    for g in r.threads:
+        cost += 300 + len(g.cpus) + 40 * len(g.tids) + sum(len(n) + 56 for n in g.names)
+    return cost + 200 * len(r.buffers)
+
+
+def _values(text: str | bytes) -> int:
+    """A bound on the JSON values a text holds (each needs a separator or a bracket),
+    counted before it is parsed: what ``json.loads`` would build is then bounded too."""
+    if isinstance(text, str):
+        return sum(text.count(c) for c in ",:[{")
+    return sum(text.count(c) for c in (b",", b":", b"[", b"{"))
+
+
 def parse_node(
-    text: str | bytes, expect_host: str | None = None, job: str | None = None
+    text: str | bytes,
+    expect_host: str | None = None,
+    job: str | None = None,
+    *,
+    max_ranks: int = MAX_RANKS,
+    budget: Budget | None = None,
 ) -> NodeRow:
     """A collector's node record as a row; never raises: what does not parse is a row of
     state ``invalid`` (a whole record) or a rank row of status ``invalid``.  A record that
     names a host other than ``expect_host``, or ranks of another job, is invalid too: a
-    forged record cannot speak for another node."""
+    forged record cannot speak for another node.
+
+    ``max_ranks`` 1 is a store record (one rank posts its own): its size is then
+    :data:`STORE_RECORD_BYTES`, and a record listing more than one rank is refused before
+    any rank is parsed.  A node record listing more than :data:`MAX_RANKS` keeps the first
+    ones (and says so): an over-full node still shows what it can.  ``budget`` is the
+    whole report's (:class:`Budget`): the record's bytes and its rows' memory come out of
+    it, and a record it cannot afford is an ``invalid`` row that says so."""
     where = expect_host or "?"
-    if len(text) > RECORD_BYTES:
-        return NodeRow(host=where, state="invalid", reason=f"record over {RECORD_BYTES >> 20} MiB")
+    limit = STORE_RECORD_BYTES if max_ranks == 1 else RECORD_BYTES
+    values = RANK_VALUES + 4096 if max_ranks == 1 else RECORD_VALUES
+    if len(text) > limit:
+        return NodeRow(host=where, state="invalid", reason=f"record over {_size(limit)}")
+    if budget is not None and not budget.take_bytes(len(text)):
+        return NodeRow(host=where, state="invalid", reason=f"not read: {budget.spent} are spent")
+    if _values(text) > values:
+        return NodeRow(
+            host=where, state="invalid", reason=f"invalid record: more than {values:,} values"
+        )
     try:
-        d = _dict(json.loads(text), "record")
-        if d.get("schema") != SCHEMA:
-            raise InvalidRecord(f"schema is not {SCHEMA}")
-        host = _text(d.get("host"), "host", 255, empty=False)
-        if not _good_name(host):
-            raise InvalidRecord(f"host {host!r} is not a host name")
-        if expect_host is not None and host != expect_host:
-            raise InvalidRecord(f"record of host {host!r} where {expect_host!r} was asked")
-        facts_d = _dict(d.get("facts") or {}, "facts")
-        facts = {
-            "numa_balancing": _opt_bool(facts_d, "numa_balancing"),
-            "cpuset_mems": None
-            if facts_d.get("cpuset_mems") is None
-            else _sysfs.format_cpulist(
-                _cpus(facts_d["cpuset_mems"], "cpuset_mems", _sysfs.MAX_NODES)
-            ),
-            "mempolicy_permitted": _opt_bool(facts_d, "mempolicy_permitted"),
-            "kernel": _opt_text(facts_d, "kernel", 80),
-        }
-        notes = _texts(d.get("notes"), "notes")
-        raw = d.get("ranks", [])
-        if not isinstance(raw, list):
-            raise InvalidRecord("ranks is not a list")
-        if len(raw) > MAX_RANKS:
-            raise InvalidRecord(f"more than {MAX_RANKS} ranks")
+        head = _node_head(_dict(json.loads(text), "record"), expect_host, max_ranks)
     except (InvalidRecord, ValueError, RecursionError) as err:
         why = err if isinstance(err, InvalidRecord) else "not JSON"
         return NodeRow(host=where, state="invalid", reason=f"invalid record: {why}")
+    if isinstance(head, NodeRow):
+        return head
+    host, facts, notes, raw = head
     ranks = []
     for i, r in enumerate(raw):
         try:
             row = parse_rank(r, host)
             if job is not None and row.job_id not in (None, job):
                 raise InvalidRecord(f"rank of job {row.job_id}, not {job}")
-        except InvalidRecord as err:
+        except (InvalidRecord, RecursionError) as err:
+            why = err if isinstance(err, InvalidRecord) else "nested too deep"
             row = RankRow(
-                host=host, pid=None, status="invalid", problems=(f"invalid record: {err}",)
+                host=host, pid=None, status="invalid", problems=(f"invalid record: {why}",)
             )
             row = row.replace(notes=(f"rank record {i} of {host}",))
+        if budget is not None and not budget.take_memory(_row_cost(row)):
+            notes = (*notes[: MAX_NOTES - 1], f"{len(raw) - i} rank(s) not kept: {budget.spent}")
+            break
         ranks.append(row)
     return NodeRow(host=host, state="answered", ranks=tuple(ranks), facts=facts, notes=notes)
+
+
+def _node_head(
+    d: dict[str, Any], expect_host: str | None, max_ranks: int
+) -> NodeRow | tuple[str, dict[str, Any], tuple[str, ...], list[Any]]:
+    """A record's host, facts, notes and (not yet parsed) ranks; or the row of a node
+    whose launcher refused to start numabind; raises :class:`InvalidRecord`."""
+    if d.get("schema") != SCHEMA:
+        raise InvalidRecord(f"schema is not {SCHEMA}")
+    host = _text(d.get("host"), "host", 255, empty=False)
+    if not _good_name(host):
+        raise InvalidRecord(f"host {host!r} is not a host name")
+    if expect_host is not None and host != expect_host:
+        raise InvalidRecord(f"record of host {host!r} where {expect_host!r} was asked")
+    refused = d.get("refused")
+    if refused is not None:  # the node would not start numabind (numabind._isolated)
+        return NodeRow(
+            host=host, state="unreachable", reason=f"not run: {_text(refused, 'refused')}"
+        )
+    facts_d = _dict(d.get("facts") or {}, "facts")
+    mems = facts_d.get("cpuset_mems")
+    facts = {
+        "numa_balancing": _opt_bool(facts_d, "numa_balancing"),
+        "cpuset_mems": None if mems is None else _cpus(mems, "cpuset_mems", _sysfs.MAX_NODES),
+        "mempolicy_permitted": _opt_bool(facts_d, "mempolicy_permitted"),
+        "kernel": _opt_text(facts_d, "kernel", 80),
+    }
+    notes = _texts(d.get("notes"), "notes")
+    raw = d.get("ranks", [])
+    if not isinstance(raw, list):
+        raise InvalidRecord("ranks is not a list")
+    if len(raw) > max_ranks and max_ranks == 1:
+        raise InvalidRecord(f"a store record holds one rank, this one {len(raw)}")
+    if len(raw) > max_ranks:
+        kept = f"{len(raw)} ranks listed: the first {max_ranks} kept"
+        notes, raw = (*notes[: MAX_NOTES - 1], kept), raw[:max_ranks]
+    return host, facts, notes, raw
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def _opt_bool(d: dict[str, Any], key: str) -> bool | None:
@@ -443,24 +726,45 @@ def _opt_bool(d: dict[str, Any], key: str) -> bool | None:
 # --- merging -----------------------------------------------------------------------------------
 
 
-def layout(nodes: list[NodeRow]) -> dict[str, int]:
-    """Ranks per host from the step layouts the answering ranks carry (one per step)."""
+def layout(
+    nodes: list[NodeRow], budget: Budget | None = None, notes: list[str] | None = None
+) -> dict[str, int]:
+    """Ranks per host from the step layouts the answering ranks carry (one per step).
+
+    Every step's hostlist comes out of one host budget (``budget``'s, else
+    :data:`MAX_HOSTS` for the call): a thousand fake steps cost no more than one real one
+    of that size, and the same text is expanded once.  Past the budget or the deadline the
+    remaining steps are left out, with a note in ``notes``."""
+    budget = budget if budget is not None else Budget()
     per_host: dict[str, int] = {}
     steps: dict[tuple[str | None, str | None], RankRow] = {}
     for node in nodes:
         for r in node.ranks:
             if r.step_nodes and r.step_tasks:
                 steps.setdefault((r.job_id, r.step_id), r)
+    done: set[tuple[str, str]] = set()
+    left = 0
     for r in steps.values():
+        key = (r.step_nodes or "", r.step_tasks or "")
+        if key in done:
+            continue
+        if budget.exhausted or budget.late():
+            left += 1
+            continue
+        done.add(key)
         try:
-            hosts = expand_hostlist(r.step_nodes or "")
-            counts = expand_tasks(r.step_tasks or "")
+            counts = expand_tasks(key[1])
+            hosts = expand_hostlist(key[0], MAX_HOSTS, budget)  # at most one over the budget
         except InvalidRecord:
+            if budget.exhausted:
+                left += 1
             continue
         if len(hosts) != len(counts):
             continue
         for h, c in zip(hosts, counts):
             per_host[h] = per_host.get(h, 0) + c
+    if left and notes is not None:
+        notes.append(f"{left} step layout(s) not read: {budget.spent}")
     return per_host
 
 
@@ -469,25 +773,29 @@ def merge(
     hosts: list[str],
     answered: dict[str, NodeRow],
     notes: tuple[str, ...] = (),
-    missing: tuple[int, ...] = (),
+    missing: IdList = EMPTY,
+    budget: Budget | None = None,
+    unread: int = 0,
 ) -> JobReport:
     """The report of ``hosts``: the rows that answered, an ``unreachable`` row (with the
     reason given in ``answered``'s placeholder, if any) for each that did not, the ranks
-    that posted nothing (``missing``), and the summary."""
+    that posted nothing (``missing``) or were not read (``unread``), and the summary.
+    Linear in the rows; the step layouts come out of ``budget``."""
     rows: list[NodeRow] = []
     for h in hosts:
         rows.append(answered.get(h) or NodeRow(host=h, state="unreachable", reason="no answer"))
     for h, row in answered.items():
         if h not in hosts:
             rows.append(row)
-    per_host = layout([r for r in rows if r.state == "answered"])
+    more: list[str] = []
+    per_host = layout([r for r in rows if r.state == "answered"], budget, more)
     rows = [r.replace(expected=per_host.get(r.host)) for r in rows]
     counts = dict.fromkeys(STATUSES, 0)
     for node in rows:
         for rank in node.ranks:
             counts[rank.status] += 1
     gone = [n for n in rows if n.state != "answered"]
-    lost = len(missing) + sum(n.expected or 0 for n in gone)
+    lost = missing.size + unread + sum(n.expected or 0 for n in gone)
     summary = Summary(
         ranks=sum(counts.values()) + lost,
         nodes=len(rows),
@@ -498,7 +806,14 @@ def merge(
         unknown=counts["unknown"] + counts["invalid"],
         unreachable_nodes=len(gone),
     )
-    return JobReport(job=job, nodes=tuple(rows), summary=summary, notes=notes, missing=missing)
+    return JobReport(
+        job=job,
+        nodes=tuple(rows),
+        summary=summary,
+        notes=(*notes, *more),
+        missing=missing,
+        unread=unread,
+    )
 
 
 def exit_status(report: JobReport) -> int:
@@ -513,7 +828,6 @@ def exit_status(report: JobReport) -> int:
 
 # --- the table ---------------------------------------------------------------------------------
 
-fmt = _sysfs.format_cpulist
 HEADER = (
     "HOST",
     "RANK",
@@ -535,13 +849,13 @@ def _num(v: int | None) -> str:
 
 def _cells(r: RankRow) -> list[str]:
     gpu = "-" if r.gpu_pci is None else f"{_num(r.gpu_index)} {r.gpu_pci}"
-    now = fmt(r.cpus) or "-"
+    now = r.cpus or "-"
     if r.off_plan_threads:
         now += " !"
-    plan = "-" if r.plan_cpus is None else fmt(r.plan_cpus) or "-"
+    plan = "-" if r.plan_cpus is None else r.plan_cpus or "-"
     mem = "-"
     if r.memory_policy is not None:
-        mem = f"{r.memory_policy} {fmt(r.memory_nodes)}".strip()
+        mem = f"{r.memory_policy} {r.memory_nodes}".strip()
         if r.plan_policy not in (None, "none", "not-permitted") and (
             r.memory_policy != r.plan_policy
             or (r.plan_policy != "local" and r.memory_nodes != r.plan_mems)
@@ -555,8 +869,8 @@ def _cells(r: RankRow) -> list[str]:
         _num(r.pid),
         gpu,
         _num(r.gpu_node),
-        plan,
-        now,
+        str(plan),
+        str(now),
         mem,
         local,
         r.status.upper(),
@@ -575,16 +889,14 @@ def _details(r: RankRow) -> list[str]:
             f"{t} {n!r}" if n else str(t) for t, n in zip(g.tids[:4], [*g.names, *[""] * 4])
         )
         more = f" and {g.count - len(g.tids[:4])} more" if g.count > len(g.tids[:4]) else ""
-        allowed = (r.plan_cpus or frozenset()) | (
-            frozenset() if r.pid in g.tids else r.plan_helpers
-        )
-        out.append(f"    - thread {who}{more} on CPUs {fmt(g.cpus)}, plan {fmt(allowed)}")
+        allowed = (r.plan_cpus or EMPTY).union(EMPTY if r.pid in g.tids else r.plan_helpers)
+        out.append(f"    - thread {who}{more} on CPUs {g.cpus}, plan {allowed}")
     shown = bool(r.off_plan_threads)  # check's own line says the same, without names
     out += [f"    - {p}" for p in r.problems if not (shown and p.startswith("threads that"))]
     out += [f"    note: {n}" for n in r.notes]
     for b in r.buffers:
         if b.locality is not None and b.locality < 0.99:
-            share = f"{b.locality:.1%} on node {fmt(b.nodes)}"
+            share = f"{b.locality:.1%} on node {b.nodes}"
             out.append(f"    - host buffer of {b.nbytes >> 20} MiB: {share}")
     return out
 
@@ -660,14 +972,15 @@ def report_lines(report: JobReport) -> list[str]:
 
 
 def _unhealthy_lines(report: JobReport) -> list[str]:
-    """``NOT HEALTHY``: ranks worst first with what is wrong, silent nodes, unposted ranks."""
+    """``NOT HEALTHY``: ranks worst first with what is wrong, silent nodes, unposted ranks,
+    and one line for the ranks a store held that were not read."""
     order = {s: i for i, s in enumerate(STATUSES)}
     bad = sorted(
         (r for n in report.nodes for r in n.ranks if r.status not in HEALTHY),
         key=lambda r: (order[r.status], r.host, r.rank if r.rank is not None else -1),
     )
     gone = [n for n in report.nodes if n.state != "answered"]
-    if not (bad or gone or report.missing):
+    if not (bad or gone or report.missing or report.unread):
         return []
     lines = ["", "NOT HEALTHY"]
     if bad:
@@ -680,9 +993,12 @@ def _unhealthy_lines(report: JobReport) -> list[str]:
         exp = f" ({n.expected} ranks expected)" if n.expected else ""
         lines.append(f"{n.host}  {n.state.upper()}: {n.reason}{exp}")
     if report.missing:
-        shown = ", ".join(str(r) for r in report.missing[:32])
-        more = f" and {len(report.missing) - 32} more" if len(report.missing) > 32 else ""
+        size = report.missing.size
+        shown = ", ".join(str(r) for r in report.missing.first(32))
+        more = f" and {size - 32} more" if size > 32 else ""
         lines.append(f"NOT POSTED: rank {shown}{more} (no record before the wait ended)")
+    if report.unread:
+        lines.append(f"NOT READ: {report.unread} rank(s) (see the note below)")
     return lines
 
 

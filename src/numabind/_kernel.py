@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from . import _sysfs
 from ._model import POLICIES, POLICY_BY_CODE, Record, parse_numa_maps_policy
@@ -719,55 +720,148 @@ class Maps:
 
 def read_maps(pid: int | str = "self") -> Maps:
     """Private anonymous mappings of ``pid`` with their resident pages per NUMA node
-    (``/proc/PID/maps`` for what is anonymous, ``numa_maps`` for where it is)."""
-    ranges: dict[int, tuple[int, str]] = {}
-    maps = Lines(f"/proc/{pid}/maps")
-    for line in maps:
+    (``/proc/PID/maps`` for what is anonymous, ``numa_maps`` for where it is): the
+    regions of :func:`memory_view`, the one reader of both files."""
+    view = memory_view(pid)
+    return Maps(list(view.regions), view.truncated)
+
+
+class MemoryView(Record):
+    """What one process's memory looks like, from one pass over ``/proc/PID/maps`` and one
+    over ``numa_maps`` (however many host buffers its entry lists): its main thread's
+    memory policy, its private anonymous regions, each listed buffer's pages per node (by
+    index; None: not mapped), and whether a cap or the deadline cut the reading short."""
+
+    policy: tuple[str, frozenset[int]] | None
+    regions: tuple[Region, ...]
+    buffers: dict[int, dict[int, int] | None]
+    truncated: bool
+    late: bool = False
+
+
+def memory_view(
+    pid: int | str, buffers: tuple[tuple[int, int], ...] = (), deadline: float | None = None
+) -> MemoryView:
+    """Read ``pid``'s maps and numa_maps once each (:class:`Lines`: bounded
+    streams) and derive from that one reading everything ``check`` measures of a process:
+    the policy numa_maps shows on the heap (else on the first anonymous region), the
+    private anonymous regions with their pages per node, and the pages of each buffer
+    ``(address, bytes)`` (the mappings that make it up; one that began before it counts
+    whole, as numa_maps says no finer).  Stops at ``deadline`` (a ``time.monotonic()``
+    value), marking the view late.  Raises OSError when the files cannot be read."""
+    return _MemoryReader(pid, buffers, deadline).read()
+
+
+class _MemoryReader:
+    """The one pass of :func:`memory_view` (state kept between the two files)."""
+
+    def __init__(
+        self, pid: int | str, buffers: tuple[tuple[int, int], ...], deadline: float | None
+    ) -> None:
+        self.pid, self.buffers, self.deadline = pid, buffers, deadline
+        self.late = False
+        self.private: dict[int, tuple[int, str]] = {}  # start -> (end, name)
+        self.firsts = {i: a for i, (a, _) in enumerate(buffers)}  # where their pages begin
+        self.found: dict[int, dict[int, int] | None] = dict.fromkeys(range(len(buffers)))
+        self.regions: list[Region] = []
+        self.pick: str | None = None  # the numa_maps line the policy is read from
+        self.heap = False
+
+    def _stop(self, n: int) -> bool:
+        if self.deadline is not None and n % 4096 == 0 and time.monotonic() > self.deadline:
+            self.late = True
+        return self.late
+
+    def read(self) -> MemoryView:
+        maps = Lines(f"/proc/{self.pid}/maps")
+        starts = sorted((a, i) for i, (a, _) in enumerate(self.buffers))
+        for n, line in enumerate(maps):
+            if self._stop(n):
+                break
+            self._maps_line(line, starts)
+        spans = sorted((self.firsts[i], a + size, i) for i, (a, size) in enumerate(self.buffers))
+        numa = Lines(f"/proc/{self.pid}/numa_maps")
+        for n, line in enumerate(numa):
+            if self._stop(n):
+                break
+            self._numa_line(line, spans)
+        return MemoryView(
+            policy=self._policy(),
+            regions=tuple(self.regions),
+            buffers=self.found,
+            truncated=maps.truncated or numa.truncated,
+            late=self.late,
+        )
+
+    def _maps_line(self, line: str, starts: list[tuple[int, int]]) -> None:
+        import bisect
+
         fields = line.split(None, 5)
         if len(fields) < 5:
-            continue
-        name = fields[5].strip() if len(fields) == 6 else ""
-        perms = fields[1]
-        if len(perms) < 4 or perms[3] != "p":
-            continue
-        if name and not (name in ("[heap]", "[stack]") or name.startswith(("[anon:", "[stack:"))):
-            continue
-        if name in _SPECIAL:
-            continue
+            return
         a, _, b = fields[0].partition("-")
-        start, end = hex_int(a), hex_int(b)
-        if start is None or end is None or end <= start:
-            continue
-        ranges[start] = (end, name or "[anon]")
-    out: list[Region] = []
-    numa = Lines(f"/proc/{pid}/numa_maps")
-    for line in numa:
+        lo, hi = hex_int(a), hex_int(b)
+        if lo is None or hi is None or hi <= lo:
+            return
+        for k in range(bisect.bisect_left(starts, (lo, -1)), len(starts)):
+            if starts[k][0] >= hi:
+                break
+            self.firsts[starts[k][1]] = lo  # the mapping holding this buffer's first byte
+        name = fields[5].strip() if len(fields) == 6 else ""
+        if len(fields[1]) < 4 or fields[1][3] != "p":
+            return
+        if name and not (name in ("[heap]", "[stack]") or name.startswith(("[anon:", "[stack:"))):
+            return
+        if name not in _SPECIAL:
+            self.private[lo] = (hi, name or "[anon]")
+
+    def _numa_line(self, line: str, spans: list[tuple[int, int, int]]) -> None:
+        if not self.heap:  # the policy, as task_policy picks its line
+            if " heap" in line:
+                self.pick, self.heap = line, True
+            elif self.pick is None and " anon=" in line and "file=" not in line:
+                self.pick = line
         fields = line.split()
-        if len(fields) < 2:
-            continue
-        start = hex_int(fields[0])
-        if start is None or start not in ranges or any(f.startswith("file=") for f in fields):
-            continue
-        page_kb = 4
-        mapmax = 1
+        start = hex_int(fields[0]) if fields else None
+        if start is None:
+            return
+        page_kb, mapmax = 4, 1
         for f in fields[2:]:
             if f.startswith("kernelpagesize_kB="):
                 page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
             elif f.startswith("mapmax="):
                 mapmax = _sysfs.parse_int(f[7:]) or 1
-        end, name = ranges[start]
-        out.append(
-            Region(
-                start=start,
-                end=end,
-                name=name,
-                page_size=page_kb * 1024,
-                pages=dict(node_counts(fields[2:])),
-                mapmax=mapmax,
-                policy=parse_numa_maps_policy(fields)[0],
+        counts = list(node_counts(fields[2:]))
+        for first, end, i in spans:
+            if first > start:
+                break
+            if start < end:
+                got = self.found[i] or {}
+                for node, c in counts:
+                    got[node] = got.get(node, 0) + c * (page_kb // 4)
+                self.found[i] = got
+        if start in self.private and not any(f.startswith("file=") for f in fields):
+            end_, name = self.private[start]
+            self.regions.append(
+                Region(
+                    start=start,
+                    end=end_,
+                    name=name,
+                    page_size=page_kb * 1024,
+                    pages=dict(counts),
+                    mapmax=mapmax,
+                    policy=parse_numa_maps_policy(fields)[0],
+                )
             )
-        )
-    return Maps(out, maps.truncated or numa.truncated)
+
+    def _policy(self) -> tuple[str, frozenset[int]] | None:
+        if self.pick is None:
+            return None
+        name, nodes = parse_numa_maps_policy(self.pick.split())
+        try:
+            return name, _sysfs.parse_nodelist(nodes) if nodes else frozenset()
+        except ValueError:
+            return name, frozenset()
 
 
 def private_anon_regions(pid: int | str = "self") -> list[Region]:

@@ -194,6 +194,31 @@ def _kernel_policy(machine: Machine, policy: str, nodes: tuple[int, ...]) -> tup
     return policy, None
 
 
+def _spill_mask(machine: Machine, kpolicy: str, nodes: tuple[int, ...]) -> frozenset[int]:
+    """The nodes a buffer's memory may spill onto under ``NUMABIND_SPILL`` (the rank's
+    rule, :func:`numabind._plan.spill_mask`): empty where the kernel's fallback already
+    stays on CPU memory (or the setting is ``any``).  Nodes the caller named are always
+    in it: naming a node is asking for it."""
+    from ._environ import Config
+    from ._plan import spill_mask
+
+    mask, _ = spill_mask(machine, frozenset(nodes), kpolicy, Config.from_env().spill)
+    return mask
+
+
+def _spill_note(mask: frozenset[int], nodes: tuple[int, ...]) -> str:
+    extra = mask - set(nodes)
+    where = (
+        f"then only node{'s' if len(extra) > 1 else ''} {format_cpulist(extra)}"
+        if extra
+        else "no other node"
+    )
+    return (
+        f"spills onto CPU memory only ({where}: MPOL_BIND over {format_cpulist(mask)}, "
+        "NUMABIND_SPILL)"
+    )
+
+
 def node_free_bytes(node: int) -> int | None:
     """MemFree of a node (live sysfs), None when unknown."""
     text = _sysfs.read_opt(f"/sys/devices/system/node/node{node}/meminfo")
@@ -573,7 +598,9 @@ def host_buffer(
     :class:`~numabind.ConfigError` naming both ways.  A node outside this process's
     ``cpuset.mems`` is a ``ConfigError`` too.  ``policy`` is ``bind`` (only there),
     ``preferred`` (there while it has room; over several nodes MPOL_PREFERRED_MANY on
-    Linux >= 5.15, else the first node, said in ``notes``) or ``interleave`` (page by
+    Linux >= 5.15, else the first node, said in ``notes``; once full, only the CPU-memory
+    nodes a rank may spill onto: ``NUMABIND_SPILL``, MPOL_BIND over them where the machine
+    has GPU memory, HBM or CXL nodes) or ``interleave`` (page by
     page over the nodes, for a pool GPUs on several sockets read).  ``populate`` (default
     True) faults every page in now: the nodes' free memory and the cgroup's limit are
     checked first (a :class:`PlacementError` with the figures, nothing mapped), then
@@ -628,6 +655,9 @@ def host_buffer(
         kpolicy, note = _kernel_policy(machine, policy, nodes)
         if note:
             nodes = nodes[:1]
+        mask = _spill_mask(machine, kpolicy, nodes)
+        if mask:  # preferred would spill onto a GPU's memory or CXL once the nodes are full
+            kpolicy = "bind"
         if populate:
             _check_room(nbytes, nodes, caller)
         hugetlb = (
@@ -653,7 +683,7 @@ def host_buffer(
             "hugetlb" if hugetlb else ("thp" if huge else None),
         )
         try:
-            _place(buf, machine, kpolicy, note, huge and not hugetlb, populate, threads)
+            _place(buf, machine, kpolicy, note, huge and not hugetlb, populate, threads, mask)
             if register is not False:
                 _register_with_driver(buf, where, register is True, populate, dontfork)
         except BaseException:
@@ -703,9 +733,12 @@ def _place(
     thp: bool,
     fill: bool,
     threads: int | None,
+    mask: frozenset[int] = frozenset(),
 ) -> None:
     if note:
         buf.notes.append(note)
+    if mask:
+        buf.notes.append(_spill_note(mask, buf.nodes))
     separate = _own_mapping(buf.address, buf.mapped_bytes) if buf.fd is None else None
     if thp:
         try:
@@ -715,7 +748,7 @@ def _place(
             buf.notes.append(f"transparent huge pages not available ({err}): normal pages")
             buf.huge = None
     try:
-        Mover(buf.nodes, kpolicy).bind(
+        Mover(mask or buf.nodes, kpolicy).bind(
             buf.address, buf.address + buf.mapped_bytes, "host buffer", move=False
         )
     except OSError as err:
@@ -775,6 +808,7 @@ def bind_range(
     try:
         nodes = target_nodes(machine, None, node, caller)
         kpolicy, note = _kernel_policy(machine, policy, nodes)
+        mask = _spill_mask(machine, kpolicy, nodes)
     finally:
         machine.close()
     if note:
@@ -791,12 +825,19 @@ def bind_range(
     if left_out:
         notes.append(f"{left_out} bytes at the edges are not whole pages: left as they are")
     before = where(start, end - start)
+    if mask:
+        # moved onto the nodes under MPOL_BIND (what does not fit stays where it is, never
+        # onto a GPU's memory), then the range may spill onto its mask only
+        kpolicy = "bind"
+        notes.append(_spill_note(mask, nodes))
     mover = Mover(nodes, kpolicy, spread=True)
     mover.bind(start, end, "the range", move=move)
     not_moved: dict[str, int] = {}
     if move:
         mover.leftovers(start, end)
         not_moved = dict(mover.not_moved)
+    if mask:
+        Mover(mask, "bind").bind(start, end, "the range", move=False)
     after = where(start, end - start)
     moved, off_after = moved_onto(before, after, nodes)
     if move and off_after and not not_moved:

@@ -175,12 +175,24 @@ class Record(metaclass=_RecordMeta):
 
 class Node(Record):
     """One NUMA node.  ``cpus`` are its online CPUs; an empty set means a memory-only node
-    (GPU HBM on GH200/GB200/POWER9, CXL memory)."""
+    (GPU HBM on GH200/GB200/POWER9, CXL memory, Xeon Max HBM in flat mode).
+
+    What memory it is: ``kind`` is a ``NODE_KINDS`` key (None: not classified, as
+    :meth:`numabind.Machine.node` reads a node; :attr:`numabind.Machine.nodes` classifies
+    every node) and ``kind_how`` the fact that told it; ``tier`` is the kernel's memory
+    tier holding it (``/sys/devices/virtual/memory_tiering/memory_tierN``, Linux 6.1+: a
+    lower N is faster memory; None where the kernel or the capture has none);
+    ``read_bandwidth`` the firmware's (ACPI HMAT) read bandwidth from its nearest CPUs in
+    MB/s, where the kernel publishes it."""
 
     id: int
     cpus: frozenset[int]
     memory_bytes: int | None = None
     distances: tuple[tuple[int, int], ...] = ()
+    kind: str | None = None
+    tier: int | None = None
+    read_bandwidth: int | None = None
+    kind_how: str = ""
 
     @property
     def has_cpus(self) -> bool:
@@ -199,7 +211,35 @@ class Node(Record):
             "has_cpus": self.has_cpus,
             "memory_bytes": self.memory_bytes,
             "distances": {str(n): d for n, d in self.distances},
+            "kind": self.kind,
+            "kind_how": self.kind_how or None,
+            "tier": self.tier,
+            "read_bandwidth": self.read_bandwidth,
         }
+
+
+# --- vocabulary: what memory a node holds ------------------------------------------------------
+
+
+class NodeKind(Record):
+    """One kind of NUMA node memory (docs/memory-tiers.rst says how each is told): how
+    ``show`` names it, and whether ``check`` notes a rank's pages there that the rank did
+    not ask for (``wrong_tier``: a GPU's memory, far memory).  Only ``cpu`` (a node with
+    CPUs) is memory a rank's default policy uses."""
+
+    name: str
+    label: str
+    wrong_tier: bool = False
+
+
+NODE_KIND_TABLE: tuple[NodeKind, ...] = (
+    NodeKind(name="cpu", label="CPU memory"),
+    NodeKind(name="gpu", label="GPU memory", wrong_tier=True),
+    NodeKind(name="hbm", label="high-bandwidth memory"),
+    NodeKind(name="far", label="far memory", wrong_tier=True),
+    NodeKind(name="memory", label="memory only, kind unknown"),
+)
+NODE_KINDS = {k.name: k for k in NODE_KIND_TABLE}
 
 
 class CpuInfo(Record):
@@ -242,24 +282,54 @@ class Accelerator(Record):
     minor: int | None = None
     # how much was read: "all", or "id"/"located" (Machine.located() and .detailed() read on)
     read: str = "all"
+    # one compute partition of a GPU split into several (AMD MI300 in DPX/QPX/CPX): its
+    # index among its GPU's partitions (the runtime's order), how many there are, and the
+    # modes the GPU is in; a partition has no PCI address of its own (``pci`` is its GPU's)
+    partition: int | None = None
+    partitions: int | None = None
+    compute_partition: str | None = None  # AMD current_compute_partition: SPX, CPX, ...
+    memory_partition: str | None = None  # AMD current_memory_partition: NPS1, NPS4
+    render_minor: int | None = None  # its DRM render node (/dev/dri/renderD<minor>)
 
     @property
     def detailed(self) -> bool:
         return self.read == "all"
 
     def __eq__(self, other: object) -> bool:
-        """One device is one PCI function: a brief and a detailed reading are equal."""
+        """One device is one PCI function (or one compute partition of it): a brief and a
+        detailed reading are equal."""
         if not isinstance(other, Accelerator):
             return NotImplemented
-        return (self.pci, self.vendor) == (other.pci, other.vendor)
+        return (self.pci, self.vendor, self.partition) == (
+            other.pci,
+            other.vendor,
+            other.partition,
+        )
 
     def __hash__(self) -> int:
-        return hash((self.pci, self.vendor))
+        return hash((self.pci, self.vendor, self.partition))
+
+    @property
+    def where(self) -> str:
+        """``0000:05:00.0`` or, for a compute partition, ``0000:05:00.0 partition 3``."""
+        return self.pci if self.partition is None else f"{self.pci} partition {self.partition}"
 
     @property
     def model(self) -> str:
         """What to compare when asking 'are these GPUs the same model?'."""
         return self.name or f"{self.vendor_id or 0:04x}:{self.device_id or 0:04x}"
+
+
+class KfdNode(Record):
+    """One GPU agent of a partition topology (AMD's KFD, ``topology/nodes/<node>``): the
+    node's number (the runtime enumerates agents in this order), the PCI address of the
+    GPU it is or belongs to, without the function (a compute partition has no address of
+    its own: its ``location_id`` is its GPU's with the partition in the function bits),
+    and its DRM render node."""
+
+    node: int
+    slot: str  # "0000:05:00": its GPU's PCI domain, bus and device
+    render_minor: int | None = None
 
 
 class NicPort(Record):
@@ -446,6 +516,46 @@ class Allowed(Record):
         }
 
 
+# --- vocabulary: packages split into several NUMA nodes -----------------------------------------
+
+
+class SubNuma(Record):
+    """What a CPU vendor calls a package split into several NUMA nodes, how its mode is
+    written (``{n}``: nodes per package), and the BIOS setting that makes it (``show`` and
+    ``doctor`` name them)."""
+
+    vendor: str
+    node: str  # one node of a split package
+    mode: str
+    bios: str
+    counts: tuple[int, ...] = ()  # the split sizes the vendor's mode names exist for
+
+
+SUBNUMA_TABLE: tuple[SubNuma, ...] = (
+    SubNuma(
+        vendor="intel",
+        node="sub-NUMA cluster",
+        mode="SNC{n}",
+        bios="the BIOS's Sub-NUMA Clustering (SNC) setting (disabled: one node per package)",
+        counts=(2, 3, 4, 6),
+    ),
+    SubNuma(
+        vendor="amd",
+        node="NUMA node",
+        mode="NPS{n}",
+        bios="the BIOS's NUMA nodes per socket (NPS) setting (NPS1: one node per socket)",
+        counts=(2, 4),
+    ),
+)
+SUBNUMA = {row.vendor: row for row in SUBNUMA_TABLE}
+SUBNUMA_OTHER = SubNuma(
+    vendor="",
+    node="NUMA node",
+    mode="",
+    bios="the BIOS's setting that splits a package into several NUMA nodes (Intel SNC, AMD NPS)",
+)
+
+
 # --- vocabulary: accelerator vendors -----------------------------------------------------------
 # One Vendor row per vendor says how to recognise its compute devices on PCI, which
 # environment variables select its devices and in what grammar, where its driver publishes
@@ -574,6 +684,11 @@ class Vendor(Record):
     # the variable that makes the runtime number devices in PCI order, and its value (CUDA
     # numbers the fastest first by default: indices then need not follow PCI order)
     device_order: tuple[str, str] | None = None
+    # where the runtime's devices are listed one per compute partition, in its order (AMD:
+    # the KFD topology, which ROCr enumerates node by node), and the PCI attributes naming
+    # a GPU's compute and memory partition modes
+    partition_topology: str | None = None
+    partition_files: tuple[str, str] | None = None
 
     @property
     def numbers_by_minor(self) -> bool:
@@ -642,6 +757,8 @@ AMD = Vendor(
     hwloc_uuid_key="AMDUUID",
     torch_module="torch.cuda",  # ROCm builds of torch select HIP devices through torch.cuda
     host_register=HIP_RUNTIME,
+    partition_topology="/sys/class/kfd/kfd/topology/nodes",
+    partition_files=("current_compute_partition", "current_memory_partition"),
 )
 INTEL = Vendor(
     key="intel",
@@ -761,11 +878,18 @@ class MemoryPolicy(Record):
     fallback: str | None = None
     migrate_as: str | None = None  # None: pages are not moved under it
     task: bool = True  # a task policy the kernel's NUMA balancing does not scan
+    # the kernel's fallback for it, once its nodes are full, is any node (GPU memory and far
+    # memory included), and MPOL_BIND over the nodes a rank may spill onto, nearest first,
+    # has the same first choices: under NUMABIND_SPILL=cpu the kernel gets that instead
+    # (Placement.kernel_policy).  interleave falls back anywhere too, and no policy keeps
+    # its round-robin while keeping nodes out
+    spill_by_bind: bool = False
 
 
 MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     MemoryPolicy(
         name="preferred",
+        spill_by_bind=True,
         code=1,
         numa_maps="prefer",
         help="allocate on the GPU's node, spill to others when it is full (default)",
@@ -787,6 +911,7 @@ MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     ),
     MemoryPolicy(
         name="local",
+        spill_by_bind=True,
         code=4,
         numa_maps="local",
         help="allocate on the node of the CPU that touches the page first",
@@ -802,6 +927,7 @@ MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     ),
     MemoryPolicy(
         name="preferred-many",
+        spill_by_bind=True,
         code=5,
         numa_maps="prefer_many",  # written "prefer (many)": see parse_numa_maps_policy
         help="prefer every node of the plan (socket mode; the planner chooses it)",
@@ -820,6 +946,48 @@ MEMORY_POLICY_TABLE: tuple[MemoryPolicy, ...] = (
     ),
 )
 POLICIES = {p.name: p for p in MEMORY_POLICY_TABLE}
+
+
+class Spill(Record):
+    """``NUMABIND_SPILL``, parsed once (``_environ.parse_spill``): where a rank's memory
+    may go once the nodes of its plan are full.  ``cpu``: the other CPU-memory nodes
+    this process may use (nearest first, by the kernel's distance order), and then the
+    allocation fails (the default); ``anywhere``: the kernel's own fallback, every node
+    including a GPU's memory and far memory; ``nodes``: nodes the user names, which the
+    rank may spill onto besides (or, without ``cpu``, instead of) CPU memory.
+    ``str()`` is the canonical text (``cpu``, ``any``, ``cpu,4``, ``2-3``)."""
+
+    cpu: bool = True
+    anywhere: bool = False
+    nodes: frozenset[int] = frozenset()
+
+    def __str__(self) -> str:
+        if self.anywhere:
+            return "any"
+        words = ["cpu"] if self.cpu else []
+        if self.nodes:
+            words.append(_nodelist(self.nodes))
+        return ",".join(words)
+
+
+def _nodelist(nodes: frozenset[int]) -> str:
+    """``0-2,5`` (the kernel's list form; _sysfs has the same, but the model is a leaf)."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in sorted(nodes):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+SPILL_CPU = Spill()
+SPILL_ANY = Spill(cpu=False, anywhere=True)
 USER_POLICIES: tuple[str, ...] = tuple(p.name for p in MEMORY_POLICY_TABLE if p.user)
 POLICY_BY_CODE = {p.code: p for p in MEMORY_POLICY_TABLE if p.code is not None}
 POLICY_BY_NUMA_MAPS = {p.numa_maps: p for p in MEMORY_POLICY_TABLE if p.numa_maps}

@@ -96,10 +96,9 @@ class ThreadPin:
         except OSError as err:
             self._failed(err, "get_mempolicy")
             return
+        asked, asked_nodes = self.placement.kernel_policy  # a spill mask is MPOL_BIND
         try:
-            policy, nodes, note = _kernel.set_policy(
-                self.placement.memory_policy, self.placement.memory_nodes, self.placement.home
-            )
+            policy, nodes, note = _kernel.set_policy(asked, asked_nodes, self.placement.home)
         except OSError as err:
             self._failed(err, "set_mempolicy")
             return

@@ -23,11 +23,17 @@ from ._model import (
     PRIORITY_ROLES,
     RESERVE_SCOPES,
     SMT_LEVELS,
+    SPILL_ANY,
+    SPILL_CPU,
+    SUBNUMA,
+    SUBNUMA_OTHER,
     USER_POLICIES,
     Accelerator,
     NicChoice,
     Record,
     Reserve,
+    Spill,
+    SubNuma,
 )
 
 # The planner turns an exception it did not foresee into a skip with the reason: a
@@ -37,7 +43,7 @@ RAISE = False
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from typing import Any, Literal
 
     from ._devices import Visible
@@ -84,6 +90,7 @@ class Request(Record):
     budget: bool = True
     reserve: Reserve = NO_RESERVE  # NUMABIND_RESERVE, parsed
     smt: str = "all"  # NUMABIND_SMT: "all" or "1" (one hardware thread per core)
+    spill: Spill = SPILL_CPU  # NUMABIND_SPILL: where memory goes once the plan's nodes are full
     # a process that drives several devices (apply(devices=...), NUMABIND_DEVICES): their
     # union is planned (see plan_devices); empty: one device, picked by rank or argument
     devices: tuple[Accelerator, ...] = ()
@@ -106,6 +113,7 @@ def request_for(
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
     priority: str = "off",
+    spill: Spill = SPILL_CPU,
     nic_mode: str = "",
     nic_min_rate: str = "auto",
 ) -> Request:
@@ -114,6 +122,7 @@ def request_for(
         reserve=reserve,
         smt=smt,
         priority=priority,
+        spill=spill,
         nic_mode=nic_mode,
         nic_min_rate=nic_min_rate,
         local_rank=info.local_rank,
@@ -210,18 +219,71 @@ def device_node(machine: Machine, dev: Accelerator) -> NodeChoice:
 
 def describe_device(dev: Accelerator, index: int | None) -> str:
     label = BY_KEY[dev.vendor].label if dev.vendor in BY_KEY else dev.vendor
-    where = f"{dev.pci}" if index is None else f"{index} ({dev.pci})"
+    where = f"{dev.where}" if index is None else f"{index} ({dev.where})"
     return f"{label} {where}"
 
 
-def nothing_to_bind(machine: Machine, mode: str, priority: str = "off") -> bool:
+def nothing_to_bind(
+    machine: Machine,
+    mode: str,
+    memory: str = "preferred",
+    spill: Spill = SPILL_CPU,
+    priority: str = "off",
+) -> bool:
     """The one-node shortcut: with one node that has CPUs, node and socket modes have
     nothing to choose, so the startup hook need not even look at devices; unless
     NUMABIND_PRIORITY asks for the node's faster cores and its cores are of more than one
-    kind (a one-socket workstation with Turbo Boost Max 3.0 has them)."""
+    kind (a one-socket workstation with Turbo Boost Max 3.0 has them).  Memory may still
+    have something to keep out: a GH200's one CPU node falls back onto its GPU's memory
+    node, and ``NUMABIND_SPILL=cpu`` keeps it off (:func:`spill_mask`)."""
     if len(machine.cpu_nodes) > 1 or mode not in ("node", "socket"):
         return False
-    return priority == "off" or not machine.core_kinds.distinct
+    if priority != "off" and machine.core_kinds.distinct:
+        return False
+    found = POLICIES.get(memory)
+    if found is None or not found.spill_by_bind or not machine.memory_only_ids:
+        return True  # (the node list alone says there is no memory-only node: no more read)
+    home = frozenset(n.id for n in machine.cpu_nodes)
+    return not spill_mask(machine, home, memory, spill)[0]
+
+
+def spill_mask(
+    machine: Machine, nodes: frozenset[int], policy: str, spill: Spill
+) -> tuple[frozenset[int], list[str]]:
+    """The nodes a memory ``policy`` over ``nodes`` may use under ``spill``
+    (``NUMABIND_SPILL``), when the kernel must be told (see
+    :attr:`Placement.kernel_policy`), and notes about nodes the setting named that
+    cannot be used.  Empty when the kernel's own fallback already stays inside them: the
+    policy does not spill by itself (bind, interleave), ``spill`` is ``any``, or every node
+    this process may use is one the rank may spill onto (a machine whose nodes all have
+    CPUs: there ``preferred`` already spills onto CPU memory only, and the plan is
+    unchanged).  The one place this is decided: the planner, several devices' union and
+    host buffers ask it."""
+    notes: list[str] = []
+    if spill.anywhere or policy not in POLICIES or not POLICIES[policy].spill_by_bind:
+        return frozenset(), notes
+    ids = frozenset(machine.node_ids)
+    allowed = machine.allowed.mems
+    usable = ids & allowed if allowed is not None else ids
+    mask = set(nodes)
+    if spill.cpu:
+        mask |= {n.id for n in machine.cpu_nodes}
+    named = spill.nodes
+    if named - ids:
+        notes.append(
+            f"NUMABIND_SPILL names node{'s' if len(named - ids) > 1 else ''} "
+            f"{fmt(named - ids)}, which this machine does not have: left out"
+        )
+    if (named & ids) - usable:
+        notes.append(
+            f"NUMABIND_SPILL names node {fmt((named & ids) - usable)}, outside this process's "
+            "cpuset.mems: left out"
+        )
+    mask |= named & usable
+    mask &= usable
+    if not mask or usable <= mask:
+        return frozenset(), notes
+    return frozenset(mask), notes
 
 
 def _plural(n: int, word: str) -> str:
@@ -252,6 +314,9 @@ class Placement(Record):
     # NUMABIND_PRIORITY=main: the calling thread's CPUs (one priority core), where they
     # differ from the compute set; threads and children it starts get ``cpus`` back
     main_cpus: frozenset[int] = frozenset()
+    # the only nodes the kernel may put this memory on (NUMABIND_SPILL=cpu: the plan's
+    # nodes and the CPU-memory nodes it may spill onto); empty: the kernel's own fallback
+    memory_mask: frozenset[int] = frozenset()
     # the RDMA adapter ports for the process's device(s) (numabind._nics): the process
     # applier tells the transports NUMABIND_NIC names (numabind._transports)
     nics: tuple[NicChoice, ...] = ()
@@ -261,17 +326,38 @@ class Placement(Record):
         """Whether applying it sets a memory policy."""
         return self.memory_policy != "none"
 
+    @property
+    def kernel_policy(self) -> tuple[str, frozenset[int]]:
+        """The policy and nodes the kernel is given: ``memory_policy`` over
+        ``memory_nodes``, or, with a ``memory_mask``, MPOL_BIND over the mask.  The kernel
+        takes a bind mask's nodes nearest first from the allocating CPU, so memory still
+        lands on ``memory_nodes`` first (the rank's CPUs are there) and spills onto the
+        rest of the mask, never elsewhere; ``preferred`` would spill anywhere."""
+        found = POLICIES.get(self.memory_policy)
+        if self.memory_mask and found is not None and found.spill_by_bind:
+            return "bind", self.memory_mask
+        return self.memory_policy, self.memory_nodes
+
     def describe(self) -> str:
         """``CPUs 0-3, memory preferred on node 0``."""
-        mem = memory_text(self.memory_policy, self.memory_nodes)
+        mem = memory_text(self.memory_policy, self.memory_nodes, self.memory_mask)
         return f"CPUs {fmt(self.cpus) or 'unchanged'}, memory {mem}"
 
 
-def memory_text(policy: str, nodes: frozenset[int]) -> str:
-    """``preferred on node 1``: a memory policy and its nodes, as every summary says it."""
+def memory_text(policy: str, nodes: frozenset[int], mask: frozenset[int] = frozenset()) -> str:
+    """``preferred on node 1``: a memory policy and its nodes, as every summary says it;
+    with a spill mask, where it may go next (``preferred on node 1, then only node 0``)."""
+    text = policy
     if nodes and policy not in ("none", "local"):
-        return f"{policy} on node{'s' if len(nodes) > 1 else ''} " + fmt(nodes)
-    return policy
+        text = f"{policy} on node{'s' if len(nodes) > 1 else ''} " + fmt(nodes)
+    found = POLICIES.get(policy)
+    if mask and found is not None and found.spill_by_bind:
+        extra = mask - nodes
+        if extra:
+            text += f", then only node{'s' if len(extra) > 1 else ''} {fmt(extra)}"
+        else:
+            text += ", no other node"
+    return text
 
 
 class Plan(Record):
@@ -307,6 +393,10 @@ class Plan(Record):
     helpers: frozenset[int] = frozenset()
     reserve: Reserve = NO_RESERVE
     smt: str = "all"
+    # NUMABIND_SPILL as planned, and what it made of it: the only nodes the kernel may put
+    # this rank's memory on (empty: the kernel's own fallback; see Placement.kernel_policy)
+    spill: Spill = SPILL_ANY
+    memory_mask: frozenset[int] = frozenset()
     # the notes that say something asked for (a reservation, a mode, the memory policy)
     # was not done: the entry points print them whether or not NUMABIND_VERBOSE is set
     unmet: tuple[str, ...] = ()
@@ -344,6 +434,7 @@ class Plan(Record):
             home=self.numa_node,
             threads=self.threads,
             main_cpus=self.main_cpus,
+            memory_mask=self.memory_mask,
         )
 
     def for_device(self, device: Accelerator) -> Plan | None:
@@ -378,6 +469,8 @@ class Plan(Record):
             "helpers": sorted(self.helpers),
             "reserve": str(self.reserve),
             "smt": self.smt,
+            "spill": str(self.spill),
+            "memory_mask": sorted(self.memory_mask),
             "per_device": [p.to_dict() for p in self.per_device],
             "priority": self.priority,
             "priority_cpus": sorted(self.priority_cpus),
@@ -417,13 +510,14 @@ class Plan(Record):
 
     def memory_text(self) -> str:
         """``preferred on node 1``: the memory part of the one-line summary."""
-        return memory_text(self.memory_policy, self.memory_nodes)
+        return memory_text(self.memory_policy, self.memory_nodes, self.memory_mask)
 
     def summary(self) -> str:
         """One line: what this rank gets, or why it gets nothing."""
         if not self.bound:
             return f"{self.who()}: not bound: {self.reason}"
-        return f"{self.who()}: CPUs {fmt(self.cpus)}, memory {self.memory_text()}: {self.reason}"
+        cpus = fmt(self.cpus) or "unchanged"
+        return f"{self.who()}: CPUs {cpus}, memory {self.memory_text()}: {self.reason}"
 
 
 def plan(machine: Machine, request: Request) -> Plan:
@@ -548,6 +642,8 @@ def plan_devices(machine: Machine, request: Request) -> Plan:
             notes.append(note)
     elif policy == "none" or not nodes:
         policy, nodes = "none", frozenset()
+    mask, spilled = spill_mask(machine, nodes, policy, request.spill)
+    notes.extend(n for n in spilled if n not in notes)
     budgets = [p.threads for p in bound if p.threads is not None]
     where = ", ".join(
         f"{p.device_index if p.device_index is not None else p.device.pci if p.device else '?'}"
@@ -571,6 +667,8 @@ def plan_devices(machine: Machine, request: Request) -> Plan:
         helpers=frozenset().union(*(p.helpers for p in bound)),
         reserve=request.reserve,
         smt=request.smt,
+        spill=request.spill,
+        memory_mask=mask,
         per_device=tuple(subs),
     )
 
@@ -673,15 +771,18 @@ class _Planner:
     def _run(self) -> Plan:
         r = self.r
         devs = self._check_request()
-        if nothing_to_bind(self.m, r.mode, r.priority):
+        one_node = len(self.m.cpu_nodes) <= 1 and r.mode in ("node", "socket")
+        if one_node and not (r.priority != "off" and self.m.core_kinds.distinct):
             if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
                 self.device, self.index = self._pick_device(devs)
-            raise _Skip(
-                "one-node",
-                "this machine has one NUMA node with CPUs"
-                + (" and its cores are one kind" if r.priority != "off" else "")
-                + ": nothing to bind",
-            )
+            if nothing_to_bind(self.m, r.mode, r.memory, r.spill, r.priority):
+                raise _Skip(
+                    "one-node",
+                    "this machine has one NUMA node with CPUs"
+                    + (" and its cores are one kind" if r.priority != "off" else "")
+                    + ": nothing to bind",
+                )
+            return self._memory_only()
         self._machine_notes()
         if not devs and r.device is None:
             where = self._cpu_only_node(r.visible)
@@ -699,6 +800,7 @@ class _Planner:
             main = one_per_core(self.m, main)
             cores = len(cpus)
         mem_nodes, policy = self._memory(cpus, where.node)
+        mask = self._mask(mem_nodes, policy)
         return Plan(
             local_rank=r.local_rank,
             rank_source=r.rank_source,
@@ -722,8 +824,54 @@ class _Planner:
             priority=r.priority,
             priority_cpus=prio,
             main_cpus=main,
+            spill=r.spill,
+            memory_mask=mask,
             unmet=tuple(self.unmet),
         )
+
+    def _memory_only(self) -> Plan:
+        """One node with CPUs and memory-only nodes besides (a GH200: node 0 and its GPU's
+        memory): the CPUs have nothing to choose and are left as they are; the memory
+        policy keeps the rank's memory on CPU memory (see :func:`spill_mask`)."""
+        r = self.r
+        self._machine_notes()
+        node = self.m.cpu_nodes[0]
+        self.node, self.how = node.id, "one-node"
+        mem_nodes, policy = self._memory(node.cpus, node.id)
+        mask = self._mask(mem_nodes, policy)
+        kept = frozenset(self.m.node_ids) - mask
+        what = (
+            f"{describe_device(self.device, self.index)} is on node {node.id}"
+            if self.device is not None
+            else f"node {node.id}"
+        )
+        return Plan(
+            local_rank=r.local_rank,
+            rank_source=r.rank_source,
+            local_world_size=r.local_world_size,
+            size_source=r.size_source,
+            device=self.device,
+            device_index=self.index,
+            numa_node=node.id,
+            node_how="one-node",
+            memory_nodes=mem_nodes,
+            memory_policy=policy,
+            mode=r.mode,
+            status="bound",
+            reason=f"{what}, the one node with CPUs: CPUs left as they are, memory kept off "
+            f"node{'s' if len(kept) > 1 else ''} {fmt(kept)} (no CPUs)",
+            notes=tuple(self.notes),
+            reserve=r.reserve,
+            smt=r.smt,
+            spill=r.spill,
+            memory_mask=mask,
+            unmet=tuple(self.unmet),
+        )
+
+    def _mask(self, nodes: frozenset[int], policy: str) -> frozenset[int]:
+        mask, notes = spill_mask(self.m, nodes, policy, self.r.spill)
+        self.notes.extend(n for n in notes if n not in self.notes)
+        return mask
 
     def _check_request(self) -> tuple[Accelerator, ...]:
         """Skip on bad input; the visible devices otherwise."""
@@ -1091,6 +1239,9 @@ class _Planner:
         if policy == "none":
             return frozenset(), "none"
         mem = {n.id for n in self.m.cpu_nodes if n.cpus & cpus}
+        if self.r.mode == "socket" and node_id is not None:
+            # every CPU node of the package, those whose CPUs the cgroup leaves out too
+            mem |= package_nodes(self.m, node_id) or set()
         allowed_mems = self.m.allowed.mems
         if allowed_mems is not None and mem - allowed_mems:
             dropped = mem - allowed_mems
@@ -1138,6 +1289,62 @@ def package_nodes(machine: Machine, node_id: int) -> frozenset[int] | None:
     if pkg is None:
         return None
     return frozenset(n.id for n in machine.cpu_nodes if machine.package_of(min(n.cpus)) == pkg)
+
+
+class Split(Record):
+    """Node ``node`` is one of several CPU nodes of one package (Intel sub-NUMA
+    clustering, AMD NPS): ``nodes`` are the package's CPU nodes, ``vendor`` says what the
+    split is called (:data:`numabind._model.SUBNUMA_TABLE`)."""
+
+    node: int
+    package: int
+    nodes: tuple[int, ...]
+    vendor: str | None = None
+
+    @property
+    def row(self) -> SubNuma:
+        return SUBNUMA.get(self.vendor or "", SUBNUMA_OTHER)
+
+    @property
+    def setting(self) -> str | None:
+        """``SNC3``, ``NPS4``: the mode's name, where the vendor's mode has this size."""
+        row = self.row
+        n = len(self.nodes)
+        return row.mode.format(n=n) if row.mode and n in row.counts else None
+
+    def describe(self) -> str:
+        """``node 2 is one of 3 sub-NUMA clusters of package 0 (SNC3)``."""
+        setting = self.setting
+        return (
+            f"node {self.node} is one of {len(self.nodes)} {self.row.node}s of package "
+            f"{self.package}" + (f" ({setting})" if setting else "")
+        )
+
+
+def split_of(machine: Machine, node_id: int) -> Split | None:
+    """The split package node ``node_id`` belongs to, None when its package has one CPU
+    node (or its package is unknown)."""
+    nodes = package_nodes(machine, node_id)
+    if nodes is None or len(nodes) < 2:
+        return None
+    node = machine.node(node_id)
+    assert node is not None and node.cpus  # package_nodes found its package
+    package = machine.package_of(min(node.cpus))
+    assert package is not None
+    return Split(
+        node=node_id, package=package, nodes=tuple(sorted(nodes)), vendor=machine.cpu_vendor
+    )
+
+
+def fallback_order(machine: Machine, home: int, nodes: Iterable[int]) -> tuple[int, ...]:
+    """``nodes`` (``home`` left out) in the order the kernel takes them once ``home`` is
+    full: its distance table from ``home``, then node number, as the kernel builds a
+    node's fallback list.  On a split package the package's other nodes come first where
+    the firmware says they are nearer (Intel reports 12 against 21 across sockets)."""
+    full = machine.node(home, full=True)
+    dist = dict(full.distances) if full is not None else {}
+    others = [n for n in set(nodes) if n != home]
+    return tuple(sorted(others, key=lambda n: (dist.get(n, 1 << 16), n)))
 
 
 def one_per_core(machine: Machine, cpus: frozenset[int]) -> frozenset[int]:
@@ -1274,14 +1481,17 @@ def explicit(
     cpus: frozenset[int] | None = None,
     node: int | None = None,
     memory: str = "preferred",
+    spill: Spill = SPILL_CPU,
 ) -> Plan:
     """The plan of ``numabind run --node N`` or ``--cpus LIST`` (numactl's habits): those
     CPUs (of the node, as far as this process may use them) and the memory of their
-    nodes under ``memory``.  Never raises: a node without CPUs or CPUs outside the cgroup
-    are a skip with the reason."""
+    nodes under ``memory``, spilling as ``spill`` (``NUMABIND_SPILL``) says.  Never
+    raises: a node without CPUs or CPUs outside the cgroup are a skip with the reason."""
     allowed = machine.allowed.cpus
     source = f"--node {node}" if node is not None else f"--cpus {fmt(cpus or ())}"
-    planner = _Planner(machine, Request(local_rank=None, rank_source=source, memory=memory))
+    planner = _Planner(
+        machine, Request(local_rank=None, rank_source=source, memory=memory, spill=spill)
+    )
     if node is not None:
         found = machine.node(node)
         if found is None or not found.cpus:
@@ -1298,6 +1508,7 @@ def explicit(
         planner.notes.append(f"CPUs {fmt(wanted - chosen)} are outside the cgroup: left out")
     home = node if node is not None else machine.node_of_cpu(min(chosen))
     mem_nodes, policy = planner._memory(chosen, home)
+    mask = planner._mask(mem_nodes, policy)
     return Plan(
         local_rank=None,
         rank_source=source,
@@ -1308,6 +1519,8 @@ def explicit(
         status="bound",
         reason=f"asked for: CPUs {fmt(chosen)}" + (f" of node {node}" if node is not None else ""),
         notes=tuple(planner.notes),
+        spill=spill,
+        memory_mask=mask,
         unmet=tuple(planner.unmet),
     )
 

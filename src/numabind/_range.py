@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 
-from . import _kernel, _sysfs
+from . import _kernel
 from ._model import Record
 
 TYPE_CHECKING = False
@@ -136,41 +136,12 @@ def numa_maps_pages(
     ranges: Sequence[tuple[int, int]], pid: int | str = 0
 ) -> list[dict[int, int] | None]:
     """Resident pages per node (in 4 KiB units) of the mappings that make up each
-    ``(start, nbytes)`` range, from one pass over ``/proc/PID/maps`` and one over
-    ``numa_maps`` (a mapping that began before the range counts whole: numa_maps says no
-    finer); None for a range where nothing is mapped.  Shared and huge-page mappings
-    count too."""
-    who = "self" if pid == 0 else pid
-    bounds = sorted((s, s + n, i) for i, (s, n) in enumerate(ranges))
-    firsts = {i: s for s, _, i in bounds}  # the mapping holding a range's start may begin before
-    for line in _kernel.Lines(f"/proc/{who}/maps"):
-        a, _, rest = line.partition("-")
-        lo, hi = _kernel.hex_int(a), _kernel.hex_int(rest.split(None, 1)[0] if rest else "")
-        if lo is None or hi is None:
-            continue
-        for s, _, i in bounds:
-            if lo <= s < hi:
-                firsts[i] = min(firsts[i], lo)
-    out: list[dict[int, int] | None] = [None] * len(ranges)
-    for line in _kernel.Lines(f"/proc/{who}/numa_maps"):
-        fields = line.split()
-        addr = _kernel.hex_int(fields[0]) if fields else None
-        if addr is None:
-            continue
-        owners = [i for s, e, i in bounds if firsts[i] <= addr < e]
-        if not owners:
-            continue
-        page_kb = 4
-        for f in fields[2:]:
-            if f.startswith("kernelpagesize_kB="):
-                page_kb = _sysfs.parse_int(f.split("=", 1)[1]) or 4
-        counts = list(_kernel.node_counts(fields[2:]))
-        for i in owners:
-            found: dict[int, int] = out[i] or {}
-            for node, n in counts:
-                found[node] = found.get(node, 0) + n * (page_kb // 4)
-            out[i] = found
-    return out
+    ``(start, nbytes)`` range, from the one pass over ``/proc/PID/maps`` and ``numa_maps``
+    (:func:`numabind._kernel.memory_view`: a mapping that began before the range counts
+    whole, as numa_maps says no finer); None for a range where nothing is mapped.  Shared
+    and huge-page mappings count too."""
+    view = _kernel.memory_view("self" if pid == 0 else pid, tuple(ranges))
+    return [view.buffers.get(i) for i in range(len(ranges))]
 
 
 def moved_onto(
@@ -221,7 +192,9 @@ class Mover:
         dest: int | None = None,
         spread: bool = False,
         budget: int = MOVE_BUDGET,
+        leave: frozenset[int] = frozenset(),
     ) -> None:
+        self.leave = leave  # nodes whose pages are never moved (a GPU's own memory)
         self.nodes = tuple(sorted(nodes))
         self.policy = policy
         self.dest = dest if dest is not None else self.nodes[0]
@@ -282,7 +255,11 @@ class Mover:
             self.budget -= n
             try:
                 found = _kernel.move_pages(batch)
-                off = [i for i, w in enumerate(found) if w >= 0 and w not in self.nodes]
+                off = [
+                    i
+                    for i, w in enumerate(found)
+                    if w >= 0 and w not in self.nodes and w not in self.leave
+                ]
                 targets = [
                     self.nodes[(index + i) % len(self.nodes)] if self.spread else self.dest
                     for i in off
@@ -316,34 +293,45 @@ class Mover:
         )
 
 
-def _off(regions: list[_kernel.Region], target: frozenset[int]) -> int:
-    return sum(c for n, c in _kernel.pages_per_node(regions).items() if n not in target)
+def _off(regions: list[_kernel.Region], target: frozenset[int], leave: frozenset[int]) -> int:
+    return sum(
+        c for n, c in _kernel.pages_per_node(regions).items() if n not in target and n not in leave
+    )
 
 
-def migrate_private(target: frozenset[int], policy: str, dest: int) -> Migration | None:
+def migrate_private(
+    target: frozenset[int], policy: str, dest: int, mask: frozenset[int] = frozenset()
+) -> Migration | None:
     """Move this process's private anonymous pages that lie off ``target`` onto it
     (``policy``: how mbind moves them; ``dest``: where move_pages puts the leftovers).
-    None when nothing lies elsewhere (the caller looked at numa_maps first, cheaply).
-    File-backed and shared pages are never moved: ranks on other nodes use them too."""
+    With a spill ``mask`` (NUMABIND_SPILL), a page on a node outside it is left where it
+    is: a GPU's own memory, far or CXL memory, where the driver or the program put it on
+    purpose (``check`` names it); the pages that spilled onto the mask's other CPU-memory
+    nodes come home.  None when nothing movable lies elsewhere (the caller looked at
+    numa_maps first, cheaply).  File-backed and shared pages are never moved: ranks on
+    other nodes use them too."""
     try:
         before = _kernel.private_anon_regions()
     except OSError as err:
         return Migration(notes=(f"page migration skipped: {err}",))
-    off_before = _off(before, target)
+    leave = frozenset(n for r in before for n in r.pages if mask and n not in mask)
+    off_before = _off(before, target, leave)
     if off_before == 0:
         return None
-    mover = Mover(target, policy, dest=dest)
+    mover = Mover(target, policy, dest=dest, leave=leave)
     for region in before:
-        if any(n not in target for n in region.pages):
+        # mbind moves every page of a region off its nodes: a region holding pages to
+        # leave is moved page by page below instead
+        if any(n not in target for n in region.pages) and not leave & region.pages.keys():
             mover.bind(region.start, region.end, region.name, clear=True)
     try:
         after = _kernel.private_anon_regions()
-        if any(n not in target for r in after for n in r.pages):
+        if _off(after, target, leave):
             for region in after:
-                if any(n not in target for n in region.pages):
+                if any(n not in target and n not in leave for n in region.pages):
                     mover.leftovers(region.start, region.end, region.page_size)
             after = _kernel.private_anon_regions()
     except OSError:
         return mover.result(0, 0)
-    off_after = _off(after, target)
+    off_after = _off(after, target, leave)
     return mover.result(max(off_before - off_after, 0), off_after)

@@ -105,6 +105,9 @@ class Entry(Record):
     # the cores kept for the process's helpers (NUMABIND_RESERVE): check counts a thread
     # there as on plan
     helpers: frozenset[int] = frozenset()
+    # the nodes of memory_nodes that are only where its memory may spill (a spill mask,
+    # NUMABIND_SPILL=cpu: MPOL_BIND over them too): check measures locality without them
+    spill: frozenset[int] = frozenset()
     # a process that drives several devices: each device's plan (PCI address, CPUs,
     # memory policy, its nodes), at most MAX_DEVICE_PLANS, and the threads bound to one
     # of them (numabind.bind_thread: thread id, index into device_plans), at most
@@ -207,7 +210,7 @@ def _field(name: str, value: str | None, default: Any) -> Any:
             raise ValueError(name)
         return value if name == "start" else int(value)
     if isinstance(default, frozenset):
-        if name == "memory_nodes":
+        if name in ("memory_nodes", "spill"):
             return _sysfs.parse_nodelist(value or "")
         return _sysfs.parse_cpulist(value or "")
     parser = _STRUCTURED.get(name)

@@ -33,6 +33,7 @@ LATEST = f"{PREFIX}/latest"  # "<run id>/<restart>/<world size>" of the newest g
 MAX_WAIT = 3600.0
 MAX_WORLD = 1 << 20
 POLL = 0.2  # seconds between looks at the posted count
+READ_SECONDS = 30.0  # reading the records, after the wait
 
 
 def _generation() -> str:
@@ -133,61 +134,145 @@ def _print_when_posted(store: Any, prefix: str, world: int, wait: float) -> None
         deadline = time.monotonic() + wait
         while int(store.add(f"{prefix}/posted", 0)) < world and time.monotonic() < deadline:
             time.sleep(POLL)
-        report = read_report(store, prefix, world, wait)
+        reader, close = _bounded_reader(store, time.monotonic() + READ_SECONDS)
+        try:
+            report = read_report(reader, prefix, world, wait, time.monotonic() + READ_SECONDS)
+        finally:
+            close()
         say_lines(_job.report_lines(report))
     except Exception as err:  # the user's training must never see this thread fail
         say(f"job report: not printed ({type(err).__name__}: {err})")
 
 
+def _bounded_reader(store: Any, deadline: float) -> tuple[Any, Any]:
+    """The records are read through numabind's own client where the store is a TCPStore
+    (torch's client allocates whatever length a value announces, and any peer that
+    reaches the store may have set one); another kind of store (a FileStore, a HashStore)
+    through its own ``get``.  Returns (reader, close)."""
+    from ._store import StoreClient, StoreError
+
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if isinstance(host, str) and isinstance(port, int) and 0 < port < 65536:
+        try:
+            client = StoreClient(host, port, deadline, _job.STORE_RECORD_BYTES)
+        except StoreError:
+            return store, lambda: None
+        return client, client.close
+    return store, lambda: None
+
+
 def read_report(
-    store: Any, prefix: str, world: int, wait: float | None, deadline: float | None = None
+    store: Any,
+    prefix: str,
+    world: int,
+    wait: float | None,
+    deadline: float | None = None,
+    budget: _job.Budget | None = None,
 ) -> _job.JobReport:
     """The records under ``prefix`` (ranks 0..world-1), merged: one node row per host the
-    records name, an invalid row per record that does not pass, the ranks with none
-    listed as not posted; past ``deadline`` (a ``time.monotonic()`` value) the ranks not
-    read yet are listed as not read."""
-    from ._store import StoreError
-
+    records name, an invalid row per record that does not pass (the first
+    :data:`numabind._job.MAX_INVALID`; the others counted), the ranks with none listed as
+    not posted.  Each record is a store record (one rank, :data:`numabind._job.
+    STORE_RECORD_BYTES`); all of them come out of one report budget.  Once the store
+    stops answering, the deadline (a ``time.monotonic()`` value) passes or the budget is
+    spent, the ranks left are one line, whatever ``world`` claims."""
+    budget = budget if budget is not None else _job.Budget(deadline)
     hosts: dict[str, _job.NodeRow] = {}
     invalid: list[_job.RankRow] = []
-    missing: list[int] = []
-    unread = 0
-    for r in range(min(world, MAX_WORLD)):
-        if deadline is not None and time.monotonic() > deadline:
-            unread = min(world, MAX_WORLD) - r
-            missing.extend(range(r, min(world, MAX_WORLD)))
+    more_invalid = 0
+    missing: list[tuple[int, int]] = []
+    unread, stopped = 0, ""
+    world = min(world, MAX_WORLD)
+    for r in range(world):
+        if budget.exhausted or budget.late():
+            unread, stopped = world - r, f"{budget.spent}"
             break
-        key = f"{prefix}/{r}"
         try:
-            if not store.check([key]):
-                missing.append(r)
-                continue
-            row = _job.parse_node(bytes(store.get(key))[: _job.RECORD_BYTES + 1])
-        except StoreError as err:  # numabind's own client: a value too long, or cut off
-            row = _job.NodeRow(host="?", state="invalid", reason=f"not read: {err}")
-        problem = row.reason if row.state != "answered" else ""
-        if not problem and (len(row.ranks) != 1 or row.ranks[0].status == "invalid"):
-            problem = row.ranks[0].problems[0] if row.ranks else "a record without a rank"
-        if not problem and row.ranks[0].rank != r:
-            problem = f"a record under rank {r}'s key names rank {row.ranks[0].rank}"
+            row, absent = _read_one(store, f"{prefix}/{r}", budget)
+        except _Unreadable as err:
+            unread = world - r
+            stopped = f"the store stopped answering at rank {r} ({err})"
+            if budget.late():  # the wait ended inside a request
+                stopped = f"{budget.spent}"
+            break
+        if absent:
+            if missing and missing[-1][1] == r - 1:
+                missing[-1] = (missing[-1][0], r)
+            else:
+                missing.append((r, r))
+            continue
+        problem = _problem(row, r)
         if problem:
-            invalid.append(
-                _job.RankRow(host="?", pid=None, rank=r, status="invalid", problems=(problem,))
-            )
+            if len(invalid) < _job.MAX_INVALID:
+                invalid.append(
+                    _job.RankRow(host="?", pid=None, rank=r, status="invalid", problems=(problem,))
+                )
+            else:
+                more_invalid += 1
             continue
         have = hosts.get(row.host)
         hosts[row.host] = row if have is None else have.replace(ranks=have.ranks + row.ranks)
     if invalid:
         hosts["?"] = _job.NodeRow(host="?", state="answered", ranks=tuple(invalid))
-    notes: tuple[str, ...] = ()
-    if len(missing) > unread and wait is not None:
-        notes = (f"{len(missing) - unread} rank(s) posted no record within {wait:g} s",)
+    posted_none = sum(b - a + 1 for a, b in missing)
+    notes: list[str] = [SELF_REPORTED]
+    if posted_none and wait is not None:
+        notes.append(f"{posted_none} rank(s) posted no record within {wait:g} s")
+    if more_invalid:
+        notes.append(f"{more_invalid} more invalid record(s), not listed")
     if unread:
-        notes += (f"{unread} rank(s) not read before the deadline",)
+        notes.append(f"{unread} rank(s) not read: {stopped}")
     run, _, restart = prefix.removeprefix(f"{PREFIX}/").rpartition("/")
-    report = _job.merge(run, list(hosts), hosts, notes, tuple(missing))
+    report = _job.merge(
+        run,
+        list(hosts),
+        hosts,
+        tuple(notes),
+        _job.IdList.of_ranges(missing),
+        budget,
+        unread + more_invalid,
+    )
     where = "not under torchrun" if run == "none" else f"torchrun run {run}, restart {restart}"
     return report.replace(title=f"numabind job report ({where})")
+
+
+def _problem(row: _job.NodeRow, r: int) -> str:
+    """Why rank ``r``'s record is not a row of its own ("" when it is)."""
+    problem = row.reason if row.state != "answered" else ""
+    if not problem and (len(row.ranks) != 1 or row.ranks[0].status == "invalid"):
+        problem = row.ranks[0].problems[0] if row.ranks else "a record without a rank"
+    if not problem and row.ranks[0].rank != r:
+        problem = f"a record under rank {r}'s key names rank {row.ranks[0].rank}"
+    return problem
+
+
+SELF_REPORTED = (
+    "store records are self-reported: each rank wrote its own, and anyone who can reach "
+    "the store could have written one (a c10d store has no authentication)"
+)
+
+
+class _Unreadable(Exception):
+    """The store can no longer be read (closed, silent, or not speaking its protocol)."""
+
+
+def _read_one(store: Any, key: str, budget: _job.Budget) -> tuple[_job.NodeRow, bool]:
+    """One rank's record as a row, or (_, True) when it has none; a value refused for its
+    length is an invalid row; raises :class:`_Unreadable` when the store is gone."""
+    from ._store import StoreError
+
+    try:
+        if not store.check([key]):
+            return _job.NodeRow(host="?", state="invalid"), True
+        value = store.get(key)
+    except StoreError as err:  # numabind's own client: too long (and reconnected), or gone
+        if getattr(store, "usable", False):
+            return _job.NodeRow(host="?", state="invalid", reason=f"not read: {err}"), False
+        raise _Unreadable(str(err)) from None
+    except Exception as err:  # torch's client (in-job, a store of another kind)
+        raise _Unreadable(f"{type(err).__name__}: {err}") from None
+    raw = bytes(value[: _job.STORE_RECORD_BYTES + 1])
+    return _job.parse_node(raw, max_ranks=1, budget=budget), False
 
 
 # --- NUMABIND_REPORT=1: after init_process_group ------------------------------------------------

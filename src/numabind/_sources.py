@@ -41,6 +41,7 @@ from ._model import (
     Allowed,
     CoreKinds,
     CpuInfo,
+    KfdNode,
     Nic,
     Node,
     OtherDevice,
@@ -63,6 +64,10 @@ SYS_NET = "/sys/class/net"
 RDMA_PORT_FILES = ("state", "rate", "link_layer", "gid_attrs/ndevs/0")
 NETDEV_FILES = ("speed", "operstate", "bonding/slaves", "bonding_slave/state")
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
+# the kernel's memory tiers (Linux 6.1+): memory_tierN/nodelist, a lower N is faster memory
+SYS_TIERING = "/sys/devices/virtual/memory_tiering"
+# the firmware's (ACPI HMAT) performance of a node from its best initiators, in MB/s
+HMAT_BANDWIDTH = "access0/initiators/read_bandwidth"
 
 
 # --- file trees --------------------------------------------------------------------------------
@@ -151,6 +156,9 @@ def read_paths() -> tuple[str, ...]:
         f"{SYS_NODE}/{{node}}/cpumap",
         f"{SYS_NODE}/{{node}}/meminfo",
         f"{SYS_NODE}/{{node}}/distance",
+        f"{SYS_NODE}/{{node}}/{HMAT_BANDWIDTH}",
+        f"{SYS_TIERING}/{{tier}}/nodelist",
+        f"{SYS_CPU}/modalias",
         f"{SYS_CPU}/{{cpu}}/topology/physical_package_id",
         f"{SYS_CPU}/{{cpu}}/topology/core_cpus_list",
         f"{SYS_CPU}/{{cpu}}/topology/thread_siblings_list",
@@ -176,6 +184,12 @@ def read_paths() -> tuple[str, ...]:
             for name in (v.driver_info_file, v.driver_numa_file)
             if name
         ),
+        *(
+            f"{v.partition_topology}/{{partition}}/properties"
+            for v in VENDORS
+            if v.partition_topology
+        ),
+        *(f"{SYS_PCI}/{{bdf}}/{name}" for v in VENDORS for name in (v.partition_files or ())),
         f"{DRA_ROOT}/{{kind}}/{{claim}}/{{request}}/{{driver}}-metadata.json",
         "/proc/self/cgroup",
         "/proc/self/cpuset",
@@ -292,6 +306,21 @@ class Source:
     def numa_balancing(self) -> int | None:
         return None
 
+    def cpu_vendor(self) -> str | None:
+        """Who made the CPUs (``intel``, ``amd``, ...; None when the files do not say):
+        what a sub-NUMA split is called (Intel SNC, AMD NPS) depends on it."""
+        return None
+
+    def partition_nodes(self, vendor: Vendor, expected: int) -> tuple[KfdNode, ...]:
+        """The GPU agents of ``vendor``'s partition topology, in its order, when it lists
+        more than ``expected`` entries (its GPUs and CPU nodes: then some GPU is split into
+        compute partitions); () otherwise, having listed one directory."""
+        return ()
+
+    def partition_modes(self, vendor: Vendor, bdf: str) -> tuple[str | None, str | None]:
+        """A GPU's compute and memory partition modes (AMD: ``CPX``, ``NPS4``), or None."""
+        return None, None
+
     def close(self) -> None:
         pass
 
@@ -309,6 +338,7 @@ class SysfsSource(Source):
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._cpu_limit: int | None = None
         self._node_limit: int | None = None
+        self._tiers: dict[int, int] | None = None
         self._dra: dict[str, DraDevice] | None = None
         # identical lists (every CPU of a core, of an L3, every GPU of a node) are parsed
         # once: what a list costs is charged to the budget only the first time
@@ -424,7 +454,42 @@ class SysfsSource(Source):
             values = [_sysfs.parse_int(v) for v in dist.split()[: len(all_ids) + 1]]
             if len(values) == len(all_ids) and all(v is not None and v >= 0 for v in values):
                 distances = tuple(zip(all_ids, (v for v in values if v is not None)))
-        return Node(id=node_id, cpus=cpus & online, memory_bytes=memory, distances=distances)
+        bandwidth = _sysfs.parse_int(self._read(f"{base}/{HMAT_BANDWIDTH}"))
+        return Node(
+            id=node_id,
+            cpus=cpus & online,
+            memory_bytes=memory,
+            distances=distances,
+            tier=self.memory_tiers().get(node_id),
+            read_bandwidth=bandwidth if bandwidth is not None and 0 < bandwidth < 1 << 40 else None,
+        )
+
+    def memory_tiers(self) -> dict[int, int]:
+        """node -> the kernel's memory tier holding it (``memory_tierN/nodelist``), read once;
+        empty where the kernel has no memory tiering (before 6.1) or the capture lacks it.
+        A node listed by two tiers (a malformed capture) keeps the first, with a warning."""
+        if self._tiers is None:
+            tiers: dict[int, int] = {}
+            for name in self.root.listdir(SYS_TIERING, _sysfs.MAX_NODES):
+                digits = name.removeprefix("memory_tier")
+                if digits == name or not (digits.isascii() and digits.isdigit()) or len(digits) > 6:
+                    continue
+                text = self._read(f"{SYS_TIERING}/{name}/nodelist")
+                try:
+                    nodes = _sysfs.parse_nodelist(text or "")
+                except ValueError as err:
+                    self.warn(f"{self.description}: {SYS_TIERING}/{name}/nodelist: {err}; ignored")
+                    continue
+                for n in sorted(nodes):
+                    if n in tiers and tiers[n] != int(digits):
+                        self.warn(
+                            f"{self.description}: node {n} is in memory_tier{tiers[n]} and "
+                            f"{name}; the first kept"
+                        )
+                        continue
+                    tiers[n] = int(digits)
+            self._tiers = tiers
+        return self._tiers
 
     def cpu_package(self, cpu: int) -> int | None:
         value = _sysfs.parse_int(self._read(f"{SYS_CPU}/cpu{cpu}/topology/physical_package_id"))
@@ -791,6 +856,59 @@ class SysfsSource(Source):
         value = _sysfs.parse_int(self._read(NUMA_BALANCING))
         return value if value is not None and 0 <= value < 256 else None
 
+    def partition_nodes(self, vendor: Vendor, expected: int) -> tuple[KfdNode, ...]:
+        base = vendor.partition_topology
+        if base is None:
+            return ()
+        names = [
+            n for n in self.root.listdir(base, MAX_PARTITION_NODES) if n.isascii() and n.isdigit()
+        ]
+        if len(names) <= expected:
+            return ()
+        out = []
+        for name in sorted(names, key=lambda n: (len(n), n)):
+            props: dict[str, int] = {}
+            for line in (self._read(f"{base}/{name}/properties") or "").splitlines()[:128]:
+                key, _, value = line.partition(" ")
+                if key in _KFD_KEYS:
+                    number = _sysfs.parse_int(value.strip())
+                    if number is not None and number >= 0:
+                        props[key] = number
+            if not props.get("simd_count") or "location_id" not in props:
+                continue  # a CPU agent, or not readable
+            loc, domain = props["location_id"], props.get("domain", 0)
+            if domain > 0xFFFF:
+                continue
+            slot = f"{domain:04x}:{(loc >> 8) & 0xFF:02x}:{(loc >> 3) & 0x1F:02x}"
+            minor = props.get("drm_render_minor")
+            out.append(KfdNode(node=int(name), slot=slot, render_minor=minor or None))
+        return tuple(out)
+
+    def partition_modes(self, vendor: Vendor, bdf: str) -> tuple[str | None, str | None]:
+        modes: list[str | None] = []
+        for name in vendor.partition_files or ():
+            text = self._read(f"{SYS_PCI}/{bdf}/{name}")
+            word = (text or "").strip().upper()
+            modes.append(word if word.isascii() and word.isalnum() and 0 < len(word) <= 8 else None)
+        padded = [*modes, None, None]
+        return padded[0], padded[1]
+
+    def cpu_vendor(self) -> str | None:
+        # x86 writes "cpu:type:x86,venVVVVfam...": the kernel's X86_VENDOR_* number
+        text = self._read(f"{SYS_CPU}/modalias") or ""
+        head = text.split(":feature:", 1)[0]
+        if ",ven" in head:
+            code = head.split(",ven", 1)[1][:4]
+            return _X86_VENDORS.get(code, f"x86 vendor {_sysfs.short(code, 8)}")
+        if head.startswith("cpu:type:aarch64"):
+            return "arm"
+        # a capture made by hwloc-gather-topology has /proc/cpuinfo instead
+        for line in (self.root.opt("/proc/cpuinfo", CPUINFO_CAP) or "").splitlines()[:32]:
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id":
+                return _CPUINFO_VENDORS.get(value.strip())
+        return None
+
     def close(self) -> None:
         self.root.close()
 
@@ -802,6 +920,17 @@ def kinds_from(values: dict[int, int], source: str, looked: tuple[str, ...]) -> 
         by_value.setdefault(value, set()).add(cpu)
     levels = tuple((v, frozenset(by_value[v])) for v in sorted(by_value, reverse=True))
     return CoreKinds(source=source, levels=levels, looked=looked)
+
+
+# the kernel's X86_VENDOR_* numbers, as /sys/devices/system/cpu/modalias writes them
+_X86_VENDORS = {"0000": "intel", "0002": "amd", "0009": "hygon"}
+MAX_PARTITION_NODES = 1024  # entries of a partition topology looked at
+# the KFD node properties numabind reads: compute units (0: a CPU agent), the PCI
+# location (bus << 8 | device << 3 | function, a partition's index in the low bits on
+# Linux 6.5+; domain apart) and the render node
+_KFD_KEYS = ("simd_count", "location_id", "domain", "drm_render_minor")
+CPUINFO_CAP = 4 << 20  # /proc/cpuinfo of a 1,024-CPU machine is ~1.5 MB
+_CPUINFO_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "hygon"}
 
 
 # --- what this process may use: its cgroup cpuset ----------------------------------------------

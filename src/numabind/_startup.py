@@ -68,11 +68,12 @@ def state_key(
 
 
 def roles_key(cfg: Config) -> str:
-    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_DEVICES /
-    NUMABIND_NIC add
+    """The part of the state key NUMABIND_RESERVE / NUMABIND_SMT / NUMABIND_SPILL /
+    NUMABIND_DEVICES / NUMABIND_NIC add
     (empty by default, so that keys recorded by an older numabind still match)."""
     key = "" if not cfg.reserve and cfg.smt == "all" else f"|reserve={cfg.reserve}|smt={cfg.smt}"
     key += f"|priority={cfg.priority}" if cfg.priority != "off" else ""
+    key += f"|spill={cfg.spill}" if str(cfg.spill) != "cpu" else ""
     key += f"|devices={cfg.devices[:200]}" if cfg.devices else ""
     return key + (f"|nic={cfg.nic}|{cfg.nic_mode}|{cfg.nic_min_rate}" if cfg.nic else "")
 
@@ -200,7 +201,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         visible = None
         # a one-node machine has nothing to bind, but a rank that asks for NICs still
         # needs its device (and a rank that does not never reads an adapter)
-        nothing = nothing_to_bind(machine, cfg.mode, cfg.priority)
+        nothing = nothing_to_bind(machine, cfg.mode, cfg.memory, cfg.spill, cfg.priority)
         if info.problem is None and (cfg.nic or not nothing):
             from ._devices import LazyNvml, resolve
 
@@ -213,6 +214,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             reserve=cfg.reserve,
             smt=cfg.smt,
             priority=cfg.priority,
+            spill=cfg.spill,
             nic_mode=cfg.nic_mode if cfg.nic else "",
             nic_min_rate=cfg.nic_min_rate,
         )

@@ -26,6 +26,7 @@ MAGIC = 0x3C85F7CE  # c10d::detail::validationMagicNumber
 KEY_PREFIX = "/"  # TCPStore's keyPrefix_: every key on the wire starts with it
 READY, NOT_READY = 0, 1  # c10d::detail::CheckResponseType
 MAX_KEY = 4096  # bytes of a key this client sends
+_SERVERS = ((b"HTTP/", "an HTTP server"), (b"SSH-", "an SSH server"), (b"<", "a web server"))
 
 
 class StoreError(OSError):
@@ -64,6 +65,12 @@ class StoreClient:
             self._sock.close()
             self._sock = None
 
+    @property
+    def usable(self) -> bool:
+        """Whether the connection is still open (an error that leaves the protocol's state
+        unknown closes it; a value refused for its length reconnects)."""
+        return self._sock is not None
+
     def __enter__(self) -> StoreClient:
         return self
 
@@ -100,6 +107,24 @@ class StoreClient:
             raise StoreError(f"no answer from the store ({err})") from None
         return bytes(out)
 
+    def _not_a_store(self, first: bytes) -> str:
+        """What a peer that does not speak the store's protocol said: the start of its
+        answer, shown as text (an HTTP or SSH server names itself in its first bytes)."""
+        said = first
+        if self._sock is not None:
+            try:  # what else it sent at once, without waiting for more
+                self._sock.settimeout(0.2)
+                said += self._sock.recv(64)
+            except OSError:
+                pass
+        self.close()
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in said[:40])
+        guess = ""
+        for start, what in _SERVERS:
+            if said.startswith(start):
+                guess = f": {what}?"
+        return f"not a c10d store: it answered {text!r}{guess}"
+
     @staticmethod
     def _key(key: str) -> bytes:
         raw = (KEY_PREFIX + key).encode()
@@ -110,17 +135,19 @@ class StoreClient:
     def check(self, keys: list[str]) -> bool:
         """Whether every key is set."""
         self._send(struct.pack("=BQ", QUERIES["check"], len(keys)) + b"".join(map(self._key, keys)))
-        answer = self._recv(1)[0]
-        if answer not in (READY, NOT_READY):
-            self.close()
-            raise StoreError(f"an answer that is not the store's protocol ({answer})")
-        return answer == READY
+        answer = self._recv(1)
+        if answer[0] not in (READY, NOT_READY):
+            raise StoreError(self._not_a_store(answer))
+        return answer[0] == READY
 
     def get(self, key: str) -> bytes:
         """The value of a key that is set (:meth:`check` first: the store's GET of a
         missing key blocks or fails), at most ``limit`` bytes."""
         self._send(bytes([QUERIES["get"]]) + self._key(key))
-        (length,) = struct.unpack("=Q", self._recv(8))
+        raw = self._recv(8)
+        (length,) = struct.unpack("=Q", raw)
+        if length > self.limit and raw.isascii() and raw.decode().isprintable():
+            raise StoreError(self._not_a_store(raw))  # text where a length belongs
         if length > self.limit:
             self.close()
             self._connect()  # the value's bytes are still coming on the old connection

@@ -9,12 +9,22 @@ for what its rank's plan touches, and the values never change once seen.
 
 from __future__ import annotations
 
-from ._model import Accelerator, Allowed, CoreKinds, CpuInfo, Nic, Node, OtherDevice
+from ._model import (
+    BY_KEY,
+    Accelerator,
+    Allowed,
+    CoreKinds,
+    CpuInfo,
+    KfdNode,
+    Nic,
+    Node,
+    OtherDevice,
+)
 from ._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from ._dra import DraDevice
@@ -49,6 +59,10 @@ class Machine:
         self._driver_gpus: dict[str, tuple[str, ...] | None] = {}
         self._kernel: str | None = _UNSET
         self._balancing: int | None = _UNSET
+        self._classified: tuple[Node, ...] | None = None
+        self._partition_nodes: dict[str, dict[str, list[KfdNode]]] = {}
+        self._gpu_memory: dict[int, tuple[Accelerator, str]] | None = None
+        self._vendor: str | None = _UNSET
 
     def __repr__(self) -> str:
         """Where the machine was read from, its nodes and CPUs (two small reads), and its
@@ -191,9 +205,65 @@ class Machine:
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        """Every NUMA node, memory-only ones included, with memory and distances."""
-        ids = self.node_ids or (0,)
-        return tuple(n for n in (self.node(i, full=True) for i in ids) if n is not None)
+        """Every NUMA node, memory-only ones included, with memory, distances, memory tier
+        and its kind (``numabind._model.NODE_KINDS``: CPU memory, GPU memory,
+        high-bandwidth, far, or memory of unknown kind), classified from the machine's
+        own files (see ``numabind._topology.classify``)."""
+        if self._classified is None:
+            ids = self.node_ids or (0,)
+            read = tuple(n for n in (self.node(i, full=True) for i in ids) if n is not None)
+            gpus = {
+                n: f"the memory of {a.pci} ({how})" for n, (a, how) in self.gpu_memory().items()
+            }
+            kinds = classify(read, gpus)
+            self._classified = tuple(
+                n.replace(kind=kinds[n.id][0], kind_how=kinds[n.id][1]) for n in read
+            )
+        return self._classified
+
+    def package_of_node(self, node_id: int) -> int | None:
+        """The package node ``node_id`` belongs to: its CPUs' package; for a memory-only node the
+        package of the one CPU node nearest to it (Xeon Max's HBM next to its cluster),
+        None when no CPU node is nearer than the others (GB200's GPU memory: 80 from
+        every node) or the package is unknown."""
+        node = self.node(node_id)
+        if node is None:
+            return None
+        if node.cpus:
+            return self.package_of(min(node.cpus))
+        full = self.node(node_id, full=True)
+        dist = dict(full.distances) if full is not None else {}
+        near = sorted((dist[c.id], c.id) for c in self.cpu_nodes if c.id in dist)
+        if not near or (len(near) > 1 and near[0][0] == near[1][0]):
+            return None
+        return self.package_of_node(near[0][1])
+
+    def node_kind(self, node_id: int) -> str | None:
+        """The kind of node ``node_id`` (a ``numabind._model.NODE_KINDS`` key), None
+        when the machine has no such node."""
+        return next((n.kind for n in self.nodes if n.id == node_id), None)
+
+    @property
+    def memory_only_ids(self) -> frozenset[int]:
+        """Nodes without CPUs (GPU memory, HBM, CXL...): read from the nodes' CPU lists
+        alone, so the planner pays nothing more for knowing whether there are any."""
+        return frozenset(self.node_ids) - {n.id for n in self.cpu_nodes}
+
+    def gpu_memory(self) -> dict[int, tuple[Accelerator, str]]:
+        """CPU-less nodes that are a GPU's own memory -> (that GPU, how it was told): the
+        driver's memory node (NVIDIA ``numa_status``, hwloc's GPUMemory), or a GPU's PCI
+        ``numa_node`` naming a node without CPUs (GB200: NVML reports the same)."""
+        if self._gpu_memory is None:
+            memory_only = self.memory_only_ids
+            out: dict[int, tuple[Accelerator, str]] = {}
+            for acc in self.all_accelerators:
+                if acc.memory_node is not None and acc.memory_node in memory_only:
+                    out.setdefault(acc.memory_node, (acc, "its driver says so"))
+            for acc in self.all_accelerators:
+                if acc.numa_node is not None and acc.numa_node in memory_only:
+                    out.setdefault(acc.numa_node, (acc, "its PCI numa_node"))
+            self._gpu_memory = out
+        return self._gpu_memory
 
     @property
     def cpu_nodes(self) -> tuple[Node, ...]:
@@ -318,12 +388,13 @@ class Machine:
 
     def detailed(self, acc: Accelerator) -> Accelerator:
         """``acc`` with every fact read: its class, UUID, the driver's model name, minor
-        number and GPU-memory node, and its CPU locality."""
+        number and GPU-memory node, and its CPU locality (a compute partition: its GPU's,
+        the partition kept)."""
         if acc.detailed:
             return acc
         if acc.pci not in self._detailed:
             self._detailed[acc.pci] = self.source.accelerator(acc.pci, detail=True) or acc
-        return self._detailed[acc.pci]
+        return _as_partition(self._detailed[acc.pci], acc)
 
     @property
     def all_accelerators(self) -> tuple[Accelerator, ...]:
@@ -332,7 +403,46 @@ class Machine:
 
     def located(self, acc: Accelerator) -> Accelerator:
         """``acc`` with its ``numa_node`` (and, where that is -1, its CPU locality) read."""
-        return self.source.locate(acc)
+        return _as_partition(self.source.locate(_whole(acc)), acc)
+
+    def with_partitions(self, devs: Sequence[Accelerator]) -> tuple[Accelerator, ...]:
+        """``devs`` with each GPU that is split into compute partitions (AMD MI300 in
+        DPX/QPX/CPX mode) replaced by its partitions, in the order the runtime numbers
+        them (the partition topology's: AMD's KFD, which ROCr enumerates node by node).
+        A partition keeps its GPU's PCI address, node and locality.  Reads one directory
+        listing when no GPU is split, and the topology's node files only when one is."""
+        out: list[Accelerator] = []
+        for dev in devs:
+            parts = self._partitions(dev)
+            out.extend(parts or (dev,))
+        return tuple(out)
+
+    def _partitions(self, dev: Accelerator) -> tuple[Accelerator, ...]:
+        vendor = BY_KEY.get(dev.vendor)
+        if vendor is None or vendor.partition_topology is None or dev.partition is not None:
+            return ()
+        if vendor.key not in self._partition_nodes:
+            own = sum(1 for a in self.accelerators if a.vendor == vendor.key)
+            nodes = self.source.partition_nodes(vendor, own + len(self.cpu_nodes))
+            slots: dict[str, list[KfdNode]] = {}
+            for n in nodes:
+                slots.setdefault(n.slot, []).append(n)
+            self._partition_nodes[vendor.key] = slots
+        found = self._partition_nodes[vendor.key].get(dev.pci.rsplit(".", 1)[0], [])
+        if len(found) < 2:
+            return ()
+        compute, memory = self.source.partition_modes(vendor, dev.pci)
+        parts = found[:MAX_PARTITIONS]
+        return tuple(
+            dev.replace(
+                partition=k,
+                partitions=len(parts),
+                compute_partition=compute,
+                memory_partition=memory,
+                render_minor=n.render_minor,
+            )
+            for k, n in enumerate(parts)
+        )
 
     def local_cpus(self, acc: Accelerator) -> frozenset[int] | None:
         """The CPU locality of ``acc`` (read when a short reading left it out)."""
@@ -410,6 +520,117 @@ class Machine:
             self._balancing = self.source.numa_balancing()
         return None if self._balancing is None else bool(self._balancing & 1)
 
+    @property
+    def cpu_vendor(self) -> str | None:
+        """Who made the CPUs (``intel``, ``amd``, ``arm``...; None when the files do not
+        say): Intel calls a split package sub-NUMA clusters (SNC), AMD NUMA nodes per
+        socket (NPS)."""
+        if self._vendor is _UNSET:
+            self._vendor = self.source.cpu_vendor()
+        return self._vendor
+
     def close(self) -> None:
         """Release what the source holds (a capture tarball's bytes)."""
         self.source.close()
+
+
+MAX_PARTITIONS = 64  # compute partitions of one GPU read (MI300X in CPX has 8)
+
+
+def _whole(acc: Accelerator) -> Accelerator:
+    """The GPU a compute partition belongs to (what the source reads and caches)."""
+    if acc.partition is None:
+        return acc
+    return acc.replace(
+        partition=None,
+        partitions=None,
+        compute_partition=None,
+        memory_partition=None,
+        render_minor=None,
+    )
+
+
+def _as_partition(found: Accelerator, asked: Accelerator) -> Accelerator:
+    """A reading of a GPU (``found``, cached per PCI address) as the compute partition of
+    it that was ``asked`` about."""
+    if asked.partition is None:
+        return found
+    return found.replace(
+        partition=asked.partition,
+        partitions=asked.partitions,
+        compute_partition=asked.compute_partition,
+        memory_partition=asked.memory_partition,
+        render_minor=asked.render_minor,
+    )
+
+
+# how much faster or slower (HMAT read bandwidth) a CPU-less node must be than its nearest
+# CPU node to be called high-bandwidth or far memory
+BANDWIDTH_RATIO = 2
+
+
+def classify(nodes: tuple[Node, ...], gpu_memory: dict[int, str]) -> dict[int, tuple[str, str]]:
+    """Each node's kind and the fact that told it, first fact that speaks wins:
+
+    1. a node with CPUs is CPU memory;
+    2. a GPU's own memory (``gpu_memory``: node -> how that is known);
+    3. what the capture says (hwloc's NUMANode subtype, read into ``Node.kind``);
+    4. the kernel's memory tier against the CPU nodes' tiers: slower is far memory (CXL
+       onlined by dax/kmem lands in memory_tier22 and the like), faster is high-bandwidth;
+    5. the firmware's HMAT read bandwidth against the nearest CPU node's: twice as much is
+       high-bandwidth, half is far;
+    6. the distance table: farther from every CPU node than any two CPU nodes are from
+       each other is far memory;
+    7. otherwise memory of unknown kind: numabind does not guess.
+    """
+    cpu = [n for n in nodes if n.cpus]
+    cpu_ids = {n.id for n in cpu}
+    tiers = sorted({n.tier for n in cpu if n.tier is not None})
+    widest = max(
+        (d for n in cpu for m, d in n.distances if m in cpu_ids and m != n.id), default=None
+    )
+    out: dict[int, tuple[str, str]] = {}
+    for n in nodes:
+        if n.cpus:
+            out[n.id] = ("cpu", "it has CPUs")
+        elif n.id in gpu_memory:
+            out[n.id] = ("gpu", gpu_memory[n.id])
+        elif n.kind is not None:
+            out[n.id] = (n.kind, n.kind_how or "the capture says so")
+        elif n.tier is not None and tiers and n.tier > tiers[-1]:
+            out[n.id] = (
+                "far",
+                f"memory_tier{n.tier}, slower than the CPU nodes' memory_tier{tiers[-1]}",
+            )
+        elif n.tier is not None and tiers and n.tier < tiers[0]:
+            out[n.id] = (
+                "hbm",
+                f"memory_tier{n.tier}, faster than the CPU nodes' memory_tier{tiers[0]}",
+            )
+        else:
+            out[n.id] = _by_performance(n, cpu, widest)
+    return out
+
+
+def _by_performance(node: Node, cpu: list[Node], widest: int | None) -> tuple[str, str]:
+    """Rules 5-7 of :func:`classify` for a CPU-less node."""
+    dist = dict(node.distances)
+    near = sorted((dist[c.id], c.id, c) for c in cpu if c.id in dist)
+    if near and node.read_bandwidth:
+        own = near[0][2].read_bandwidth
+        if own and node.read_bandwidth >= BANDWIDTH_RATIO * own:
+            return (
+                "hbm",
+                f"HMAT read bandwidth {node.read_bandwidth} MB/s, node {near[0][1]}'s {own}",
+            )
+        if own and node.read_bandwidth * BANDWIDTH_RATIO <= own:
+            return (
+                "far",
+                f"HMAT read bandwidth {node.read_bandwidth} MB/s, node {near[0][1]}'s {own}",
+            )
+    if near and widest is not None and near[0][0] > widest:
+        return "far", (
+            f"distance {near[0][0]} from its nearest CPU node, farther than any two CPU "
+            f"nodes ({widest})"
+        )
+    return "memory", "no CPUs, and nothing says what memory it is"

@@ -427,17 +427,38 @@ def _worker_loop(*args: Any, **kwargs: Any) -> Any:
 
 
 def _pin_memory_loop(*args: Any, **kwargs: Any) -> Any:
-    """torch's pin-memory thread, put back on the rank's CPUs if it started elsewhere."""
+    """torch's pin-memory thread, put back on the rank's CPUs if it started elsewhere, and
+    given the rank's memory policy where the process runs under one that interleaves over
+    several nodes (``numactl --interleave=all`` kept for a deliberate binding): the pinned
+    staging buffers it allocates are the rank's, not spread over every node."""
     from . import _kernel
 
     try:
         p = _rank_plan()
         now = _kernel.affinity_of(0)
-        if p is not None and now is not None and not now <= p.cpus:
+        if p is not None and p.cpus and now is not None and not now <= p.cpus:
             _kernel.set_thread_affinity(0, p.cpus)
+        if p is not None and staging_policy_needed(_kernel.get_mempolicy(), p):
+            from ._pin import ThreadPin
+
+            # memory only; this thread ends with the loop: nothing to put back
+            ThreadPin(p.placement.replace(cpus=frozenset())).apply()
     except Exception:
         pass
     return _original_loop(*_LOOPS[1])(*args, **kwargs)
+
+
+def staging_policy_needed(current: tuple[str, frozenset[int]], p: Any) -> bool:
+    """Whether a thread that pins staging buffers for plan ``p`` runs under a policy that
+    interleaves over several nodes the rank's plan does not: it then takes the plan's."""
+    policy, nodes = current
+    return (
+        p.bound
+        and p.placement.sets_memory
+        and policy == "interleave"
+        and len(nodes) > 1
+        and p.memory_policy != "interleave"
+    )
 
 
 def install_dataloader() -> None:

@@ -16,7 +16,7 @@ import os
 import sys
 
 from .. import __version__
-from .._environ import KNOBS, MAX_LOCAL, parse_reserve
+from .._environ import KNOBS, MAX_LOCAL, parse_reserve, parse_spill
 from .._errors import CaptureError, UsageError
 from .._model import (
     MEMORY_POLICY_TABLE,
@@ -26,6 +26,7 @@ from .._model import (
     SMT_LEVELS,
     USER_POLICIES,
     Reserve,
+    Spill,
 )
 from ._common import NOT_RUN, OFF_PLAN, OK, USAGE, OutputFile, exit_help, write_json, write_lines
 
@@ -121,6 +122,14 @@ def _reserve(text: str) -> Reserve:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+def _spill(text: str) -> Spill:
+    """``--spill``: cpu, any or a node list, as NUMABIND_SPILL."""
+    try:
+        return parse_spill(text, "--spill")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
 def _roles(parser: argparse.ArgumentParser) -> None:
     """``--reserve``, ``--smt`` and ``--priority``: the core roles of NUMABIND_RESERVE /
     NUMABIND_SMT / NUMABIND_PRIORITY."""
@@ -155,6 +164,105 @@ def _seconds(text: str) -> float:
     if not 0 < value <= 86400:
         raise argparse.ArgumentTypeError(f"--deadline must be seconds in (0, 86400], not {text!r}")
     return value
+
+
+def _add_check(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """``numabind check``: one process, every rank here, a Slurm job, a store, a Ray
+    cluster (its own function: the biggest parser of all)."""
+    check = sub.add_parser(
+        "check",
+        help="verify a process's binding and memory locality",
+        description="Check processes against their plans: every thread's CPUs, the memory "
+        "policy and the share of private memory on the plan's nodes.  Without arguments: "
+        "this process, if it has a local rank.",
+        epilog="\n\n".join((exit_help("check"), _FOOTER)),
+        formatter_class=fmt,
+    )
+    check.add_argument(
+        "--pid",
+        type=_int_in("--pid", 1, 1 << 22),
+        nargs="+",
+        default=None,
+        help="the processes to check",
+    )
+    check.add_argument(
+        "--all", action="store_true", help="every rank process on this machine (root: every user's)"
+    )
+    check.add_argument(
+        "--deadline",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="--all: stop after this long; processes not reached are listed as skipped "
+        "(default 60)",
+    )
+    check.add_argument(
+        "--job",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="JOBID",
+        help="every rank of a Slurm job on every node, in one report (default: "
+        "$SLURM_JOB_ID); runs the collector on each node with srun --overlap",
+    )
+    check.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DASHBOARD",
+        help="every Ray actor and task holding a GPU, on every node, in one report, from "
+        "the cluster whose dashboard is at HOST:PORT (http://HOST:8265): read over its "
+        "HTTP API, checked by a job of the cluster's own; nothing of Ray runs here",
+    )
+    check.add_argument(
+        "--store",
+        default=None,
+        metavar="HOST:PORT",
+        help="read the records a torch.distributed job posted (NUMABIND_REPORT=1) from its "
+        "store (MASTER_ADDR:MASTER_PORT), read only",
+    )
+    check.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="with --job: the interpreter that runs the collector on each node (an absolute "
+        "path with numabind installed there; default: this one); with --ray: the one the "
+        "cluster's job runs (default: python on the cluster's PATH)",
+    )
+    check.add_argument(
+        "--job-id",
+        default=None,
+        metavar="JOBID",
+        help="with --all: only the ranks of this Slurm job on this node (as Slurm or the "
+        "kernel tells its processes) and not of this process's own step, printed as one "
+        "node record (what --job merges)",
+    )
+    check.add_argument(
+        "--job-uid",
+        type=_int_in("--job-uid", 0, (1 << 32) - 2),
+        default=None,
+        metavar="UID",
+        help="with --job-id: the uid the job runs as, where the node has no Slurm process "
+        "tracking or job cgroup (check --job passes it)",
+    )
+    check.add_argument(
+        "--sysroot",
+        default=None,
+        metavar="DIR",
+        help="read the machine from DIR (NUMABIND_SYSROOT, as an argument: check --job "
+        "passes it to its collectors); for root, only a path root alone can change",
+    )
+    check.add_argument(
+        "--registry",
+        default=None,
+        metavar="DIR",
+        help="the registry's base (NUMABIND_REGISTRY, as an argument), same rule",
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    check.add_argument(
+        "--verbose", action="store_true", help="also count the registry entries ignored"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--mode", choices=MODE_NAMES, default=None, help="binding mode (see below)")
     show.add_argument(
         "--memory", choices=USER_POLICIES, default=None, help="memory policy (see below)"
+    )
+    show.add_argument(
+        "--spill",
+        type=_spill,
+        default=None,
+        metavar="cpu|any|NODES",
+        help="where memory goes once a rank's nodes are full: cpu (CPU memory only, the "
+        "default), any (any node), or cpu,N (NUMABIND_SPILL)",
     )
     _roles(show)
     show.add_argument(
@@ -297,77 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     _roles(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
-    check = sub.add_parser(
-        "check",
-        help="verify a process's binding and memory locality",
-        description="Check processes against their plans: every thread's CPUs, the memory "
-        "policy and the share of private memory on the plan's nodes.  Without arguments: "
-        "this process, if it has a local rank.",
-        epilog="\n\n".join((exit_help("check"), _FOOTER)),
-        formatter_class=fmt,
-    )
-    check.add_argument(
-        "--pid",
-        type=_int_in("--pid", 1, 1 << 22),
-        nargs="+",
-        default=None,
-        help="the processes to check",
-    )
-    check.add_argument(
-        "--all", action="store_true", help="every rank process on this machine (root: every user's)"
-    )
-    check.add_argument(
-        "--deadline",
-        type=_seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="--all: stop after this long; processes not reached are listed as skipped "
-        "(default 60)",
-    )
-    check.add_argument(
-        "--job",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="JOBID",
-        help="every rank of a Slurm job on every node, in one report (default: "
-        "$SLURM_JOB_ID); runs the collector on each node with srun --overlap",
-    )
-    check.add_argument(
-        "--ray",
-        nargs="?",
-        const="auto",
-        default=None,
-        metavar="ADDRESS",
-        help="every Ray actor and task holding a GPU, on every node, in one report "
-        "(default: the cluster this machine is part of); needs ray[default]",
-    )
-    check.add_argument(
-        "--store",
-        default=None,
-        metavar="HOST:PORT",
-        help="with --job: read the records a torch.distributed job posted "
-        "(NUMABIND_REPORT=1) from its store (MASTER_ADDR:MASTER_PORT), read only",
-    )
-    check.add_argument(
-        "--python",
-        default=None,
-        metavar="PATH",
-        help="with --job: the interpreter that runs the collector on each node (an absolute "
-        "path with numabind installed there; default: this one)",
-    )
-    check.add_argument(
-        "--job-id",
-        default=None,
-        metavar="JOBID",
-        help="with --all: only the ranks of this Slurm job started on this node and not "
-        "of this process's own step, printed as one node record (what --job merges)",
-    )
-    check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    check.add_argument(
-        "--verbose", action="store_true", help="also count the registry entries ignored"
-    )
-
+    _add_check(sub, fmt)
     bench = sub.add_parser(
         "bench",
         help="measure what remote memory costs here: does binding pay on this machine?",
@@ -495,18 +541,24 @@ def _silence_stdout() -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    if args.python is not None and (args.job is None or args.store is not None):
-        from .._errors import UsageError
+    from .._errors import UsageError
 
+    if args.python is not None and (
+        (args.job is None and args.ray is None) or args.store is not None
+    ):
         raise UsageError(
             "numabind check: --python names the interpreter --job runs on each node "
-            "(not with --store, --ray or --all)"
+            "(or --ray's job in the cluster); not with --store or --all"
         )
+    if args.job_uid is not None and args.job_id is None:
+        raise UsageError("numabind check: --job-uid goes with --all --job-id JOBID")
+    if args.ray is not None and (args.job is not None or args.store is not None):
+        raise UsageError("numabind check: --ray, --job and --store are three reports; give one")
     if args.ray is not None:
         from ._ray import run_ray
 
         return run_ray(args)
-    if args.job is not None or args.job_id is not None:
+    if args.job is not None or args.job_id is not None or args.store is not None:
         from ._job import run_job
 
         return run_job(args)
@@ -672,7 +724,7 @@ def _explicit(args: argparse.Namespace, cfg: Any, memory: str) -> Any:
         machine = Machine.from_root(cfg.sysroot)
         try:
             cpus = _named_cpus(args.cpus, machine) if args.cpus is not None else None
-            p = explicit(machine, cpus=cpus, node=args.node, memory=memory)
+            p = explicit(machine, cpus=cpus, node=args.node, memory=memory, spill=cfg.spill)
             if not p.bound:  # asked for by name: refuse, as numactl does, not run unbound
                 raise BindingError(f"{p.rank_source}: {p.reason}; the command was not run")
             return enter(p, None, cfg, migrate=False, threads="env")

@@ -921,7 +921,15 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.node is not None and machine.node(args.node) is None:
             raise UsageError(f"numabind bench: --node {args.node}: no such node")
         _, plans, _ = plans_for(
-            machine, os.environ, None, args.mode or cfg.mode, cfg.memory, cfg.reserve, cfg.smt
+            machine,
+            os.environ,
+            None,
+            args.mode or cfg.mode,
+            cfg.memory,
+            cfg.reserve,
+            cfg.smt,
+            priority=cfg.priority,
+            spill=cfg.spill,
         )
         if args.rank is not None and not any(p.local_rank == args.rank for p in plans):
             raise UsageError(f"numabind bench: --rank {args.rank}: no such local rank")

@@ -40,8 +40,11 @@ def process_lines(r: ProcessCheck) -> list[str]:
     if r.status == "bound" and p is not None:
         policy = "not permitted" if p.memory_policy == "not-permitted" else p.memory_policy
         where = (
-            f"node {p.numa_node}, CPUs {fmt(p.cpus)}, memory {policy} {fmt(p.memory_nodes)}"
+            f"node {p.numa_node}, CPUs {fmt(p.cpus) or 'unchanged'}, memory {policy} "
+            f"{fmt(p.memory_nodes)}"
         ).rstrip()
+        if p.spill_nodes:
+            where += f" (node {fmt(p.home_nodes)} first, spilling onto {fmt(p.spill_nodes)} only)"
         where += (
             f", {r.locality:.1%} of private pages local"
             if r.locality is not None
@@ -53,6 +56,8 @@ def process_lines(r: ProcessCheck) -> list[str]:
         where = "no plan"
     verdict = "UNKNOWN" if r.status == "unknown" else ("OK" if r.ok else "OFF PLAN")
     lines = [f"{verdict:8} {who}: {where}"]
+    if any(kind != "cpu" for kind in r.tiers):
+        lines.append("         memory by kind: " + tiers_text(r.tiers))
     if r.nics or r.nic_settings:
         lines.append(f"         nics: {nic_text(r)}")
     lines += [f"         - {problem}" for problem in r.problems]
@@ -60,6 +65,19 @@ def process_lines(r: ProcessCheck) -> list[str]:
     if len(r.roles) > 1 or any(g.on_plan is False for g in r.roles):
         lines.append("         roles: " + "; ".join(g.text() for g in r.roles))
     return lines
+
+
+def tiers_text(tiers: dict[str, int]) -> str:
+    """``CPU memory 3.2 GiB, GPU memory 1.8 GiB``: a rank's private memory per node kind."""
+    from .._model import NODE_KINDS
+
+    out = []
+    for name, kind in NODE_KINDS.items():
+        size = tiers.get(name, 0)
+        if size:
+            amount = f"{size / 2**30:.1f} GiB" if size >= 1 << 30 else f"{size / 2**20:.0f} MiB"
+            out.append(f"{kind.label} {amount}")
+    return ", ".join(out)
 
 
 def nic_text(r: ProcessCheck) -> str:
@@ -83,24 +101,57 @@ def exit_status(report: CheckReport, named: bool) -> int:
     return OK
 
 
+def settings_of(args: argparse.Namespace) -> tuple[str, Mapping[str, str] | None]:
+    """Where the machine is read from and where the registry is: ``--sysroot`` and
+    ``--registry`` (how an isolated collector is told: numabind._isolated) under the rule
+    the startup hook applies to ``NUMABIND_SYSROOT`` and ``NUMABIND_REGISTRY`` (for root:
+    a path only root can change), else those variables as the hook reads them.  Returns
+    (sysroot, the registry's settings for numabind._registry, None: this environment)."""
+    from _numabind_start import root_owned_path
+
+    from .._environ import Config
+    from .._errors import UsageError
+    from .._sysfs import short
+
+    sysroot = getattr(args, "sysroot", None)
+    registry = getattr(args, "registry", None)
+    for flag, value in (("--sysroot", sysroot), ("--registry", registry)):
+        if value is None:
+            continue
+        why = "not an absolute path" if not value.startswith("/") else None
+        if why is None and os.geteuid() == 0:
+            why = root_owned_path(value)
+        if why is None and not os.path.isdir(value):
+            why = "not a directory"
+        if why is not None:
+            raise UsageError(f"numabind check: {flag} {short(value)}: {why}")
+    settings = None if registry is None else {"NUMABIND_REGISTRY": registry}
+    return sysroot or Config.from_env().sysroot, settings
+
+
 def run_check(
     args: argparse.Namespace,
     keep: Callable[[Mapping[str, str]], bool] | None = None,
     emit: Callable[[CheckReport], None] | None = None,
+    members: frozenset[int] | None = None,
+    cap: Callable[[list[int]], list[int]] | None = None,
 ) -> int:
-    """``numabind check``; ``keep`` narrows ``--all`` (a job's ranks), ``emit`` writes the
-    report instead of the text or JSON (the job collector's node record)."""
+    """``numabind check``; ``members`` and ``keep`` narrow ``--all`` (a job's processes,
+    and what they claim), ``cap`` bounds how many are checked, ``emit`` writes the report
+    instead of the text or JSON (the job collector's node record)."""
     from .._errors import UsageError
 
     if args.pid and args.all:
         raise UsageError("numabind check: --pid and --all are exclusive; give one")
+    sysroot, settings = settings_of(args)
     own_env: Mapping[str, str] | None = None
     scan = None
     named = bool(args.pid)
     if args.pid:
         pids = list(dict.fromkeys(args.pid))
     elif args.all:
-        pids, scan = rank_pids(keep)
+        pids, scan = rank_pids(keep, members, settings)
+        pids = cap(pids) if cap is not None else pids
     else:
         info = detect(os.environ)
         if info.local_rank is None and info.problem is None:
@@ -109,9 +160,10 @@ def run_check(
                 "(numabind check --help)"
             )
         pids, own_env = [os.getpid()], os.environ
-    from .._cache import here
+    from .._cache import open_machine
 
-    machine = here()  # through the node's cache: the ranks' machine, read once
+    # through the node's cache: the ranks' machine, read once
+    machine = open_machine(sysroot, os.environ).machine
     try:
         deadline = time.monotonic() + args.deadline if args.all else None
         report = check(
@@ -122,6 +174,7 @@ def run_check(
             named=named,
             scan=scan,
             verbose=args.verbose,
+            settings=settings,
         )
     finally:
         machine.close()

@@ -81,10 +81,17 @@ EXITS: tuple[Exit, ...] = (
     Exit(
         code=2,
         name="usage",
-        meaning=f"{_USAGE}; check --job: no such job, or Slurm is not installed here",
+        meaning=f"{_USAGE}; check --job: no such job, Slurm is not installed here, or the "
+        "collector's interpreter, numabind or Slurm's tools could be changed by another user "
+        "(they are not run)",
         by_command=(
             *((c, _USAGE) for c in COMMANDS if c != "check"),
-            ("check", f"{_USAGE}; --job: no such job, or Slurm is not installed here"),
+            (
+                "check",
+                f"{_USAGE}; --job: no such job, Slurm is not installed here, or the "
+                "collector's interpreter, numabind or Slurm's tools could be changed by "
+                "another user (they are not run)",
+            ),
         ),
     ),
     Exit(
@@ -92,15 +99,17 @@ EXITS: tuple[Exit, ...] = (
         name="unreachable",
         meaning="check --pid: a process named is gone (or a zombie), or has no plan to check "
         "against; check --all: a rank not reached before --deadline; check --job: no rank "
-        "off plan, but a node did not answer (or sent an invalid record) or a rank could "
-        "not be checked",
+        "off plan, but a node did not answer (or sent an invalid record, or would not run "
+        "the collector) or a rank could not be checked; check --store, --ray: the store or "
+        "dashboard could not be reached or read",
         by_command=(
             (
                 "check",
                 "--pid: a process named is gone (or a zombie), or has no plan to check "
                 "against; --all: a rank not reached before --deadline; --job: no rank off "
-                "plan, but a node did not answer (or sent an invalid record) or a rank could "
-                "not be checked",
+                "plan, but a node did not answer (or sent an invalid record, or would not run "
+                "the collector) or a rank could not be checked; --store, --ray: the store or "
+                "dashboard could not be reached or read",
             ),
         ),
     ),

@@ -130,6 +130,7 @@ class Probe(Record):
     start_error: str | None
     numabind: tuple[str, str] | None
     numabind_error: str | None
+    runner: str = ""  # whom it was started as, and why (probe_runner)
 
 
 def _plural(n: int, word: str) -> str:
@@ -195,18 +196,147 @@ def probe_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def resolve_python(python: str | None) -> str:
+    """The interpreter ``--python`` names: a path relative to the caller's directory (the
+    probe runs from ``/``), a bare name looked up on PATH; default this one."""
+    import shutil
+
+    if python is None:
+        return sys.executable
+    if "/" not in python:
+        found = shutil.which(python)
+        if found is None:
+            raise ValueError(f"{python}: no such interpreter on PATH")
+        return found
+    return os.path.abspath(python)
+
+
+def site_paths(python: str, environ: Mapping[str, str], home: str | None) -> list[str]:
+    """What an interpreter runs or imports at start besides itself, told from its layout
+    alone (nothing is run): the site directories of its venv and of its base (``lib/
+    python3*/site-packages`` and Debian's ``dist-packages``), the user site under
+    ``home``, each ``.pth`` file and top-level entry there, the directories ``.pth``
+    path lines add, and the ``PYTHONPATH`` entries (where a ``sitecustomize`` is found)."""
+    import glob
+
+    prefixes = [
+        os.path.dirname(os.path.dirname(os.path.abspath(python))),
+        os.path.dirname(os.path.dirname(os.path.realpath(python))),
+    ]
+    patterns = ["lib/python3*/site-packages", "lib/python3*/dist-packages"]
+    patterns += ["lib/python3/dist-packages", "local/lib/python3*/dist-packages"]
+    sites = [d for pre in dict.fromkeys(prefixes) for pat in patterns
+             for d in sorted(glob.glob(os.path.join(pre, pat)))[:8]]  # fmt: skip
+    if home:
+        sites += sorted(glob.glob(os.path.join(home, ".local/lib/python3*/site-packages")))[:8]
+    sites += [p for p in environ.get("PYTHONPATH", "").split(os.pathsep)[:64] if p]
+    out: list[str] = []
+    for site in dict.fromkeys(sites):
+        if not os.path.isdir(site):
+            continue
+        out.append(site)
+        try:
+            names = sorted(os.listdir(site))[:20000]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(site, name)
+            out.append(path)
+            if name.endswith(".pth"):
+                out += _pth_dirs(site, path)
+    return list(dict.fromkeys(out))
+
+
+def _pth_dirs(site: str, pth: str) -> list[str]:
+    """The directories a ``.pth`` file's path lines add (read as text, never run)."""
+    try:
+        fd = os.open(pth, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        text = os.read(fd, 65536).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    out = []
+    for line in text.splitlines()[:1000]:
+        line = line.strip()
+        if line and not line.startswith(("#", "import ", "import\t")):
+            where = os.path.join(site, line)
+            if os.path.isdir(where):
+                out.append(where)
+    return out
+
+
+class Runner(Record):
+    """Whom the probe runs as: ``uid`` (None: this process's own) and why."""
+
+    uid: int | None
+    gid: int | None
+    home: str | None
+    said: str
+
+
+def probe_runner(python: str, environ: Mapping[str, str]) -> Runner:
+    """Starting an interpreter runs its site directories' ``.pth`` files and
+    ``sitecustomize``: code of whoever may write them.  The probe runs with no more
+    privilege than they have (numabind._isolated): as this user when only root or this
+    user can change any of it; as root's one other writer, dropped to that uid, when
+    there is exactly one; refused (ValueError) when a file is writable by group or
+    others, or several users could change it, or this user is not root."""
+    import pwd
+
+    from .._isolated import interpreter_paths, writers
+
+    me = os.geteuid()
+    uid: int | None = None
+    home = environ.get("HOME")
+    for _ in range(3):  # the interpreter first, then what it would run as that uid
+        allowed = {0, me if uid is None else uid}
+        paths = interpreter_paths(python) + site_paths(python, environ, home)
+        owners, why = writers(paths, allowed)
+        if not owners:
+            break
+        if -1 in owners or len(owners) > 1 or me != 0 or uid is not None:
+            loosest = [w for w in why if "owned by" not in w] if -1 in owners else why
+            reason = (loosest or why or ["it could be changed by another user"])[0]
+            raise ValueError(
+                f"{python}: not started: {reason} (its .pth files and sitecustomize would run "
+                f"as uid {me}; run doctor as the user who owns it)"
+            )
+        uid = next(iter(owners))
+        try:
+            entry = pwd.getpwuid(uid)
+            home, gid = entry.pw_dir, entry.pw_gid
+        except KeyError:
+            home, gid = None, uid
+    if uid is None:
+        who = "root" if me == 0 else f"uid {me}"
+        return Runner(uid=None, gid=None, home=None, said=f"started as you ({who})")
+    return Runner(uid=uid, gid=gid, home=home, said=f"started as uid {uid}, its owner, not as root")
+
+
 def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
     """Start ``python`` on the probe (from ``/``, so no module in the caller's directory
-    is imported) and read its answer; ValueError with one line when it could not."""
+    is imported; as :func:`probe_runner` says) and read its answer; ValueError with one
+    line when it could not."""
     code = PROBE % {"heavy": HEAVY}
+    if not os.path.exists(python):
+        raise ValueError(f"{python}: no such interpreter")
+    runner = probe_runner(python, environ)
+    env = probe_environ(environ)
+    drop: dict[str, Any] = {}
+    if runner.uid is not None:
+        drop = {"user": runner.uid, "group": runner.gid, "extra_groups": []}
+        env["HOME"] = runner.home or "/"
     try:
         proc = subprocess.run(
             [python, "-c", code],
-            env=probe_environ(environ),
+            env=env,
             cwd="/",
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT,
+            **drop,
         )
     except FileNotFoundError:
         raise ValueError(f"{python}: no such interpreter") from None
@@ -223,7 +353,7 @@ def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
         why = last[0][:300] if last else f"exit status {proc.returncode}"
         raise ValueError(f"{python}: the probe failed ({why}); is it a Python interpreter?")
     try:
-        return parse_probe(proc.stdout[:PROBE_CAP])
+        return parse_probe(proc.stdout[:PROBE_CAP]).replace(runner=runner.said)
     except (ValueError, UnicodeError) as err:
         raise ValueError(f"{python}: the probe's answer could not be read ({err})") from None
 
@@ -252,7 +382,10 @@ def interpreter_findings(p: Probe, environ: Mapping[str, str]) -> list[Finding]:
     from .._environ import TRIGGER_VARIABLES
     from .._startup import sitecustomize_dir
 
-    out = [Finding(check="python", status="info", detail=f"{p.executable} (Python {p.version})")]
+    ran = f"; {p.runner}: its .pth files and sitecustomize ran" if p.runner else ""
+    out = [
+        Finding(check="python", status="info", detail=f"{p.executable} (Python {p.version}){ran}")
+    ]
     if p.numabind is None:
         out.append(
             Finding(
@@ -516,8 +649,31 @@ def kernel_findings() -> list[Finding]:
         )
     else:
         out.append(Finding(check="memory policy", status="ok", detail="this process may set it"))
+    found = interleave_finding(policy, nodes)
+    if found is not None:
+        out.append(found)
     out.append(_migration())
     return out
+
+
+def interleave_finding(policy: str, nodes: frozenset[int]) -> Finding | None:
+    """This process (and what it starts: a launcher's ranks) runs under a policy that
+    interleaves over several nodes, ``numactl --interleave=all`` and the like."""
+    from .._sysfs import format_cpulist
+
+    if policy != "interleave" or len(nodes) < 2:
+        return None
+    return Finding(
+        check="interleave",
+        status="warn",
+        detail=f"this process's memory policy interleaves over nodes {format_cpulist(nodes)} "
+        "and every rank started from here inherits it: numabind replaces it with the "
+        "rank's plan, but keeps it where the rank's CPU mask is deliberate and inside its "
+        "GPU's node or NUMABIND=respect; a GPU rank that keeps it spreads its pinned "
+        "staging buffers over every node (torch pin_memory, cudaHostAlloc: one report "
+        "measured the host-to-device path 10x slower); numabind.host_buffer and "
+        "numabind.torch.pinned_empty take a policy of their own",
+    )
 
 
 def _migration() -> Finding:
@@ -574,7 +730,13 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
         f"{_plural(len(machine.node_ids), 'NUMA node')}, {len(with_cpus)} with CPUs; {seen}; this "
         f"process may use CPUs {format_cpulist(machine.allowed.cpus) or '-'}"
     )
-    if len(with_cpus) <= 1:
+    if len(with_cpus) <= 1 and machine.memory_only_ids:
+        only = format_cpulist(machine.memory_only_ids)
+        detail += (
+            f": one node with CPUs and memory-only node(s) {only}: ranks get a memory "
+            "policy alone, which keeps their memory off those nodes (NUMABIND_SPILL)"
+        )
+    elif len(with_cpus) <= 1:
         detail += ": one node with CPUs, nothing to bind on this machine"
     out.append(Finding(check="machine", status=status, detail=detail))
     others = machine.others()
@@ -605,6 +767,70 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
                 "(it agrees with a bound rank; it costs page faults)"
                 if balancing
                 else "off: pages stay where the memory policy put them",
+            )
+        )
+    return out
+
+
+def subnuma_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
+    """Where a package is split into several NUMA nodes (Intel SNC, AMD NPS) and a GPU's
+    node is smaller than its ranks need: node mode gives each rank of a GPU node that
+    node's cores and memory, shared by its GPUs' ranks, and a split that leaves GPUs
+    unevenly over the package's nodes (some with none: a B200 host in SNC3 has GPUs on
+    four of six nodes) gives them less than the package would.  "Needs" is that even
+    share: the package's cores and memory over its GPUs (one rank per visible device)."""
+    from .._devices import resolve
+    from .._plan import device_node, split_of
+    from .._sysfs import format_cpulist
+
+    visible = resolve(machine, environ).devices
+    gpus: dict[int, int] = {}
+    for dev in visible:
+        node = device_node(machine, dev).node
+        if node is not None:
+            gpus[node] = gpus.get(node, 0) + 1
+    out: list[Finding] = []
+    smt = max(machine.smt, 1)
+    sizes = {n.id: (len(n.cpus) // smt, n.memory_bytes or 0) for n in machine.nodes if n.cpus}
+    seen: set[tuple[int, ...]] = set()
+    for node in sorted(gpus):
+        split = split_of(machine, node)
+        if split is None or split.nodes in seen:
+            continue
+        seen.add(split.nodes)
+        ranks = sum(gpus.get(n, 0) for n in split.nodes)
+        cores = sum(sizes.get(n, (0, 0))[0] for n in split.nodes)
+        memory = sum(sizes.get(n, (0, 0))[1] for n in split.nodes)
+        short = []
+        for n in split.nodes:
+            if not gpus.get(n):
+                continue
+            c, m = sizes.get(n, (0, 0))
+            if c * ranks < cores * gpus[n] or m * ranks < memory * gpus[n]:
+                short.append(
+                    f"node {n}: {c // gpus[n]} cores and {m / gpus[n] / 2**30:.0f} GiB a rank"
+                )
+        if not short:
+            continue
+        idle = [n for n in split.nodes if not gpus.get(n)]
+        row = split.row
+        setting = f" ({split.setting})" if split.setting else ""
+        what = f"package {split.package} is split into {len(split.nodes)} {row.node}s{setting}"
+        out.append(
+            Finding(
+                check="sub-NUMA",
+                status="warn",
+                detail=f"{what}: {'; '.join(short)}, where package {split.package} would give "
+                f"each of its {ranks} GPU ranks {cores // ranks} cores and "
+                f"{memory / ranks / 2**30:.0f} GiB"
+                + (
+                    f" (node{'s' if len(idle) > 1 else ''} {format_cpulist(idle)} "
+                    f"{'have' if len(idle) > 1 else 'has'} no GPU)"
+                    if idle
+                    else ""
+                )
+                + "; NUMABIND_MODE=socket gives the package's ranks all of it, or change "
+                + row.bios,
             )
         )
     return out
@@ -688,8 +914,8 @@ def nic_findings(machine: Any) -> list[Finding]:
 
 def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list[Finding]:
     """Every finding, interpreter first."""
-    target = python or sys.executable
     try:
+        target = resolve_python(python)
         probe = run_probe(target, environ)
         found = interpreter_findings(probe, environ)
     except ValueError as err:
@@ -699,6 +925,7 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
     if machine is not None:
         found += machine_findings(machine, environ)
         found += cores_findings(machine, environ)
+        found += subnuma_findings(machine, environ)
     return found
 
 

@@ -15,7 +15,7 @@ import time
 
 from .._capture import ENV_FILE, RECORDED_VARIABLES
 from .._model import VENDORS
-from .._sources import SYS_INFINIBAND, SYS_NET, SysfsSource, read_paths
+from .._sources import SYS_INFINIBAND, SYS_NET, SYS_TIERING, SysfsSource, read_paths
 from ._common import OutputFile
 
 TYPE_CHECKING = False
@@ -37,6 +37,12 @@ def _expand(root: Root, pattern: str, cgroup: str | None) -> Iterator[str]:
         "{cpu}": ("/sys/devices/system/cpu", "cpu"),
         "{bdf}": ("/sys/bus/pci/devices", ""),
         "{driver}": (VENDORS[0].driver_dir or "", ""),
+        "{tier}": (SYS_TIERING, "memory_tier"),
+        # every vendor's partition topology (AMD's KFD nodes): the pattern names its own
+        "{partition}": (
+            next((v.partition_topology for v in VENDORS if v.partition_topology), ""),
+            "",
+        ),
         "{ibdev}": (SYS_INFINIBAND, ""),
         "{netdev}": (SYS_NET, ""),
     }

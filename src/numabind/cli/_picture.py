@@ -13,7 +13,7 @@ binds them to; a memory-only node (GPU HBM on GH200/GB200) with the GPU it belon
 
 from __future__ import annotations
 
-from .._model import Record
+from .._model import NODE_KINDS, Record
 from .._plan import describe_device, device_node
 from .._sysfs import format_cpulist
 
@@ -209,7 +209,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
     for p in plans:
         if p.device is not None and p.local_rank is not None:
             ranks_by_pci.setdefault(p.device.pci, []).append(p.local_rank)
-            index_of[p.device.pci] = p.device_index
+            index_of.setdefault(p.device.pci, p.device_index)  # a split GPU: its first
     accs = machine.all_accelerators
     hbm = {a.memory_node: a for a in accs if a.memory_node is not None}
     sets = _rank_sets(owner)
@@ -219,7 +219,7 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
     for n in machine.nodes:
         if not n.cpus and n.id in hbm and where.get(hbm[n.id].pci) is not None:
             continue  # drawn with its GPU, in the box of the node the GPU's ranks use
-        pkg = machine.package_of(min(n.cpus)) if n.cpus else None
+        pkg = machine.package_of_node(n.id)
         gpus = tuple(
             _gpu_line(
                 a,
@@ -230,8 +230,12 @@ def build(machine: Machine, plans: list[Plan], mode: str, memory: str) -> Pictur
             for a in accs
             if where.get(a.pci) == n.id
         )
-        header = f"node {n.id}: " + (f"CPUs {fmt(n.cpus)}" if n.cpus else "memory only")
+        kind = NODE_KINDS.get(n.kind or "")
+        label = kind.label if kind is not None and n.kind != "memory" else "memory only"
+        header = f"node {n.id}: " + (f"CPUs {fmt(n.cpus)}" if n.cpus else label)
         header += f", {_size(n.memory_bytes)}"
+        if n.tier is not None:
+            header += f", memory tier {n.tier}"
         if not n.cpus and n.id in hbm:
             gpu = hbm[n.id]
             header += f", the memory of {describe_device(gpu, index_of.get(gpu.pci))}"

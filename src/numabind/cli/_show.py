@@ -10,8 +10,20 @@ import sys
 
 from .. import __version__, _sysfs
 from .._errors import CaptureError, UsageError
-from .._model import NO_RESERVE, Allowed, CoreKinds, NicPort, Node, OtherDevice, Record, Reserve
-from .._plan import Plan, Request, device_node, plan
+from .._model import (
+    NO_RESERVE,
+    NODE_KINDS,
+    SPILL_CPU,
+    Allowed,
+    CoreKinds,
+    NicPort,
+    Node,
+    OtherDevice,
+    Record,
+    Reserve,
+    Spill,
+)
+from .._plan import Plan, Request, device_node, fallback_order, plan, split_of
 from ._common import OK, OutputFile, notice_lines, one_stdout, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -21,6 +33,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._devices import Visible
+    from .._model import Accelerator
     from .._topology import Machine
 
 fmt = _sysfs.format_cpulist
@@ -42,7 +55,9 @@ def plans_for(
     memory: str,
     reserve: Reserve = NO_RESERVE,
     smt: str = "all",
+    *,
     priority: str = "off",
+    spill: Spill = SPILL_CPU,
     nic_mode: str = "",
     nic_min_rate: str = "auto",
 ) -> tuple[Visible, list[Plan], str]:
@@ -75,6 +90,7 @@ def plans_for(
                 reserve=reserve,
                 smt=smt,
                 priority=priority,
+                spill=spill,
                 size_source=source,
                 notes=info.notes if r == 0 else (),
                 nic_mode=nic_mode,
@@ -124,6 +140,33 @@ def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str,
     }
 
 
+def spill_line(machine: Machine, plans: list[Plan]) -> str | None:
+    """What the ranks' memory does once their nodes are full, where the machine has nodes
+    it could spill onto that are not CPU memory."""
+    masked = [p for p in plans if p.bound and p.memory_mask]
+    if not masked:
+        return None
+    kept = frozenset(machine.node_ids) - frozenset().union(*(p.memory_mask for p in masked))
+    kinds = {n.id: n.kind for n in machine.nodes}
+    what = ", ".join(
+        f"{fmt(frozenset(n for n in kept if kinds.get(n) == k))} ({NODE_KINDS[k].label})"
+        for k in dict.fromkeys(kinds[n] or "memory" for n in sorted(kept))
+        if k in NODE_KINDS
+    )
+    spill = masked[0].spill
+    onto = "the other CPU-memory nodes" if spill.cpu else "no CPU-memory node"
+    named = spill.nodes & frozenset().union(*(p.memory_mask for p in masked))
+    if named:
+        onto += f" and node{'s' if len(named) > 1 else ''} {fmt(named)} (named)"
+    never = f"node{'s' if len(kept) > 1 else ''} {what}"
+    return (
+        f"NUMABIND_SPILL={spill}: once a rank's nodes are full its memory spills onto {onto}, "
+        f"nearest first, and never onto {never}; when those are full too an allocation "
+        "fails (the kernel's OOM killer ends the rank).  NUMABIND_SPILL=any lets memory "
+        "spill anywhere instead"
+    )
+
+
 def balancing_line(machine: Machine, plans: list[Plan]) -> str | None:
     """What automatic NUMA balancing means for these ranks, when it is on."""
     if not machine.numa_balancing:
@@ -159,6 +202,30 @@ class DeviceRow(Record):
     name: str | None
     local_cpus: frozenset[int] | None
     visible: bool
+    # a GPU split into compute partitions (AMD CPX...): their visible indices, how many
+    # there are, and the GPU's compute and memory partition modes
+    indices: tuple[int, ...] = ()
+    partitions: int | None = None
+    compute_partition: str | None = None
+    memory_partition: str | None = None
+
+
+def visible_indices(visible: Visible) -> dict[str, list[int]]:
+    """PCI address -> the visible indices of its devices (several: its compute partitions)."""
+    out: dict[str, list[int]] = {}
+    for i, d in enumerate(visible.devices):
+        out.setdefault(d.pci, []).append(i)
+    return out
+
+
+def partition_text(devs: list[Accelerator]) -> str:
+    """``CPX: 8 compute partitions, NPS4``: how a GPU is split, from its partitions."""
+    first = next((d for d in devs if d.partition is not None), None)
+    if first is None:
+        return ""
+    modes = f"{first.compute_partition}: " if first.compute_partition else ""
+    memory = f", {first.memory_partition}" if first.memory_partition else ""
+    return f"{modes}{first.partitions} compute partitions{memory}"
 
 
 class VisibleRow(Record):
@@ -266,13 +333,19 @@ class ShowReport(Record):
 def show_data(
     machine: Machine, visible: Visible, plans: list[Plan], nics: list[NicRow] | None = None
 ) -> ShowReport:
-    indices = {d.pci: i for i, d in enumerate(visible.devices)}
+    indices = visible_indices(visible)
+    parts = machine.with_partitions(machine.accelerators)
     devices = []
     for acc in machine.all_accelerators:
         choice = device_node(machine, acc)
+        split = [p for p in parts if p.pci == acc.pci and p.partition is not None]
         devices.append(
             DeviceRow(
-                index=indices.get(acc.pci),
+                indices=tuple(indices.get(acc.pci, ())),
+                partitions=split[0].partitions if split else None,
+                compute_partition=split[0].compute_partition if split else None,
+                memory_partition=split[0].memory_partition if split else None,
+                index=indices[acc.pci][0] if acc.pci in indices else None,
                 pci=acc.pci,
                 vendor=acc.vendor,
                 numa_node=acc.numa_node,
@@ -300,6 +373,74 @@ def show_data(
         core_kinds=machine.core_kinds,
         nics=tuple(nics or ()),
     )
+
+
+def node_lines(machine: Machine, plans: list[Plan]) -> list[str]:
+    """The nodes table (with each node's kind, and its memory tier where the kernel has
+    tiers), what each memory-only node is, and the split packages the ranks are on."""
+    nodes = machine.nodes
+    tiers = any(n.tier is not None for n in nodes)
+    rows = [["node", "cpus", "memory", "kind", *(["tier"] if tiers else []), "distances"]]
+    for n in nodes:
+        rows.append(
+            [
+                str(n.id),
+                fmt(n.cpus) if n.cpus else "(memory only)",
+                _gib(n.memory_bytes),
+                kind_cell(machine, n),
+                *([str(n.tier) if n.tier is not None else "-"] if tiers else []),
+                " ".join(str(d) for _, d in n.distances) or "-",
+            ]
+        )
+    return _table(rows) + tier_lines(machine) + split_lines(machine, plans)
+
+
+def kind_cell(machine: Machine, n: Node) -> str:
+    """What memory a node holds, in a few words (``GPU memory of 0009:01:00.0``)."""
+    kind = NODE_KINDS.get(n.kind or "")
+    if kind is None:
+        return "-"
+    if n.kind == "gpu":
+        found = machine.gpu_memory().get(n.id)
+        return f"{kind.label} of {found[0].pci}" if found else kind.label
+    return kind.label
+
+
+def split_lines(machine: Machine, plans: list[Plan]) -> list[str]:
+    """For each node the ranks are planned on that is one of several nodes of its package
+    (SNC, NPS): what it is, and where its memory goes once it is full."""
+    out = []
+    homes = sorted({p.numa_node for p in plans if p.bound and p.numa_node is not None})
+    for home in homes:
+        split = split_of(machine, home)
+        if split is None:
+            continue
+        others = [n for n in split.nodes if n != home]
+        order = fallback_order(machine, home, [n.id for n in machine.cpu_nodes])
+        first = list(order[: len(others)])
+        where = (
+            f"then the package's node{'s' if len(others) > 1 else ''} {fmt(others)}, then "
+            "the other package's"
+            if sorted(first) == others
+            else f"then, by the distance table, nodes {', '.join(map(str, order))} (the "
+            "package's own nodes are not all nearer)"
+        )
+        out.append(
+            f"  {split.describe()}: node mode keeps its ranks' CPUs there and puts their "
+            f"memory there first, {where}; socket mode spans the package"
+        )
+    return out
+
+
+def tier_lines(machine: Machine) -> list[str]:
+    """One line per memory-only node: what it is and why numabind says so."""
+    out = []
+    for n in machine.nodes:
+        if n.kind in (None, "cpu") or n.cpus:
+            continue
+        kind = NODE_KINDS[n.kind]
+        out.append(f"  node {n.id}: {kind.label} ({n.kind_how})")
+    return out
 
 
 def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -332,18 +473,7 @@ def show_text(
         + (f", memory nodes {fmt(allowed.mems)}" if allowed.mems is not None else "")
         + f"; from {allowed.source})"
     )
-    rows = [["node", "cpus", "memory", "distances"]]
-    for n in machine.nodes:
-        rows.append(
-            [
-                str(n.id),
-                fmt(n.cpus) if n.cpus else "(memory only)",
-                _gib(n.memory_bytes),
-                " ".join(str(d) for _, d in n.distances) or "-",
-            ]
-        )
-    out += _table(rows)
-    out += kinds_lines(machine)
+    out += node_lines(machine, plans) + kinds_lines(machine)  # the nodes, then their cores
     out += notice_lines("problem", machine.warnings, "  ")
     accs = machine.all_accelerators
     seen = visible.source
@@ -352,22 +482,25 @@ def show_text(
     out += ["", f"Accelerators ({seen})"]
     inferred = False
     if accs:
-        indices = {d.pci: i for i, d in enumerate(visible.devices)}
+        indices = visible_indices(visible)
         rows = [["index", "pci", "vendor", "node", "mem-node", "uuid / model"]]
+        parts = machine.with_partitions(accs)
         for a in accs:
             choice = device_node(machine, a)
             node = "?" if choice.node is None else str(choice.node)
             if choice.inferred:
                 node += "*"
                 inferred = True
+            split = partition_text([p for p in parts if p.pci == a.pci])
             rows.append(
                 [
-                    str(indices[a.pci]) if a.pci in indices else "-",
+                    fmt(indices[a.pci]) if a.pci in indices else "-",
                     a.pci,
                     a.vendor,
                     node,
                     str(a.memory_node) if a.memory_node is not None else "-",
-                    " ".join(x for x in (a.uuid, a.name) if x) or "-",
+                    " ".join(x for x in (a.uuid, a.name, f"({split})" if split else "") if x)
+                    or "-",
                 ]
             )
         out += _table(rows)
@@ -395,6 +528,7 @@ def show_text(
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
     roles += ", smt 1" if first and first.smt == "1" else ""
     roles += f", priority {first.priority}" if first and first.priority != "off" else ""
+    roles += f", spill {first.spill}" if first and first.bound and first.memory_mask else ""
     out += [
         "",
         f"Plan (mode {mode}, memory {memory}{roles}; {plural(len(plans), 'local rank')}: {source})",
@@ -431,6 +565,9 @@ def show_text(
         fix = cpuset_fix(environ or {}, allowed)
         out += ["", f"note: to bind the ranks skipped for the cgroup: {fix}"]
     line = balancing_line(machine, plans)
+    if line:
+        out += ["", f"note: {line}"]
+    line = spill_line(machine, plans)
     if line:
         out += ["", f"note: {line}"]
     return out
@@ -500,10 +637,12 @@ def numactl_line(p: Plan) -> str:
     """The numactl command line that gives a rank ``p``'s binding (taskset where the plan
     sets no memory policy), for people who must hard-code a wrapper."""
     cpus = fmt(p.cpus)
-    option = _NUMACTL.get(p.memory_policy)
+    policy, nodes = p.placement.kernel_policy  # a spill mask: --membind over it
+    option = _NUMACTL.get(policy)
     if option is None:
         return f"taskset -c {cpus} CMD"
-    return f"numactl --physcpubind={cpus} {option.format(nodes=fmt(p.memory_nodes))} -- CMD"
+    where = f"--physcpubind={cpus} " if cpus else ""
+    return f"numactl {where}{option.format(nodes=fmt(nodes))} -- CMD"
 
 
 def numactl_lines(plans: list[Plan]) -> list[str]:
@@ -522,9 +661,13 @@ def numactl_lines(plans: list[Plan]) -> list[str]:
 def _memory_cell(p: Plan) -> str:
     if not p.bound:
         return "-"
+    text = p.memory_policy
     if p.memory_nodes and p.memory_policy != "none":
-        return f"{p.memory_policy} {fmt(p.memory_nodes)}"
-    return p.memory_policy
+        text = f"{p.memory_policy} {fmt(p.memory_nodes)}"
+    if p.memory_mask:  # NUMABIND_SPILL=cpu kept other nodes out: where it may still go
+        extra = p.memory_mask - p.memory_nodes
+        text += f", then {fmt(extra)}" if extra else ", no spill"
+    return text
 
 
 # the knobs that shape a plan: what show takes from this shell for any machine
@@ -616,7 +759,9 @@ def _emit(
     elif args.matrix:
         from ._matrix import matrix_lines
 
-        write_lines(matrix_lines(machine, visible.devices))
+        # one row per GPU: a GPU's compute partitions share its place in the PCI tree
+        gpus = tuple({d.pci: d for d in reversed(visible.devices)}.values())[::-1]
+        write_lines(matrix_lines(machine, gpus))
     else:
         write_lines(text())
 
@@ -647,6 +792,7 @@ def run_show(args: argparse.Namespace) -> int:
         args.reserve = cfg.reserve if args.reserve is None else args.reserve
         args.smt = args.smt or cfg.smt
         args.priority = args.priority or cfg.priority
+        args.spill = args.spill or cfg.spill
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
                 f"numabind show: {machine.description}: no CPUs or NUMA nodes readable"
@@ -659,7 +805,8 @@ def run_show(args: argparse.Namespace) -> int:
             args.memory,
             args.reserve,
             args.smt,
-            args.priority,
+            priority=args.priority,
+            spill=args.spill,
             nic_mode=cfg.nic_mode,
             nic_min_rate=cfg.nic_min_rate,
         )
