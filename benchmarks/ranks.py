@@ -150,7 +150,15 @@ def main() -> int:
         tmp = Path(tmp_name)
         root = synth.write(synth.dgx_h100(), str(tmp / "dgx"))
         namespace, why_not = as_live(root)
-        env = clean_env(NUMABIND="force", NUMABIND_PRIORITY="main", NUMABIND_MEMORY="none")
+        # every rank sees node 0's GPUs: a rank planned onto node 1 of the generated DGX
+        # could not bind on a host whose real CPUs are all node 0's (its calls fail and it
+        # is handed to the full path), and would measure this host, not the cache
+        env = clean_env(
+            NUMABIND="force",
+            NUMABIND_PRIORITY="main",
+            NUMABIND_MEMORY="none",
+            CUDA_VISIBLE_DEVICES="0,1,2,3",
+        )
         marker = "sysroot=/|"
         if not namespace:
             env["NUMABIND_SYSROOT"] = root
