@@ -702,6 +702,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "late migration leaves pages on a node outside the spill mask (a GPU's own memory)",
         ("tests/test_appliers.py",),
     ),
+    M(
+        "M81",
+        "src/numabind/_apply.py",
+        "        if block is not None:\n            # bind_thread's own",
+        "        if block is not None and False:\n            # bind_thread's own",
+        "a later apply() leaves a thread inside a bind_thread block on its device's CPUs",
+        ("tests/test_several_gpus.py",),
+    ),
     # --- the NIC next to the GPU (N: numbered apart, so that other branches' M ids stay) ---
     M(
         "N01",

@@ -157,6 +157,32 @@ print(json.dumps({"process": sorted(b.plan.cpus), "inside": inside, "shared": sh
 
 
 @two_cpus
+def test_a_later_apply_leaves_a_bind_thread_block_where_it_is(two: str) -> None:
+    """A process binding applied while another thread is inside a bind_thread block
+    (a framework calling apply() after its per-GPU driver threads started) rebinds every
+    other thread, not that one; when the block ends the thread joins the new binding."""
+    code = """
+import json, os, threading, numabind
+inside, go, out = threading.Event(), threading.Event(), {}
+def worker():
+    with numabind.bind_thread(1):
+        inside.set(); go.wait()
+        out["during"] = sorted(os.sched_getaffinity(0))
+    out["after"] = sorted(os.sched_getaffinity(0))
+t = threading.Thread(target=worker); t.start(); inside.wait()
+b = numabind.apply(device=0, local_rank=0)
+out["main"] = sorted(os.sched_getaffinity(0))
+out["changes"] = b.changes()
+go.set(); t.join()
+print(json.dumps(out))
+"""
+    r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {"main": [0], "changes": None, "during": [1], "after": [0]}, out
+
+
+@two_cpus
 def test_blocks_nest_and_restore_in_order(two: str) -> None:
     code = """
 import os, numabind

@@ -944,10 +944,20 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
 
     tids = _kernel.thread_ids() if all_threads else [0]
     self_tid = _thread.get_native_id()
+    with LOCK:  # threads inside a bind_thread block: their outermost block
+        held = {tid: stack[0] for tid, stack in THREADS.items() if stack}
     for tid in tids:
         current = _kernel.affinity_of(tid)
         if current is None:
             continue  # exited meanwhile
+        block = held.get(tid or self_tid)
+        if block is not None:
+            # bind_thread's own: the thread stays on its device's CPUs, and returns to
+            # this binding's when its block ends
+            block.pin.rebase(cpus)
+            b.threads_kept += 1
+            b.masks[tid] = current
+            continue
         if current == cpus or (current <= cpus and not rebind_inside):
             b.threads_kept += 1
             b.masks[tid] = current

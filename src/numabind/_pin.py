@@ -112,6 +112,13 @@ class ThreadPin:
         if err.errno == errno.EPERM:
             self.refused.append(getattr(err, "call", None) or call)
 
+    def rebase(self, cpus: frozenset[int]) -> None:
+        """Make ``cpus`` what :meth:`undo` puts back: a process binding applied while this
+        pin held its thread (``numabind.apply()`` during a ``bind_thread`` block) leaves
+        the thread where it is and is where the thread returns."""
+        if self.cpus_set:
+            self._previous_cpus = cpus
+
     def undo(self) -> None:
         """Put back what :meth:`apply` found; a no-op when nothing was applied or it was
         undone already.  Raises ``RuntimeError`` on another thread than the one that
