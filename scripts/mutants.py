@@ -710,6 +710,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "a later apply() leaves a thread inside a bind_thread block on its device's CPUs",
         ("tests/test_several_gpus.py",),
     ),
+    M(
+        "M82",
+        "src/numabind/cli/_job.py",
+        '        if row.host in rows and rows[row.host].state == "answered":',
+        "        if False:",
+        "check --job: a host's answered record wins over a second one for it",
+        ("tests/test_job.py",),
+    ),
+    M(
+        "M83",
+        "src/numabind/_store.py",
+        "        raw = (KEY_PREFIX + key).encode()",
+        "        raw = key.encode()",
+        "every store key on the wire carries TCPStore's '/' prefix",
+        ("tests/test_report.py",),
+    ),
+    M(
+        "M84",
+        "src/numabind/cli/_job.py",
+        "            if left <= 0:\n                if stopped:",
+        "            if left <= 0 and False:\n                if stopped:",
+        "check --job stops a hung srun at its deadline",
+        ("tests/test_job.py",),
+    ),
     # --- the NIC next to the GPU (N: numbered apart, so that other branches' M ids stay) ---
     M(
         "N01",

@@ -267,6 +267,74 @@ def test_all_healthy_is_exit_status_0_and_an_invalid_record_3() -> None:
     assert "gpu02  INVALID: invalid record: not JSON" in "\n".join(_job.report_lines(report))
 
 
+# --- srun's side of check --job, with a stand-in srun (the unit stage; the launcher stage runs
+# the real one) --------------------------------------------------------------------------------
+
+
+def fake_srun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    """An ``srun`` first on PATH that ignores its arguments and runs ``body`` (Python)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(mode=0o700)
+    srun = bin_ / "srun"
+    srun.write_text(f"#!{sys.executable}\nimport os, sys, time\n{body}\n")
+    srun.chmod(0o700)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    return bin_
+
+
+@pytest.mark.parametrize("second", ["forged", "garbage"])
+def test_a_hosts_answered_record_wins_over_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second: str
+) -> None:
+    """A second task answering for a host that already answered (a forged record listing
+    another rank, a task srun started twice, garbage): the first answered record stays
+    the host's row; a record for a host not asked for is dropped, and garbage is a row of
+    its own."""
+    from numabind.cli._job import collect_slurm
+
+    good = healthy("gpu01", 100, 0)
+    later = node("gpu01", [rank(900, 0, 0, "0-63")]) if second == "forged" else "{not json"
+    lines = [f"0: {good}", f"1: {later}", f"2: {node('elsewhere', [])}"]
+    fake_srun(tmp_path, monkeypatch, f"print({chr(10).join(lines)!r})")
+    rows, _ = collect_slurm("42", ["gpu01"], 30.0, "/usr/bin/python3", None)
+    assert "elsewhere" not in rows, rows
+    row = rows["gpu01"]
+    assert row.state == "answered" and [r.pid for r in row.ranks] == [100, 110], row
+    if second == "garbage":
+        assert rows["?"].state == "invalid", rows
+
+
+def test_the_deadline_holds_when_srun_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An srun that never returns (a node that will not start the step, a hung slurmd):
+    collect_slurm returns at its deadline with the node unreachable, and srun's session
+    is killed rather than left behind."""
+    from numabind.cli._job import collect_slurm
+
+    pidfile = tmp_path / "srun.pid"
+    fake_srun(
+        tmp_path,
+        monkeypatch,
+        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)",
+    )
+    began = time.monotonic()
+    rows, _ = collect_slurm("42", ["gpu01", "gpu02"], 4.0, "/usr/bin/python3", None)
+    took = time.monotonic() - began
+    assert took < 8, f"collect_slurm took {took:.1f} s past a 4 s deadline"
+    assert {h: r.state for h, r in rows.items()} == {"gpu01": "unreachable", "gpu02": "unreachable"}
+    assert "no answer before the deadline" in rows["gpu01"].reason, rows["gpu01"].reason
+    pid = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"srun (pid {pid}) still runs after collect_slurm returned")
+
+
 # --- the collector on this machine -------------------------------------------------------------
 
 

@@ -49,6 +49,7 @@ class FakeStore:
         import threading
 
         self.announce, self.silent, self.sent = announce, silent, 0
+        self.keys: list[bytes] = []  # every key asked for, as it came on the wire
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         threading.Thread(target=self.serve, daemon=True).start()
@@ -83,7 +84,7 @@ class FakeStore:
                     query = take(1)[0]
                     keys = struct.unpack("=Q", take(8))[0] if query == 5 else 1
                     for _ in range(keys):
-                        take(struct.unpack("=Q", take(8))[0])
+                        self.keys.append(take(struct.unpack("=Q", take(8))[0]))
                     if query == 5:  # CHECK: every key is there
                         conn.sendall(b"\x00")
                     else:  # GET: the announced length, then as much as it cares to send
@@ -125,6 +126,24 @@ def test_a_record_longer_than_a_record_can_be_is_an_invalid_row() -> None:
     text = "\n".join(_job.report_lines(report))
     assert text.count(f"not read: a value of {_job.RECORD_BYTES + 1} bytes") == 2, text
     assert _job.exit_status(report) == 3
+
+
+def test_every_key_on_the_wire_carries_the_stores_prefix() -> None:
+    """TCPStore prefixes every key with ``/`` (its keyPrefix_): a client that sends the
+    bare key asks for a key no rank wrote, and the whole job reads as missing.  Checked
+    here against a store that records what it was asked (the torch stage checks it
+    against the real one)."""
+    from numabind import _job, _report
+    from numabind._store import KEY_PREFIX, StoreClient
+
+    store = FakeStore(announce=8)
+    try:
+        with StoreClient("127.0.0.1", store.port, time.monotonic() + 10, _job.RECORD_BYTES) as c:
+            _report.read_report(c, "numabind/run7/0", 2, None, time.monotonic() + 10)
+    finally:
+        store.close()
+    assert KEY_PREFIX == "/" and store.keys, store.keys
+    assert all(k.startswith(b"/numabind/run7/0") for k in store.keys), store.keys
 
 
 def test_a_store_that_never_answers_ends_at_the_deadline() -> None:
