@@ -163,6 +163,8 @@ def readable_src() -> str:
         shutil.copytree(
             src / "numabind", top / "numabind", ignore=shutil.ignore_patterns("__pycache__")
         )
+        for module in ("_numabind_start.py", "_numabind_fast.py"):  # numabind imports them
+            shutil.copy(src / module, top / module)
         for path in (top, *top.rglob("*")):
             path.chmod(0o755 if path.is_dir() else 0o644)
         _READABLE.append(str(top))

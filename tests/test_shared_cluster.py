@@ -61,6 +61,8 @@ def readable_src() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="numabind-src-", dir="/var/tmp"))
     d.chmod(0o755)
     shutil.copytree(SRC / "numabind", d / "numabind", ignore=shutil.ignore_patterns("__pycache__"))
+    for start in ("_numabind_start.py", "_numabind_fast.py"):  # the start modules it ships
+        shutil.copy(SRC / start, d)
     for path in d.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield d
