@@ -1131,7 +1131,7 @@ def _replan(record: dict[str, object]) -> Plan:
     from ._cache import open_machine, wants
     from ._devices import LazyNvml, resolve
     from ._environ import Config, detect
-    from ._plan import nothing_to_bind, plan, request_for
+    from ._plan import nothing_to_bind, plan, request_from
 
     env = record.get("environ")  # os.environ's bytes, or a plain dict of text
     environ = (
@@ -1147,10 +1147,7 @@ def _replan(record: dict[str, object]) -> Plan:
         visible = None
         if not nothing_to_bind(m, cfg.mode, cfg.memory, cfg.spill, cfg.priority):
             visible = resolve(m, environ, LazyNvml())
-        request = request_for(
-            info, visible, cfg.mode, cfg.memory, reserve=cfg.reserve, smt=cfg.smt,
-            priority=cfg.priority, spill=cfg.spill,
-        ).replace(budget=cfg.threads != "off")  # fmt: skip
+        request = request_from(info, visible, cfg, nic=False).replace(budget=cfg.threads != "off")
         p = plan(m, request)
     finally:
         m.close()

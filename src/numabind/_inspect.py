@@ -425,7 +425,7 @@ def expected_plan(
         return None, f"cannot read /proc/{pid}/environ ({environ.strerror or environ})", None
     from ._devices import resolve
     from ._environ import Config
-    from ._plan import plan, request_for
+    from ._plan import plan, request_from
 
     info = detect(environ)
     if info.local_rank is None and info.problem is None:
@@ -435,18 +435,7 @@ def expected_plan(
     except ValueError as err:
         return None, str(err), None
     visible = resolve(machine, environ)
-    request = request_for(
-        info,
-        visible,
-        cfg.mode,
-        cfg.memory,
-        reserve=cfg.reserve,
-        smt=cfg.smt,
-        priority=cfg.priority,
-        spill=cfg.spill,
-        nic_mode=cfg.nic_mode,
-        nic_min_rate=cfg.nic_min_rate,
-    )
+    request = request_from(info, visible, cfg, nic=True)
     p = plan(machine, request)
     return PlanView.of_plan(p), source, None
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from typing import Any, Literal
 
     from ._devices import Visible
-    from ._environ import RankInfo
+    from ._environ import Config, RankInfo
     from ._topology import Machine
 
     SkipKind = Literal[
@@ -134,6 +134,28 @@ def request_for(
         problem=info.problem,
         size_source=info.size_source,
         notes=info.notes,
+    )
+
+
+def request_from(
+    info: RankInfo, visible: Visible | None, cfg: Config, *, nic: bool | None = None
+) -> Request:
+    """The request the NUMABIND_* knobs (``cfg``) make for a rank: the one place each
+    planning knob goes from the configuration into a request, for the startup hook,
+    ``check``'s plan of a rank that did not register and the adoption of a fast-path
+    binding (a new knob is one line here).  ``nic``: plan its RDMA adapters (default:
+    when NUMABIND_NIC asks)."""
+    return request_for(
+        info,
+        visible,
+        cfg.mode,
+        cfg.memory,
+        reserve=cfg.reserve,
+        smt=cfg.smt,
+        priority=cfg.priority,
+        spill=cfg.spill,
+        nic_mode=cfg.nic_mode if (bool(cfg.nic) if nic is None else nic) else "",
+        nic_min_rate=cfg.nic_min_rate,
     )
 
 

@@ -184,7 +184,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     """Plan and bind a rank found in the environment (the hook's work after its checks),
     from the node's cached machine where there is one (numabind._cache)."""
     from ._apply import enter
-    from ._plan import nothing_to_bind, plan, request_for, with_devices
+    from ._plan import nothing_to_bind, plan, request_from, with_devices
     from ._topology import Machine
 
     global last
@@ -206,18 +206,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
-        request = request_for(
-            info,
-            visible,
-            cfg.mode,
-            cfg.memory,
-            reserve=cfg.reserve,
-            smt=cfg.smt,
-            priority=cfg.priority,
-            spill=cfg.spill,
-            nic_mode=cfg.nic_mode if cfg.nic else "",
-            nic_min_rate=cfg.nic_min_rate,
-        )
+        request = request_from(info, visible, cfg)
         if cfg.devices and visible is not None and request.problem is None:
             request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")
         p = plan(machine, request.replace(budget=cfg.threads != "off"))
