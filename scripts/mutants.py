@@ -801,9 +801,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "N09",
-        "src/numabind/_startup.py",
-        '            nic_mode=cfg.nic_mode if cfg.nic else "",',
-        "            nic_mode=cfg.nic_mode,",
+        "src/numabind/_plan.py",
+        '        nic_mode=cfg.nic_mode if (bool(cfg.nic) if nic is None else nic) else "",',
+        "        nic_mode=cfg.nic_mode,",
         "a rank that does not ask for NICs reads no adapter",
         ("tests/test_transports.py",),
     ),

@@ -696,6 +696,6 @@ def test_a_rank_that_exits_mid_report_is_a_note_not_a_crash(
         report = _inspect.check([fake_ranks[0].pid, gone.pid], machine)
     finally:
         machine.close()
-    row = parse_node(json.dumps(_inspect.node_record(report, "77")), None, "77")
+    row = parse_node(json.dumps(_job.node_record(report, "77")), None, "77")
     assert row.state == "answered" and [r.pid for r in row.ranks] == [fake_ranks[0].pid]
     assert "1 rank(s) exited while being checked: left out" in row.notes

@@ -8,8 +8,8 @@ still shares copy-on-write with a fork parent reported apart: they are the paren
 placement, not this process's), the thread settings it was given, the GPU it holds open,
 who it is in its job, and each mismatch with its likely cause.  The result is a typed
 :class:`ProcessCheck` per process and one :class:`CheckReport`, whose ``to_dict()`` is the
-documented JSON schema (docs/cli.rst); :func:`node_record` is the job collector's compact
-form of it (numabind._job parses it back).
+documented JSON schema (docs/cli.rst); :func:`numabind._job.node_record` is the job
+collector's compact form of it, written beside its parser.
 
 Everything read about another process is input: read from /proc with per-process caps
 (numabind._kernel), and a process that vanishes mid-check is reported as such, never a
@@ -23,7 +23,7 @@ import errno
 import os
 import time
 
-from . import _job, _kernel, _registry, _sysfs
+from . import _kernel, _registry, _sysfs
 from ._environ import detect
 from ._kernel import Region, locality, pages_per_node, shared_pages
 from ._model import (
@@ -1332,117 +1332,3 @@ def job_filter(job: str, own: Mapping[str, str]) -> Callable[[Mapping[str, str]]
         return host is None or env.get(v["host"]) == host
 
     return keep
-
-
-def rank_status(r: ProcessCheck) -> str:
-    if r.status == "unknown":
-        return "unknown"
-    if not r.ok:
-        return "off plan"
-    warned = any(n.startswith("warning") for n in r.notes) or any(not b.ok for b in r.host_buffers)
-    return "warning" if warned else "ok"
-
-
-def rank_record(r: ProcessCheck) -> dict[str, object]:
-    """One rank of the node record: what the job report shows of it, compact (CPU sets in
-    the kernel's list form, threads grouped by mask, the first few ids and names of
-    each), and never more than the budget of one rank (numabind._job.RANK_BYTES and
-    RANK_VALUES): a rank with many odd masks on a large machine drops its last groups and
-    says so."""
-    import json
-
-    record = _rank_record(r)
-    threads: list[object] = record["threads"]  # type: ignore[assignment]
-    dropped = 0
-    while threads:
-        text = json.dumps(record, separators=(",", ":"))
-        if len(text) <= _job.RANK_BYTES - 512 and _job._values(text) <= _job.RANK_VALUES - 64:
-            break
-        threads.pop()
-        dropped += 1
-    if dropped:
-        notes: list[str] = record["notes"]  # type: ignore[assignment]
-        notes[_job.MAX_NOTES - 1 :] = [
-            f"{dropped} thread group(s) left out: the rank's record would exceed "
-            f"{_job.RANK_BYTES >> 10} KiB"
-        ]
-    return record
-
-
-def _rank_record(r: ProcessCheck) -> dict[str, object]:
-    p = r.plan
-    groups: dict[frozenset[int], list[int]] = {}
-    for tid, cpus in r.threads.items():
-        groups.setdefault(cpus, []).append(tid)
-    threads = []
-    for cpus, tids in sorted(groups.items(), key=lambda kv: min(kv[1]))[: _job.MAX_GROUPS]:
-        tids.sort()
-        threads.append(
-            {
-                "cpus": fmt(cpus),
-                "tids": tids[: _job.TIDS_KEPT],
-                "names": [r.thread_names.get(t, "") for t in tids[: _job.TIDS_KEPT]],
-                "count": len(tids),
-            }
-        )
-    policy = r.memory_policy or {}
-    ident = r.identity
-    plan = None
-    if p is not None:
-        plan = {
-            "cpus": fmt(p.cpus),
-            "helpers": fmt(p.helpers),
-            "numa_node": p.numa_node,
-            "memory_policy": p.memory_policy,
-            "memory_nodes": fmt(p.memory_nodes),
-            "bound": p.bound,
-            "source": r.plan_source,
-        }
-    return {
-        "pid": r.pid,
-        "rank": ident.rank,
-        "local_rank": p.local_rank if p is not None else None,
-        "job": ident.job_id,
-        "step": ident.step_id,
-        "step_nodes": ident.step_nodes,
-        "step_tasks": ident.step_tasks,
-        "status": rank_status(r),
-        "gpu": r.gpu.to_dict(),
-        "plan": plan,
-        "threads": threads,
-        "memory_policy": policy.get("policy"),
-        "memory_nodes": fmt(policy.get("nodes", ())),
-        "locality": r.locality,
-        "mems_allowed": None if r.mems_allowed is None else fmt(r.mems_allowed),
-        "host_buffers": [
-            {"nbytes": b.nbytes, "nodes": fmt(b.nodes), "locality": b.locality}
-            for b in r.host_buffers
-        ],
-        "problems": [_sysfs.clean_line(t, _job.TEXT) for t in r.problems[: _job.MAX_NOTES]],
-        "notes": [_sysfs.clean_line(t, _job.TEXT) for t in r.notes[: _job.MAX_NOTES]],
-    }
-
-
-def node_record(
-    report: CheckReport, job: str | None, notes_first: tuple[str, ...] = ()
-) -> dict[str, object]:
-    """The collector's output (numabind._job.SCHEMA): the node's facts and its ranks;
-    ``notes_first`` lead its notes (how the job's processes were told)."""
-    facts = report.node
-    assert facts is not None
-    notes = [*notes_first, *report.notes]
-    if report.skipped:
-        notes.append(f"{len(report.skipped)} rank(s) not reached before the deadline")
-    return {
-        "schema": _job.SCHEMA,
-        "host": facts.host,
-        "job": job,
-        "facts": {
-            "numa_balancing": facts.numa_balancing,
-            "cpuset_mems": None if facts.cpuset_mems is None else fmt(facts.cpuset_mems),
-            "mempolicy_permitted": facts.mempolicy_permitted,
-            "kernel": facts.kernel,
-        },
-        "ranks": [rank_record(r) for r in report.processes],
-        "notes": notes[: _job.MAX_NOTES],
-    }

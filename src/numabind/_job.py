@@ -44,6 +44,10 @@ from typing import Any
 from . import _sysfs
 from ._model import Record
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._inspect import CheckReport, ProcessCheck
+
 SCHEMA = "numabind-node/1"
 JOB_SCHEMA = "numabind-job/2"  # /2: sets as list text ("0-3,8"), missing as a list text
 MAX_HOSTS = 100_000  # nodes one report may name (the largest jobs are ~10,000 nodes)
@@ -616,6 +620,124 @@ def _values(text: str | bytes) -> int:
     if isinstance(text, str):
         return sum(text.count(c) for c in ",:[{")
     return sum(text.count(c) for c in (b",", b":", b"[", b"{"))
+
+
+# --- the node record: its writer (the collector's side), then its parser -------------------
+
+
+_fmt = _sysfs.format_cpulist
+
+
+def rank_status(r: ProcessCheck) -> str:
+    if r.status == "unknown":
+        return "unknown"
+    if not r.ok:
+        return "off plan"
+    warned = any(n.startswith("warning") for n in r.notes) or any(not b.ok for b in r.host_buffers)
+    return "warning" if warned else "ok"
+
+
+def rank_record(r: ProcessCheck) -> dict[str, object]:
+    """One rank of the node record: what the job report shows of it, compact (CPU sets in
+    the kernel's list form, threads grouped by mask, the first few ids and names of
+    each), and never more than the budget of one rank (numabind.RANK_BYTES and
+    RANK_VALUES): a rank with many odd masks on a large machine drops its last groups and
+    says so."""
+    record = _rank_record(r)
+    threads: list[object] = record["threads"]  # type: ignore[assignment]
+    dropped = 0
+    while threads:
+        text = json.dumps(record, separators=(",", ":"))
+        if len(text) <= RANK_BYTES - 512 and _values(text) <= RANK_VALUES - 64:
+            break
+        threads.pop()
+        dropped += 1
+    if dropped:
+        notes: list[str] = record["notes"]  # type: ignore[assignment]
+        notes[MAX_NOTES - 1 :] = [
+            f"{dropped} thread group(s) left out: the rank's record would exceed "
+            f"{RANK_BYTES >> 10} KiB"
+        ]
+    return record
+
+
+def _rank_record(r: ProcessCheck) -> dict[str, object]:
+    p = r.plan
+    groups: dict[frozenset[int], list[int]] = {}
+    for tid, cpus in r.threads.items():
+        groups.setdefault(cpus, []).append(tid)
+    threads = []
+    for cpus, tids in sorted(groups.items(), key=lambda kv: min(kv[1]))[:MAX_GROUPS]:
+        tids.sort()
+        threads.append(
+            {
+                "cpus": _fmt(cpus),
+                "tids": tids[:TIDS_KEPT],
+                "names": [r.thread_names.get(t, "") for t in tids[:TIDS_KEPT]],
+                "count": len(tids),
+            }
+        )
+    policy = r.memory_policy or {}
+    ident = r.identity
+    plan = None
+    if p is not None:
+        plan = {
+            "cpus": _fmt(p.cpus),
+            "helpers": _fmt(p.helpers),
+            "numa_node": p.numa_node,
+            "memory_policy": p.memory_policy,
+            "memory_nodes": _fmt(p.memory_nodes),
+            "bound": p.bound,
+            "source": r.plan_source,
+        }
+    return {
+        "pid": r.pid,
+        "rank": ident.rank,
+        "local_rank": p.local_rank if p is not None else None,
+        "job": ident.job_id,
+        "step": ident.step_id,
+        "step_nodes": ident.step_nodes,
+        "step_tasks": ident.step_tasks,
+        "status": rank_status(r),
+        "gpu": r.gpu.to_dict(),
+        "plan": plan,
+        "threads": threads,
+        "memory_policy": policy.get("policy"),
+        "memory_nodes": _fmt(policy.get("nodes", ())),
+        "locality": r.locality,
+        "mems_allowed": None if r.mems_allowed is None else _fmt(r.mems_allowed),
+        "host_buffers": [
+            {"nbytes": b.nbytes, "nodes": _fmt(b.nodes), "locality": b.locality}
+            for b in r.host_buffers
+        ],
+        "problems": [_sysfs.clean_line(t, TEXT) for t in r.problems[:MAX_NOTES]],
+        "notes": [_sysfs.clean_line(t, TEXT) for t in r.notes[:MAX_NOTES]],
+    }
+
+
+def node_record(
+    report: CheckReport, job: str | None, notes_first: tuple[str, ...] = ()
+) -> dict[str, object]:
+    """The collector's output (numabind.SCHEMA): the node's facts and its ranks;
+    ``notes_first`` lead its notes (how the job's processes were told)."""
+    facts = report.node
+    assert facts is not None
+    notes = [*notes_first, *report.notes]
+    if report.skipped:
+        notes.append(f"{len(report.skipped)} rank(s) not reached before the deadline")
+    return {
+        "schema": SCHEMA,
+        "host": facts.host,
+        "job": job,
+        "facts": {
+            "numa_balancing": facts.numa_balancing,
+            "cpuset_mems": None if facts.cpuset_mems is None else _fmt(facts.cpuset_mems),
+            "mempolicy_permitted": facts.mempolicy_permitted,
+            "kernel": facts.kernel,
+        },
+        "ranks": [rank_record(r) for r in report.processes],
+        "notes": notes[:MAX_NOTES],
+    }
 
 
 def parse_node(

@@ -72,7 +72,7 @@ def gpu_holders(actors: Iterable[Any], tasks: Iterable[Any]) -> dict[str, list[i
 def collect_node(pids: list[int], host: str, seconds: float) -> str:
     """Run on a Ray node: its GPU holders checked (numabind._inspect), as a node record
     (JSON text: only text leaves the node)."""
-    from . import _inspect
+    from . import _inspect, _job
     from ._environ import Config
     from ._topology import Machine
 
@@ -81,7 +81,7 @@ def collect_node(pids: list[int], host: str, seconds: float) -> str:
         report = _inspect.check(pids, machine, deadline=time.monotonic() + seconds)
     finally:
         machine.close()
-    record = _inspect.node_record(report, None)
+    record = _job.node_record(report, None)
     record["host"] = host
     return json.dumps(record, separators=(",", ":"))
 

@@ -81,7 +81,7 @@ def own_record() -> bytes:
         report = _inspect.check([os.getpid()], machine, own_env=os.environ)
     finally:
         machine.close()
-    record = _inspect.node_record(report, None)
+    record = _job.node_record(report, None)
     return json.dumps(record, separators=(",", ":")).encode()
 
 

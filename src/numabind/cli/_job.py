@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 
 from .. import _job, _sysfs
-from .._inspect import COLLECTOR, job_filter, node_record
+from .._inspect import COLLECTOR, job_filter
 from .._isolated import (
     NODE_CHECK,
     boot_argv,
@@ -42,6 +42,7 @@ from .._isolated import (
     running_python,
     say,
 )
+from .._job import node_record
 from .._model import JOB_VARIABLES, Record
 from ._common import (
     UNREACHABLE,
