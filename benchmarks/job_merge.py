@@ -20,7 +20,7 @@ import tracemalloc
 
 from _common import SMALL, table
 
-from numabind import _job
+from numabind.check import _job
 
 RANKS_PER_NODE = 8
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from _common import SMALL, clean_env, table
 
-from numabind import _job
+from numabind.check import _job
 
 SHARE = 8 if SMALL else 1
 PEAK = (
@@ -85,7 +85,7 @@ def node_record_case(where: Path) -> list[str]:
     path = where / "node.json"
     path.write_bytes(text)
     took, peak, out = run(
-        "import sys; from numabind import _job\n"
+        "import sys; from numabind.check import _job\n"
         "row = _job.parse_node(open(sys.argv[1], 'rb').read())\n"
         "print(row.state, len(row.ranks))",
         str(path),

@@ -237,7 +237,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- check ------------------------------------------------------------------------------
     M(
         "M24",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         "escaped = {t: c for t, c in threads.items() if not c <= expected.allowed_for(t, main)}",
         "escaped: dict[int, frozenset[int]] = {}",
         "check: a thread off the plan's CPUs is off plan",
@@ -245,7 +245,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M25",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         '        if got_name != want or (want != "local" and got_nodes != mem_nodes):',
         "        if got_name != want and got_nodes != mem_nodes:",
         "check: a wrong memory policy is off plan",
@@ -253,7 +253,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M26",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         "MIN_LOCALITY = 0.9",
         "MIN_LOCALITY = 0.0",
         "check: pages left remote are off plan",
@@ -269,7 +269,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M28",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         '        problems.append(f"no plan to check against: {source}")',
         "        pass",
         "check of a process with no plan is not OK",
@@ -303,7 +303,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M32",
-        "src/numabind/_hwloc.py",
+        "src/numabind/capture/_hwloc.py",
         "self._distances = self._read_distances(root)",
         "self._distances = {}",
         "hwloc exports' distance matrices are read",
@@ -401,7 +401,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M44",
-        "src/numabind/_tarroot.py",
+        "src/numabind/capture/_tarroot.py",
         "TAR_MEMBERS = 50_000",
         "TAR_MEMBERS = 500_000",
         "a capture tarball's member count is capped",
@@ -434,7 +434,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M48",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         "return self.cpus if tid == main else self.cpus | self.helpers",
         "return self.cpus | self.helpers",
         "check: the main thread belongs on the compute CPUs, not the helper cores",
@@ -467,7 +467,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M52",
-        "src/numabind/_memory.py",
+        "src/numabind/memory/_memory.py",
         "            if dontfork:\n",
         "            if False:\n",
         "a registered buffer is not mapped by a fork child (MADV_DONTFORK)",
@@ -475,7 +475,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M53",
-        "src/numabind/_memory.py",
+        "src/numabind/memory/_memory.py",
         "    if reg is not None:\n        reg.unregister()\n    try:\n        held.mapping.close()",
         "    try:\n        held.mapping.close()\n"
         "        if reg is not None:\n            reg.unregister()",
@@ -485,7 +485,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- the job report ---------------------------------------------------------------------
     M(
         "M54",
-        "src/numabind/_job.py",
+        "src/numabind/check/_job.py",
         "    if expect_host is not None and host != expect_host:",
         "    if False:",
         "a node record cannot speak for another host",
@@ -493,7 +493,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M55",
-        "src/numabind/_job.py",
+        "src/numabind/check/_job.py",
         "    if s.off_plan:\n        return 1",
         "    if s.off_plan and not s.unreachable_nodes:\n        return 1",
         "check --job exits 1 when a rank is off plan, whatever else is unreachable",
@@ -501,7 +501,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M56",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         '        return host is None or env.get(v["host"]) == host',
         "        return True",
         "the collector counts only its own node's ranks (a shared PID namespace)",
@@ -526,7 +526,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M59",
-        "src/numabind/_driver.py",
+        "src/numabind/memory/_driver.py",
         "        restore = self.driver.push(self.device, self.token)\n        try:\n            t0",
         "        restore = None\n        try:\n            t0",
         "each timed copy runs with its own GPU's context current",
@@ -534,7 +534,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M60",
-        "src/numabind/_store.py",
+        "src/numabind/check/_store.py",
         "        if length > self.limit:",
         "        if False:",
         "check --job --store refuses a value longer than a record before reading it",
@@ -575,15 +575,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M65",
-        "src/numabind/_memory.py",
-        '    if policy == "preferred" and len(nodes) > 1:\n        from ._plan import',
-        "    if False:\n        from ._plan import preferred_over",
+        "src/numabind/memory/_memory.py",
+        '    if policy == "preferred" and len(nodes) > 1:\n        from .._plan import',
+        "    if False:\n        from .._plan import preferred_over",
         "a preferred buffer over two nodes is MPOL_PREFERRED_MANY",
         ("tests/test_appliers.py",),
     ),
     M(
         "M66",
-        "src/numabind/_memory.py",
+        "src/numabind/memory/_memory.py",
         "    if node is not None:\n        nodes = (node,) if isinstance(node, int)",
         "    if node is not None and device is None:\n"
         "        nodes = (node,) if isinstance(node, int)",
@@ -592,7 +592,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M67",
-        "src/numabind/_memory.py",
+        "src/numabind/memory/_memory.py",
         "            seen |= machine.siblings_of(c) | {c}",
         "            seen |= {c}",
         "populating uses one thread per physical core, not per hardware thread",
@@ -600,7 +600,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M68",
-        "src/numabind/_memory.py",
+        "src/numabind/memory/_memory.py",
         "        pin_cpus(cpus)  # this thread only",
         "        pass  # this thread only",
         "the populate workers run on the target node's CPUs",
@@ -608,7 +608,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M69",
-        "src/numabind/_memory.py",
+        "src/numabind/memory/_memory.py",
         "        hugetlb = (\n            huge and",
         "        hugetlb = False and (\n            huge and",
         "huge=True is backed by huge pages where the node has them free",
@@ -624,7 +624,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M71",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         '        flag = "" if self.on_plan is not False else " OFF PLAN"',
         '        flag = ""',
         "the roles line says OFF PLAN for a group off its plan",
@@ -664,7 +664,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M76",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         "        own = self.thread_plans.get(tid)\n        if own is not None:",
         "        own = self.thread_plans.get(tid)\n        if False:",
         "check judges a thread bound to one device against that device's plan",
@@ -720,7 +720,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M83",
-        "src/numabind/_store.py",
+        "src/numabind/check/_store.py",
         "        raw = (KEY_PREFIX + key).encode()",
         "        raw = key.encode()",
         "every store key on the wire carries TCPStore's '/' prefix",
@@ -842,7 +842,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "T04",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         "        if node not in memory_only or node in asked or count <= 0:",
         "        if node not in memory_only or count <= 0:",
         "check does not warn of memory a rank asked for on a GPU's or far node",
@@ -859,7 +859,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- round three: what root runs, and what a report may cost (issue 32; S: apart) ------
     M(
         "S01",
-        "src/numabind/_isolated.py",
+        "src/numabind/check/_isolated.py",
         'return [python, "-I", "-S", "-B", "-c", BOOT, mode, root, *args]',
         'return [python, "-B", "-c", BOOT, mode, root, *args]',
         "the collector starts isolated: no cwd, no PYTHON* variable, no .pth file",
@@ -867,7 +867,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "S02",
-        "src/numabind/_inspect.py",
+        "src/numabind/check/_inspect.py",
         "                if uids is not None and uids == {owner}:",
         "                if uids is not None:",
         "without Slurm tracking or a job cgroup, only the job owner's processes are its ranks",
@@ -875,7 +875,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "S03",
-        "src/numabind/_job.py",
+        "src/numabind/check/_job.py",
         "    if len(raw) > max_ranks and max_ranks == 1:",
         "    if False:",
         "a store record listing a second rank is refused before any rank is parsed",

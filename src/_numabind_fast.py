@@ -319,7 +319,7 @@ def _code_files() -> "tuple[str, ...]":
             break
     names = (
         *("__init__", "_cache", "_plan", "_sources", "_topology", "_devices", "_model"),
-        *("_hwloc", "_dra", "_sysfs"),
+        *("capture/_hwloc", "_dra", "_sysfs"),
     )
     here = (os.path.abspath(__file__), os.path.abspath(start.__file__))
     return (*here, *(os.path.join(pkg, f"{n}.py") for n in names if pkg))

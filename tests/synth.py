@@ -1,10 +1,10 @@
 """The machine generator the tests and benchmarks use: it lives in the package
-(:mod:`numabind._examples`, which ``numabind show --example`` serves from memory) so that
+(:mod:`numabind.capture._examples`, which ``numabind show --example`` serves from memory) so that
 both share it; this module keeps the tests' short name for it."""
 
 from __future__ import annotations
 
-from numabind._examples import (
+from numabind.capture._examples import (
     DGX_BDFS,
     Adapter,
     Gpu,

@@ -172,7 +172,7 @@ print(json.dumps([list(buf.nodes), {str(k): v for k, v in buf.placement().items(
 def test_populate_threads_run_on_the_target_nodes_cores_one_per_physical_core() -> None:
     """On the DGX (2 sockets x 56 cores x 2 threads) a buffer on node 1 is faulted in from
     node 1's CPUs, one thread per physical core (56), not per hardware thread (112)."""
-    from numabind._memory import _cores, _fill_cpus
+    from numabind.memory._memory import _cores, _fill_cpus
 
     dgx = numabind.Machine.from_example("dgx-h100")
     cpus = _fill_cpus(dgx, (1,))
@@ -334,7 +334,7 @@ p.undo()
 def test_the_roles_line_says_off_plan_for_a_group_off_its_plan() -> None:
     """The text check prints: a group whose CPUs leave the plan is marked, others not; a
     main thread on a reserved (helper) core is off plan (tests/test_roles.py runs it)."""
-    from numabind._inspect import PlanView, RoleGroup, roles_of
+    from numabind.check._inspect import PlanView, RoleGroup, roles_of
 
     off = RoleGroup(role="other", kind="threads", count=2, ids=(5, 6), cpus=frozenset({0, 9}),
                     on_plan=False)  # fmt: skip

@@ -95,7 +95,7 @@ def test_the_facts_other_readers_add_are_kept_too(tmp_path: Path, base: Path, ex
     """The RDMA adapters (ports, rates in Gb/s, bonds), the plain interfaces beside them
     and a pod's DRA device list: asked once, added to the file, then answered from it
     exactly as the live reader answers."""
-    from numabind._examples import EXAMPLES
+    from numabind.capture._examples import EXAMPLES
 
     root = synth.write(EXAMPLES[example](), str(tmp_path / example))
     env = _env(base)

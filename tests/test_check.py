@@ -247,8 +247,8 @@ def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:
     """NUMA balancing unmaps pages for hinting faults and move_pages answers EFAULT for
     them (Linux 6.1, measured in the VM): those must still count as shared, on the nodes
     numa_maps gives their region, not turn into "own pages left remote"."""
-    from numabind._inspect import _apportion, _place_shared
     from numabind._kernel import Region
+    from numabind.check._inspect import _apportion, _place_shared
 
     page = 4096
     a = Region(
@@ -284,8 +284,8 @@ def test_shared_pages_move_pages_cannot_see_are_placed_from_numa_maps() -> None:
 def test_fork_child_shared_pages_found_on_a_real_process() -> None:
     """pagemap's exclusive bit on this machine's kernel: a child's inherited 20 MB buffer is
     reported shared (and where), its own 8 MB is not."""
-    from numabind._inspect import _shared
     from numabind._kernel import pages_per_node, private_anon_regions
+    from numabind.check._inspect import _shared
 
     code = (
         "import os, sys\n"

@@ -18,12 +18,12 @@ import synth
 from numabind import ConfigError, plan_for
 from numabind._devices import resolve
 from numabind._environ import Config
-from numabind._examples import MemoryRoot, build
 from numabind._model import KIND_FILES, CoreKinds
 from numabind._plan import Plan, Request, groups, nothing_to_bind, plan
 from numabind._sources import SysfsSource
 from numabind._sysfs import format_cpulist
 from numabind._topology import Machine
+from numabind.capture._examples import MemoryRoot, build
 from numabind.cli._show import kinds_lines, plans_for, show_text
 from support import clean_env, two_cpus
 

@@ -322,7 +322,7 @@ def _nested_cores(depth: int, pus: int, words: int) -> str:
 def test_nested_objects_cost_each_pu_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """63 nested Core elements with 512-word masks: 0.2.0 parsed the chain's masks again
     for every PU (~0.3 s each).  Each distinct mask text is parsed once now."""
-    from numabind import _hwloc
+    from numabind.capture import _hwloc
 
     calls: list[int] = []
     real = _sysfs.parse_cpumask

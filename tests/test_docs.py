@@ -148,8 +148,8 @@ def test_the_exit_table_on_the_cli_page_is_the_code_s() -> None:
     ],
 )  # fmt: skip
 def test_every_json_key_is_on_the_cli_page(record: str) -> None:
-    from numabind import _inspect as _check
-    from numabind import _job
+    from numabind.check import _inspect as _check
+    from numabind.check import _job
     from numabind.cli import _bench, _show
 
     modules = (_show, _check, _job, _bench)

@@ -25,7 +25,6 @@ import synth
 from numabind import _cache
 from numabind._devices import resolve
 from numabind._environ import KNOBS, MAX_LOCAL, Config, detect
-from numabind._examples import EXAMPLES, MemoryRoot, build
 from numabind._model import (
     MEMORY_POLICY_TABLE,
     RANK_VARIABLES,
@@ -34,6 +33,7 @@ from numabind._model import (
 from numabind._plan import Plan, nothing_to_bind, plan, request_for
 from numabind._sources import SysfsSource
 from numabind._topology import Machine
+from numabind.capture._examples import EXAMPLES, MemoryRoot, build
 from support import clean_env, two_cpus
 
 DATA = Path(__file__).parent / "data" / "hwloc"

@@ -23,7 +23,7 @@ import pytest
 import numabind
 import synth
 from numabind import Machine
-from numabind._examples import EXAMPLES
+from numabind.capture._examples import EXAMPLES
 from numabind.cli import main
 from numabind.cli._matrix import path_class
 from support import as_live, clean_env, py, two_cpus, venv_with_numabind
@@ -710,7 +710,7 @@ def test_item_13_report_without_torch_and_torch_errors_name_their_function() -> 
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=clean_env())  # fmt: skip
     assert r.stdout.startswith("FrameworkMissing | numabind.report(): torch is not installed")
-    from numabind import _memory
+    from numabind.memory import _memory
 
     token = _memory.CALLER.set("numabind.torch.empty_on_node()")
     try:
@@ -838,7 +838,7 @@ def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert rank["status"] == "skipped" and rank["memory_policy"] is None
     m = Machine.from_example("gb200")
     assert repr(m) == "<Machine 'example gb200', nodes 0-5, CPUs 0-143>"
-    from numabind import _job, _report
+    from numabind.check import _job, _report
 
     class Store:
         def check(self, keys: list[str]) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import numabind
-from numabind import _memory
+from numabind.memory import _memory
 from support import clean_env, two_cpus
 
 HERE = Path(__file__).resolve().parent

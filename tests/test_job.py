@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import synth
-from numabind import _job
-from numabind._job import InvalidRecord, expand_hostlist, expand_tasks, parse_node
+from numabind.check import _job
+from numabind.check._job import InvalidRecord, expand_hostlist, expand_tasks, parse_node
 from support import clean_env
 
 HERE = Path(__file__).resolve().parent
@@ -436,9 +436,9 @@ def test_the_gpu_is_told_by_the_device_file_a_rank_holds_open(
     """A char device's (major, minor) from /proc/PID/fd, mapped through the driver's minor
     numbers (/proc/driver/nvidia/gpus/*/information): /dev/null (1:3), held open by a real
     process, stands in for /dev/nvidia3 through a table row the test adds."""
-    from numabind import _inspect as _check
     from numabind import _topology
     from numabind._model import DEVICE_FILES, DeviceFile
+    from numabind.check import _inspect as _check
 
     assert next(r for r in DEVICE_FILES if r.vendor == "nvidia").major == 195
     spec = synth.Spec(
@@ -685,8 +685,8 @@ def test_a_rank_that_exits_mid_report_is_a_note_not_a_crash(
 ) -> None:
     """The collector lists the ranks, one exits before it is checked: the record still
     comes, with the others, and says one left."""
-    from numabind import _inspect
     from numabind._topology import Machine
+    from numabind.check import _inspect
 
     gone = fake_ranks[1]
     gone.kill()

@@ -20,8 +20,8 @@ import synth
 from numabind import Machine
 from numabind._devices import resolve
 from numabind._dra import FILE_CAP, MAX_FILES, ROOT, parse, read
-from numabind._examples import DGX_BDFS, KUBEPODS, dra_metadata, k8s_pod
 from numabind._plan import Request, plan
+from numabind.capture._examples import DGX_BDFS, KUBEPODS, dra_metadata, k8s_pod
 from support import clean_env
 
 NUMABIND = [sys.executable, "-m", "numabind"]

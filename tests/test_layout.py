@@ -142,19 +142,21 @@ def test_no_stale_references_in_docstrings() -> None:
 LAYERS: dict[str, tuple[str, ...]] = {
     "leaf": ("_errors", "_sysfs", "_output", "_model"),
     "read the machine": (
+        "capture",
         "_sources",
         "_roots",
-        "_tarroot",
-        "_hwloc",
-        "_capture",
+        "capture._tarroot",
+        "capture._hwloc",
+        "capture._capture",
         "_topology",
-        "_examples",
+        "capture._examples",
         "_dra",
         "_rdma",
     ),
     "who am I": ("_environ", "_devices", "_nvml", "_advice"),
     "plan": ("_plan", "_cache", "_nics"),
     "bind": (
+        "memory",
         "_kernel",
         "_pin",
         "_range",
@@ -163,23 +165,24 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_threads",
         "_guard",
         "_handback",
-        "_driver",
-        "_memory",
+        "memory._driver",
+        "memory._memory",
         "_limits",
         "_transports",
     ),
     "entry points": (
+        "check",
         "_startup",
         "_api",
         "_children",
         "torch",
         "ray",
-        "_job",
-        "_inspect",
-        "_store",
-        "_report",
-        "_isolated",
-        "_raydriver",
+        "check._job",
+        "check._inspect",
+        "check._store",
+        "check._report",
+        "check._isolated",
+        "check._raydriver",
         "",
         "_site.sitecustomize",
     ),
@@ -230,3 +233,61 @@ def test_the_module_map_in_the_docs_is_this_one() -> None:
         for m in modules:
             if m and not m.startswith("_site"):
                 assert f"``{m}``" in doc, f"{m} ({layer}) is not on docs/how-it-works.rst"
+
+
+WINGS = ("numabind.capture", "numabind.check", "numabind.memory")
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """What a module imports when it is imported: its top-level statements (and those in
+    top-level ``try``/``if`` blocks), not functions' bodies and not ``TYPE_CHECKING``."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for h in node.handlers:
+                    walk(h.body)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                out.add(target)
+                out.update(f"{target}.{a.name}" for a in node.names)
+
+    walk(ast.parse(path.read_text(), str(path)).body)
+    return out
+
+
+def test_the_core_imports_no_wing() -> None:
+    """capture/, check/ and memory/ hold what a rank never loads at start: no module of
+    the core (anything outside them and the CLI) imports one when it is imported; a door
+    into a wing is an import inside the function that needs it."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        if name.startswith((*WINGS, "numabind.cli")) or name == "numabind.__main__":
+            continue
+        for target in _module_level_imports(path):
+            if target.startswith(WINGS):
+                wrong.append(f"{name} imports {target} when imported")
+    assert not wrong, wrong
+
+
+def test_the_wing_rule_can_fail(tmp_path: Path) -> None:
+    core = tmp_path / "core.py"
+    core.write_text("from numabind.check import _job\n\ndef door():\n    import numabind.memory\n")
+    assert _module_level_imports(core) >= {"numabind.check", "numabind.check._job"}
+    assert not any(t.startswith("numabind.memory") for t in _module_level_imports(core))

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 import synth
 from hwloc_xml import to_xml
 from numabind._devices import resolve
-from numabind._examples import MemoryRoot
 from numabind._model import Accelerator, Nic, NicPort
 from numabind._nics import RELATIONS, assign, offered, path_class, rank_of, same_vendor
 from numabind._plan import Request, device_node, plan
 from numabind._sources import SysfsSource
 from numabind._topology import Machine
+from numabind.capture._examples import MemoryRoot
 from support import clean_env
 
 NUMABIND = [sys.executable, "-m", "numabind"]

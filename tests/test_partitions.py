@@ -15,10 +15,10 @@ import pytest
 
 import synth
 from numabind._devices import resolve
-from numabind._examples import MemoryRoot, build, mi300x_cpx
 from numabind._plan import Request, plan
 from numabind._sources import SysfsSource
 from numabind._topology import Machine
+from numabind.capture._examples import MemoryRoot, build, mi300x_cpx
 from numabind.cli import main
 
 KFD = Path(__file__).resolve().parent / "data" / "kfd" / "mi300x-cpx" / "topology"
@@ -159,7 +159,7 @@ def test_show_reports_partitions_and_memory_partition_mode(
 def test_check_names_the_gpu_of_a_partition_s_render_node(
     real_cpx: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from numabind import _inspect
+    from numabind.check import _inspect
 
     m = Machine.from_root(real_cpx)
     monkeypatch.setattr(_inspect, "_drm_pci", lambda name: "amdgpu_xcp.41")

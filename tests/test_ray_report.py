@@ -298,6 +298,6 @@ def test_check_ray_reports_every_gpu_actor_with_its_node(cluster: Cluster, tmp_p
     drivers = [
         n
         for n in os.listdir(cluster.marks)
-        if "numabind._raydriver" in (cluster.marks / n).read_text()
+        if "numabind.check._raydriver" in (cluster.marks / n).read_text()
     ]
     assert drivers, "the collecting job ran in the cluster, as its owner"

@@ -19,7 +19,7 @@ from support import clean_env
 
 PRELUDE = """
 import ctypes, gc, json, os, sys
-import numabind, numabind._driver as driver
+import numabind, numabind.memory._driver as driver
 lib = None
 def standin(name="libcuda.so.1"):
     global lib

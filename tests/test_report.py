@@ -114,8 +114,8 @@ def test_a_store_announcing_a_huge_value_is_refused_unread() -> None:
 
 
 def test_a_record_longer_than_a_record_can_be_is_an_invalid_row() -> None:
-    from numabind import _job, _report
-    from numabind._store import StoreClient
+    from numabind.check import _job, _report
+    from numabind.check._store import StoreClient
 
     store = FakeStore(announce=_job.RECORD_BYTES + 1)
     try:
@@ -133,8 +133,8 @@ def test_every_key_on_the_wire_carries_the_stores_prefix() -> None:
     bare key asks for a key no rank wrote, and the whole job reads as missing.  Checked
     here against a store that records what it was asked (the torch stage checks it
     against the real one)."""
-    from numabind import _job, _report
-    from numabind._store import KEY_PREFIX, StoreClient
+    from numabind.check import _job, _report
+    from numabind.check._store import KEY_PREFIX, StoreClient
 
     store = FakeStore(announce=8)
     try:
@@ -194,7 +194,7 @@ def test_garbage_forged_and_missing_records_are_rows(tmp_path: Path) -> None:
 
     import torch.distributed as dist
 
-    from numabind import _job, _report
+    from numabind.check import _job, _report
 
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))

@@ -508,7 +508,7 @@ def test_worker_cpus_share_spread_reserved() -> None:
     ],
 )
 def test_role_of(name: str, role: str) -> None:
-    from numabind._inspect import role_of
+    from numabind.check._inspect import role_of
 
     assert role_of(name) == role
 

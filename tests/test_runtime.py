@@ -301,9 +301,9 @@ print(json.dumps(after))
 
 
 def test_registry_thread_env_reads_back_what_was_written_and_nothing_else() -> None:
-    from numabind._inspect import _thread_settings
     from numabind._registry import Entry
     from numabind._threads import ThreadSettings
+    from numabind.check._inspect import _thread_settings
 
     s = ThreadSettings(3)
     s.set = {"OMP_NUM_THREADS": ("1", "torchrun"), "MKL_NUM_THREADS": (None, "unset")}

@@ -171,7 +171,7 @@ def test_checking_one_process_stops_at_the_deadline(buffers_rank: tuple[int, str
     view = _kernel.memory_view(pid, ((4096, 1 << 40),), time.monotonic() - 1)
     assert view.late and not view.regions
     code = (
-        "import sys, time; from numabind import _inspect; from numabind._topology import "
+        "import sys, time; from numabind.check import _inspect; from numabind._topology import "
         "Machine; m = Machine.from_root('/'); t = time.monotonic(); "
         "r = _inspect.check([int(sys.argv[1])], m, deadline=t + 0.05); "
         "print(time.monotonic() - t); print(r.processes[0].notes if r.processes else r.skipped)"
@@ -406,7 +406,7 @@ def test_the_job_cgroup_decides_membership() -> None:
 
 
 def test_cgroup_paths_name_the_slurm_job_linearly() -> None:
-    from numabind._inspect import slurm_jobs
+    from numabind.check._inspect import slurm_jobs
 
     assert slurm_jobs("4:pids:/slurm/uid_1000/job_42/step_0/task_1\n") == {"42"}
     assert slurm_jobs("0::/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0") == {"7"}
@@ -425,8 +425,8 @@ def test_the_collector_caps_members_and_says_how_many_were_left(
     and counts the rest."""
     import argparse
 
-    from numabind import _job
-    from numabind._inspect import Membership
+    from numabind.check import _job
+    from numabind.check._inspect import Membership
     from numabind.cli import _job as cli_job
 
     claim = dict(SLURM_JOB_ID="79", SLURM_STEP_ID="0", SLURMD_NODENAME="nodea")
@@ -436,7 +436,7 @@ def test_the_collector_caps_members_and_says_how_many_were_left(
     ]
     try:
         members = Membership(pids=frozenset(r.pid for r in ranks), source="a test's list")
-        monkeypatch.setattr("numabind._inspect.job_members", lambda *a, **k: members)
+        monkeypatch.setattr("numabind.check._inspect.job_members", lambda *a, **k: members)
         monkeypatch.setattr(_job, "MAX_RANKS", 2)
         monkeypatch.setenv("SLURMD_NODENAME", "nodea")
         args = argparse.Namespace(
@@ -536,7 +536,7 @@ def test_check_job_never_starts_another_users_interpreter_or_numabind(
     """Here (the interpreter exists on this machine), on the node (its /bin/sh checks it
     before it runs), and inside the interpreter (numabind's package itself): each refuses
     with one line, and nothing of the other user's runs."""
-    from numabind import _isolated, _job
+    from numabind.check import _isolated, _job
 
     python = str(their_venv["python"])
     p = subprocess.run(
@@ -571,7 +571,7 @@ def test_check_job_never_starts_another_users_interpreter_or_numabind(
 
 
 class DictStore:
-    """A c10d store server (the wire protocol of numabind._store) serving ``values``;
+    """A c10d store server (the wire protocol of numabind.check._store) serving ``values``;
     after ``break_after`` requests it answers one byte of nonsense and closes, as a
     broken or hostile store would.  Anyone may write such a store: c10d has no
     authentication."""
@@ -677,12 +677,12 @@ def test_a_record_that_asked_for_96_gb_stays_its_size(tmp_path: Path) -> None:
     hold one rank; the 2 MB record asked for ~96 GB.  As a node record it now parses in
     the size of its text; as a store record it is refused from its length; a store record
     of two ranks is refused before either is parsed."""
-    from numabind import _job
+    from numabind.check import _job
 
     path = tmp_path / "big.json"
     path.write_bytes(gigabyte_record())
     out, took, peak = peak_of(
-        "import sys; from numabind import _job\n"
+        "import sys; from numabind.check import _job\n"
         "row = _job.parse_node(open(sys.argv[1], 'rb').read())\n"
         "print(row.state, len(row.ranks), row.ranks[0].cpus.size, row.ranks[0].status)",
         str(path),
@@ -704,7 +704,7 @@ def test_a_record_that_asked_for_96_gb_stays_its_size(tmp_path: Path) -> None:
 def test_a_report_stays_within_its_budget_however_many_records(tmp_path: Path) -> None:
     """Per report: 256 MiB of records, 512 MiB of rows, 100,000 host names in all layouts
     together.  A budget the test makes small runs out, and what is left is one note."""
-    from numabind import _job
+    from numabind.check import _job
 
     budget = _job.Budget(nbytes=3 << 20)
     rows = [_job.parse_node(gigabyte_record(), budget=budget) for _ in range(3)]
@@ -728,7 +728,7 @@ def test_a_thousand_fake_step_layouts_cost_one_host_budget(tmp_path: Path) -> No
     path = tmp_path / "steps.json"
     path.write_bytes(store_record(*ranks, host="gpu01"))
     out, took, peak = peak_of(
-        "import sys, time; from numabind import _job\n"
+        "import sys, time; from numabind.check import _job\n"
         "b = _job.Budget(time.monotonic() + 60)\n"
         "row = _job.parse_node(open(sys.argv[1], 'rb').read(), budget=b)\n"
         "r = _job.merge('1', ['gpu01'], {'gpu01': row}, budget=b)\n"
@@ -738,7 +738,7 @@ def test_a_thousand_fake_step_layouts_cost_one_host_budget(tmp_path: Path) -> No
     print(f"\n1,024 step layouts of 100,000 hosts each: {took:.1f} s, peak {peak} MiB")
     assert "1023 step layout(s) not read: the report's 100,000 host names" in out, out
     assert peak < 400, f"{peak} MiB"
-    from numabind import _job
+    from numabind.check import _job
 
     row = _job.parse_node(path.read_bytes())
     late = _job.merge("1", ["gpu01"], {"gpu01": row}, budget=_job.Budget(time.monotonic() - 1))
@@ -749,7 +749,7 @@ def test_a_thousand_fake_step_layouts_cost_one_host_budget(tmp_path: Path) -> No
 def test_a_deeply_bracketed_hostlist_is_refused_not_a_recursion_error(text: str) -> None:
     """Attack 7: n[0][0]...[0] recursed until RecursionError (root got a traceback, rank 0's
     reporter lost its report).  Expansion is iterative and a name has at most 8 groups."""
-    from numabind import _job
+    from numabind.check import _job
 
     with pytest.raises(_job.InvalidRecord):
         _job.expand_hostlist(text)
@@ -1014,7 +1014,7 @@ def test_check_ray_reads_the_dashboard_and_runs_nothing_of_the_cluster(tmp_path:
     assert rows["10.0.0.2"]["state"] == "invalid" and "10.0.0.9" in rows["10.0.0.2"]["reason"]
     assert any("uid=43215" in n and "the cluster's word" in n for n in report["notes"])
     (job,) = dash.jobs.values()
-    assert job["entrypoint"].startswith("python -m numabind._raydriver ")
+    assert job["entrypoint"].startswith("python -m numabind.check._raydriver ")
     assert job["entrypoint_num_cpus"] == 0
     assert ("DELETE", f"/api/jobs/{job['submission_id']}") in dash.asked, "the job is removed"
 

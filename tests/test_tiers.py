@@ -27,8 +27,8 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 
 def mem(spec: synth.Spec) -> Machine:
     """A generated machine read from memory (several in one test)."""
-    from numabind._examples import MemoryRoot, build
     from numabind._sources import SysfsSource
+    from numabind.capture._examples import MemoryRoot, build
 
     tree = build(spec)
     return Machine(SysfsSource(MemoryRoot(tree.files, "generated", tree.links)))
@@ -582,7 +582,7 @@ def test_the_registry_entry_says_where_memory_may_only_spill() -> None:
 
 
 def test_check_judges_locality_on_the_home_node_not_the_spill_mask() -> None:
-    from numabind._inspect import PlanView, _judge
+    from numabind.check._inspect import PlanView, _judge
 
     p = _plans(mem(synth.gb200()))[0]
     view = PlanView.of_plan(p)
@@ -741,7 +741,7 @@ def test_a_machine_whose_nodes_all_have_cpus_keeps_preferred_buffers(
 
 
 def test_check_counts_memory_per_kind_and_warns_of_unasked_gpu_or_far_memory() -> None:
-    from numabind._inspect import PlanView, memory_by_kind, wrong_tier_notes
+    from numabind.check._inspect import PlanView, memory_by_kind, wrong_tier_notes
     from numabind.cli._check import tiers_text
 
     m = mem(synth.gb200())
@@ -770,7 +770,7 @@ def test_check_reports_this_process_per_kind(synth_machine: MakeMachine) -> None
     """A rank checked live: its pages are on this kernel's node 0, CPU memory."""
     import os
 
-    from numabind._inspect import check_pid
+    from numabind.check._inspect import check_pid
 
     r = check_pid(os.getpid(), synth_machine(synth.gb200()), environ={"LOCAL_RANK": "0"})
     assert set(r.tiers) == {"cpu"} and r.tiers["cpu"] > 0
@@ -779,7 +779,7 @@ def test_check_reports_this_process_per_kind(synth_machine: MakeMachine) -> None
 
 
 def test_an_interleaved_gpu_rank_is_noted_by_check_and_doctor() -> None:
-    from numabind._inspect import PlanView, _interleave_notes
+    from numabind.check._inspect import PlanView, _interleave_notes
     from numabind.cli._doctor import interleave_finding
 
     gpu = PlanView(

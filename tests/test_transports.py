@@ -76,8 +76,8 @@ def test_what_a_value_names_follows_each_transports_matching() -> None:
     spec = synth.dgx_a100()
     spec.adapters[0].name = "mlx5_10"  # NCCL's trap: mlx5_1 is a prefix of mlx5_10
     tree = synth.build(spec)
-    from numabind._examples import MemoryRoot
     from numabind._sources import SysfsSource
+    from numabind.capture._examples import MemoryRoot
 
     m = Machine(SysfsSource(MemoryRoot(tree.files, "g", tree.links)))
     by = {v.name: v for v in _transports.VARIABLES}
@@ -317,7 +317,7 @@ def test_the_registry_entry_carries_nics_and_what_was_set() -> None:
 
 
 def test_check_shows_the_nics_and_warns_on_a_farther_one(a100: str) -> None:
-    from numabind._inspect import check_pid
+    from numabind.check._inspect import check_pid
     from numabind.cli._check import process_lines
 
     env = clean_env(

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
         NumabindError,
         RegistrationError,
     )
-    from ._memory import (
+    from ._model import NicChoice
+    from ._plan import Placement, Plan, Request, plan
+    from ._topology import Machine
+    from .check._report import report
+    from .memory._memory import (
         HostBuffer,
         PlacementError,
         RangeBinding,
@@ -31,10 +35,6 @@ if TYPE_CHECKING:
         host_buffer,
         placement,
     )
-    from ._model import NicChoice
-    from ._plan import Placement, Plan, Request, plan
-    from ._report import report
-    from ._topology import Machine
 
 __all__ = [
     "Binding",
@@ -96,13 +96,13 @@ _LAZY = {
     "Request": "_plan",
     "plan": "_plan",
     "Machine": "_topology",
-    "HostBuffer": "_memory",
-    "PlacementError": "_memory",
-    "RangeBinding": "_memory",
-    "bind_range": "_memory",
-    "host_buffer": "_memory",
-    "placement": "_memory",
-    "report": "_report",
+    "HostBuffer": "memory._memory",
+    "PlacementError": "memory._memory",
+    "RangeBinding": "memory._memory",
+    "bind_range": "memory._memory",
+    "host_buffer": "memory._memory",
+    "placement": "memory._memory",
+    "report": "check._report",
 }
 
 

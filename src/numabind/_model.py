@@ -584,7 +584,7 @@ class Visibility(Record):
 
 class HostRegisterApi(Record):
     """How a vendor's driver page-locks host memory and maps it for DMA (``host_buffer(...,
-    register=...)``, :mod:`numabind._driver`): the library (first soname that loads), its
+    register=...)``, :mod:`numabind.memory._driver`): the library (first soname that loads), its
     C functions by role, the flag that makes a registration visible to every context,
     and how a device is made current around the call: ``primary-context`` (the CUDA
     driver API: the device's primary context pushed, then popped) or ``current-device``

@@ -3,7 +3,7 @@ onto it, and where a range's pages are, asked of the kernel.
 
 One implementation for everything numabind places or measures by address: the pages a
 late-bound process placed before its binding (:func:`migrate_private`, called by the
-process applier), host buffers and :func:`numabind.bind_range` (:mod:`numabind._memory`),
+process applier), host buffers and :func:`numabind.bind_range` (:mod:`numabind.memory._memory`),
 the bench's buffers and ``check``'s measure of the buffers a rank listed.
 
 * **Placing** (:class:`Mover`): ``mbind`` with ``MPOL_MF_MOVE`` over bounded batches of

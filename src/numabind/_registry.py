@@ -55,7 +55,7 @@ DIR_CAP = 1 << 16  # entries looked at per directory, directories per base
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _registered: dict[str, object] = {}  # what this process wrote: path, pid
 # the host buffers this process made and has not closed, as its entry lists them (written
-# by numabind._memory, read by the binding's entry): id -> (address, bytes, nodes, policy)
+# by numabind.memory._memory, read by the binding's entry): id -> (address, bytes, nodes, policy)
 _held: dict[int, tuple[int, int, tuple[int, ...], str]] = {}
 _held_lock = _thread.allocate_lock()
 

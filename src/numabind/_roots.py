@@ -1,4 +1,4 @@
-"""Captures laid out as a directory (and, with :mod:`numabind._tarroot`, the linear
+"""Captures laid out as a directory (and, with :mod:`numabind.capture._tarroot`, the linear
 resolver both capture readers share).
 
 The live system is read as it is by :class:`numabind._sources.LiveRoot`.  Anything else
@@ -15,7 +15,7 @@ Resolution is linear in what the path and its links spell (a stack of directorie
 a list rebuilt per component), and every root counts its work in a
 :class:`~numabind._sysfs.Budget`.
 
-Tarballs are never extracted (:mod:`numabind._tarroot`, which resolves its paths with the
+Tarballs are never extracted (:mod:`numabind.capture._tarroot`, which resolves its paths with the
 same :class:`Resolver`); the startup hook never loads that module.
 """
 

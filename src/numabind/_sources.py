@@ -2,7 +2,7 @@
 a file tree (:class:`Root`).
 
 :class:`SysfsSource` reads a :class:`~numabind._roots.Root` laid out like ``/`` (the live
-system, a directory capture, a tarball); :mod:`numabind._hwloc` provides the same
+system, a directory capture, a tarball); :mod:`numabind.capture._hwloc` provides the same
 interface for hwloc XML.  A malformed *optional* fact (a cache domain, a device's
 locality) becomes "unknown" plus a line in :attr:`Source.warnings` that names the file
 and the value; nothing here raises on bad input.
@@ -13,7 +13,7 @@ gather`` writes exactly those, so a capture holds what the reader reads, by cons
 A :class:`Root` answers "read ``/sys/...``" and "list ``/sys/...``" for one machine:
 :class:`LiveRoot` is this one (its /sys and /proc are the kernel's own, read as they are,
 still bounded); a capture's directory or tarball is read inside itself by
-:mod:`numabind._roots` and :mod:`numabind._tarroot`, which only ``show --input`` and
+:mod:`numabind._roots` and :mod:`numabind.capture._tarroot`, which only ``show --input`` and
 ``NUMABIND_SYSROOT`` load.  Every root counts its work in a :class:`~numabind._sysfs.Budget`.
 
 Which CPUs and memory nodes this process may use comes from its cgroup cpuset

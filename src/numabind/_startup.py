@@ -236,7 +236,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     else:
         binding.report(cfg.verbose)
     if cfg.report:  # bound or not: the report says where the rank is either way
-        from ._report import arm as arm_report
+        from .check._report import arm as arm_report
 
         arm_report()
     return binding

@@ -142,7 +142,7 @@ class Machine:
         """The machine in a capture: a directory laid out like ``/`` (or holding one such
         directory), a tarball of one (``numabind gather``, ``hwloc-gather-topology``) or an
         hwloc XML export, told apart by content.  Raises :class:`~numabind.CaptureError`."""
-        from ._capture import open_source
+        from .capture._capture import open_source
 
         return cls(open_source(path))
 
@@ -151,8 +151,8 @@ class Machine:
         """One of the example machines numabind generates (``dgx-h100``, ``gb200``,
         ``mi300x``, ``nps4``, ...: ``numabind show --example``), read from memory; for
         trying numabind without a GPU server."""
-        from ._examples import example_root
         from ._sources import SysfsSource
+        from .capture._examples import example_root
 
         return cls(SysfsSource(example_root(name)))
 

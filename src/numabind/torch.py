@@ -622,7 +622,7 @@ def _placed_tensor(
     require("torch", "torch", "pip install torch", caller)
     import torch
 
-    from ._memory import CALLER, host_buffer
+    from .memory._memory import CALLER, host_buffer
 
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     kind = dtype if dtype is not None else torch.get_default_dtype()

@@ -39,7 +39,7 @@ MAX_NPROC = 4096  # --nproc ceiling: more local ranks than any machine has GPUs 
 
 
 def _example_names() -> list[str]:
-    from .._examples import EXAMPLES
+    from ..capture._examples import EXAMPLES
 
     return list(EXAMPLES)
 
@@ -651,7 +651,7 @@ def _cmd_gather(args: argparse.Namespace) -> int:
 
 def _gather_example(args: argparse.Namespace) -> int:
     """``gather --example NAME DIR``: the example as a sysroot folder (or a tarball)."""
-    from .._examples import EXAMPLES, build
+    from ..capture._examples import EXAMPLES, build
     from ._playground import is_tarball, sysroot_note, write_tree
 
     if not args.output or args.output == "-":
@@ -661,7 +661,7 @@ def _gather_example(args: argparse.Namespace) -> int:
         )
     name, output = args.example, args.output
     if is_tarball(output):
-        from .._examples import example_root
+        from ..capture._examples import example_root
         from ._gather import gather
 
         out = OutputFile(output, "output", "gather", args.force).check()

@@ -340,7 +340,7 @@ class _Lane:
         self.cpus = cpus
         self.remote: int | None = None
         self.buffers: dict[str, Any] = {}  # "local"/"remote" -> HostBuffer
-        self.copies: Any = None  # numabind._driver.DeviceCopies
+        self.copies: Any = None  # numabind.memory._driver.DeviceCopies
 
     def pin(self) -> ThreadPin:
         """Issue this GPU's copies from its ranks' CPUs (the calling thread only; CPUs this
@@ -475,8 +475,8 @@ def gpu_copies(
     once (one copy on a PCIe link is often bound by the link; the host memory's node
     shows under concurrency, when the sockets' interconnect carries every GPU's traffic).
     A reason string when there is nothing to measure."""
-    from .. import _driver
     from .._errors import NumabindError
+    from ..memory import _driver
 
     lanes = _lanes(machine, plans, rank, node)
     if not lanes:
@@ -531,10 +531,10 @@ def _open(
     had is left out, and one whose remote buffer cannot is measured locally only (a
     container's cpuset.mems, a node short of memory): each said in a note.  Removes the
     lanes left out from ``lanes``."""
-    from .. import _driver
     from .._errors import NumabindError
-    from .._memory import host_buffer
     from .._range import share_on
+    from ..memory import _driver
+    from ..memory._memory import host_buffer
 
     verified: dict[tuple[int, str], float] = {}
     notes: list[str] = []

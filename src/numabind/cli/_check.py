@@ -1,4 +1,4 @@
-"""``numabind check``: the command over numabind._inspect (which checks, and is the
+"""``numabind check``: the command over numabind.check._inspect (which checks, and is the
 module the job collector and the framework report share): the text lines, the exit
 status, the choice of processes.  Exit statuses: numabind.cli._common.EXITS.
 """
@@ -9,7 +9,7 @@ import os
 import time
 
 from .._environ import detect
-from .._inspect import (
+from ..check._inspect import (
     CheckReport,
     ProcessCheck,
     Vanished,
@@ -103,7 +103,7 @@ def exit_status(report: CheckReport, named: bool) -> int:
 
 def settings_of(args: argparse.Namespace) -> tuple[str, Mapping[str, str] | None]:
     """Where the machine is read from and where the registry is: ``--sysroot`` and
-    ``--registry`` (how an isolated collector is told: numabind._isolated) under the rule
+    ``--registry`` (how an isolated collector is told: numabind.check._isolated) under the rule
     the startup hook applies to ``NUMABIND_SYSROOT`` and ``NUMABIND_REGISTRY`` (for root:
     a path only root can change), else those variables as the hook reads them.  Returns
     (sysroot, the registry's settings for numabind._registry, None: this environment)."""

@@ -279,13 +279,13 @@ class Runner(Record):
 def probe_runner(python: str, environ: Mapping[str, str]) -> Runner:
     """Starting an interpreter runs its site directories' ``.pth`` files and
     ``sitecustomize``: code of whoever may write them.  The probe runs with no more
-    privilege than they have (numabind._isolated): as this user when only root or this
+    privilege than they have (numabind.check._isolated): as this user when only root or this
     user can change any of it; as root's one other writer, dropped to that uid, when
     there is exactly one; refused (ValueError) when a file is writable by group or
     others, or several users could change it, or this user is not root."""
     import pwd
 
-    from .._isolated import interpreter_paths, writers
+    from ..check._isolated import interpreter_paths, writers
 
     me = os.geteuid()
     uid: int | None = None

@@ -13,9 +13,9 @@ import io
 import json
 import time
 
-from .._capture import ENV_FILE, RECORDED_VARIABLES
 from .._model import VENDORS
 from .._sources import SYS_INFINIBAND, SYS_NET, SYS_TIERING, SysfsSource, read_paths
+from ..capture._capture import ENV_FILE, RECORDED_VARIABLES
 from ._common import OutputFile
 
 TYPE_CHECKING = False

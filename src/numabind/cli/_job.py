@@ -2,8 +2,8 @@
 
 The collector is ``numabind check --all --job-id J``: run on a node, it checks the ranks of
 job J there, reading /proc and sysfs only, and prints one node record
-(numabind._job.SCHEMA).  Which processes are job J's is the kernel's or Slurm's word, not
-theirs (numabind._inspect.job_members: ``scontrol listpids``, the job's cgroup, else the
+(numabind.check._job.SCHEMA).  Which processes are job J's is the kernel's or Slurm's word, not
+theirs (numabind.check._inspect.job_members: ``scontrol listpids``, the job's cgroup, else the
 job owner's uid); what they claim (``SLURM_JOB_ID``, ``SLURMD_NODENAME``, not this
 collector's own step) only narrows that.  ``check --job`` runs the collector once per node
 of the job in one ``srun --overlap`` step (beside a busy step: no CPU of the job is
@@ -11,7 +11,7 @@ needed), stops at ``--deadline``, and merges: a node with no record is a row tha
 why.  No daemon, no SSH: Slurm's own launch.
 
 The collector runs as the caller (root, for an audit) on every node, so nothing on its
-way may be another user's (numabind._isolated): the step starts in ``/``
+way may be another user's (numabind.check._isolated): the step starts in ``/``
 (``--chdir=/``), the node's ``/bin/sh`` checks the interpreter before it runs, and the
 interpreter starts isolated (``-I -S -B``) with numabind loaded from its installation
 alone; the collector's settings (``--sysroot``, ``--registry``, ``--job-uid``) travel as
@@ -30,9 +30,11 @@ import sys
 import time
 from collections.abc import Mapping
 
-from .. import _job, _sysfs
-from .._inspect import COLLECTOR, job_filter
-from .._isolated import (
+from .. import _sysfs
+from .._model import JOB_VARIABLES, Record
+from ..check import _job
+from ..check._inspect import COLLECTOR, job_filter
+from ..check._isolated import (
     NODE_CHECK,
     boot_argv,
     install_root,
@@ -42,8 +44,7 @@ from .._isolated import (
     running_python,
     say,
 )
-from .._job import node_record
-from .._model import JOB_VARIABLES, Record
+from ..check._job import node_record
 from ._common import (
     UNREACHABLE,
     USAGE,
@@ -57,7 +58,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
 
-    from .._inspect import CheckReport
+    from ..check._inspect import CheckReport
 
 STOP_SECONDS = 2.0  # of --deadline, kept for stopping srun and its step
 OUTPUT_CAP = 256 << 20  # bytes read from srun at most (1,000 nodes x 8 ranks is ~10 MiB)
@@ -69,8 +70,8 @@ OUTPUT_CAP = 256 << 20  # bytes read from srun at most (1,000 nodes x 8 ranks is
 def _from_store(args: argparse.Namespace) -> int:
     """``check --store HOST:PORT``: the records a torch.distributed job posted, read
     through numabind's own bounded client of the store (no torch needed)."""
-    from .. import _report
     from .._errors import UsageError
+    from ..check import _report
 
     host, _, port = args.store.rpartition(":")
     if not host or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
@@ -83,7 +84,7 @@ def _from_store(args: argparse.Namespace) -> int:
     if why is not None:
         write_lines([f"{said}: cannot reach the store ({why})"], stream=sys.stderr)
         return UNREACHABLE
-    from .._store import StoreClient, StoreError
+    from ..check._store import StoreClient, StoreError
 
     try:
         store = StoreClient(host, int(port), started + wait, _job.STORE_RECORD_BYTES)
@@ -122,8 +123,8 @@ def _from_store(args: argparse.Namespace) -> int:
 def _collector(args: argparse.Namespace) -> int:
     """``check --all --job-id J``: the job's processes as the kernel or Slurm says, each a
     rank only if it also claims to be one of J's on this node; at most
-    :data:`numabind._job.MAX_RANKS` checked (the rest counted in a note)."""
-    from .._inspect import job_members
+    :data:`numabind.check._job.MAX_RANKS` checked (the rest counted in a note)."""
+    from ..check._inspect import job_members
     from ._check import run_check
 
     members = job_members(args.job_id, args.job_uid, timeout=min(args.deadline / 4, 10.0))

@@ -1,5 +1,5 @@
 """``numabind check --ray DASHBOARD``: every Ray actor and task holding a GPU, on every node
-of the cluster, in the job report (numabind._job), without joining the cluster.
+of the cluster, in the job report (numabind.check._job), without joining the cluster.
 
 A Ray cluster is its owner's: joining it as a driver (``ray.init``) runs the cluster's
 code in this process and unpickles what its workers return, and ``address="auto"`` joins
@@ -12,7 +12,7 @@ it.  So nothing of Ray is imported here, and only the cluster the caller names i
   JSON values, its headers, and every wait, which ends at ``--deadline``; a redirect is
   not followed.
 * The checking itself is a Ray job of the cluster's own (the dashboard's job API: its
-  supervisor starts ``python -m numabind._raydriver`` as the cluster's user), which runs
+  supervisor starts ``python -m numabind.check._raydriver`` as the cluster's user), which runs
   numabind's collector on each node holding a GPU and prints each node record as one
   line of text; its log is read over HTTP, bounded, and each record parsed as input.
   The records are the cluster's word: the report says who wrote them.
@@ -31,7 +31,8 @@ import sys
 import time
 from typing import Any
 
-from .. import _job, _raydriver, _sysfs
+from .. import _sysfs
+from ..check import _job, _raydriver
 from ._common import UNREACHABLE, USAGE, write_json, write_lines
 
 TYPE_CHECKING = False
@@ -238,7 +239,7 @@ def cluster_state(http: Http) -> tuple[str, dict[str, list[int]], dict[str, str]
 def _entrypoint(python: str, seconds: float) -> str:
     import shlex
 
-    return f"{shlex.quote(python)} -m numabind._raydriver {seconds:.0f}"
+    return f"{shlex.quote(python)} -m numabind.check._raydriver {seconds:.0f}"
 
 
 def run_job(http: Http, python: str, seconds: float) -> tuple[str, str, str]:

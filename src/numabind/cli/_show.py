@@ -734,7 +734,7 @@ def _with_knobs(base: Mapping[str, str], what: str) -> tuple[dict[str, str], lis
 
 def _rank_variables(environ: Mapping[str, str]) -> list[str]:
     """The rank, size and device-visibility variables set in ``environ``."""
-    from .._capture import RECORDED_VARIABLES
+    from ..capture._capture import RECORDED_VARIABLES
 
     return [v for v in RECORDED_VARIABLES if v in environ and v not in PLAN_KNOBS]
 

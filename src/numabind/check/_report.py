@@ -1,13 +1,13 @@
 """The job report from inside torch.distributed (``NUMABIND_REPORT=1``, ``numabind.report()``).
 
-After ``init_process_group`` each rank checks itself (numabind._inspect: every thread's
+After ``init_process_group`` each rank checks itself (numabind.check._inspect: every thread's
 CPUs, memory policy and placement, its GPU, who it is) and writes that record, one node
 record with one rank, into the job's own key-value store: the store of the default process
 group, under ``numabind/<run id>/<restart count>/<rank>``, so that an elastic restart
 never mixes generations.  Nothing else is exchanged: no collective the user did not ask
 for, no daemon.  One rank (``NUMABIND_REPORT_RANK``, default 0) waits in a background
 thread until every rank has posted, or ``NUMABIND_REPORT_WAIT`` seconds (default 60), and
-prints the job table (numabind._job) on stderr, naming the ranks that did not post;
+prints the job table (numabind.check._job) on stderr, naming the ranks that did not post;
 training is never blocked by it.  The records are input there: validated like a
 collector's (schema, bounds, cleaned text), a record under another rank's key or naming
 another rank is an invalid row, never a crash.
@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any
 
+from .._output import say, say_lines
 from . import _job
-from ._output import say, say_lines
 
 PREFIX = "numabind"
 LATEST = f"{PREFIX}/latest"  # "<run id>/<restart>/<world size>" of the newest generation
@@ -72,9 +72,9 @@ def own_record() -> bytes:
     """This process checked, as a node record holding one rank."""
     import json
 
+    from .._environ import Config
+    from .._topology import Machine
     from . import _inspect
-    from ._environ import Config
-    from ._topology import Machine
 
     machine = Machine.from_root(Config.from_env().sysroot)
     try:
@@ -93,12 +93,12 @@ def report(*, wait: float | None = None, rank: int | None = None) -> threading.T
     after ``init_process_group``, on every rank; it enters no collective.  Raises
     :class:`~numabind.IntegrationError` (``FrameworkMissing``, an ``ImportError`` too)
     where torch is not installed."""
-    from ._errors import require
+    from .._errors import require
 
     require("torch", "torch", "pip install torch", "numabind.report()")
     import torch.distributed as dist
 
-    from ._environ import Config
+    from .._environ import Config
 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("numabind.report(): call it after torch.distributed.init_process_group")
@@ -171,8 +171,8 @@ def read_report(
 ) -> _job.JobReport:
     """The records under ``prefix`` (ranks 0..world-1), merged: one node row per host the
     records name, an invalid row per record that does not pass (the first
-    :data:`numabind._job.MAX_INVALID`; the others counted), the ranks with none listed as
-    not posted.  Each record is a store record (one rank, :data:`numabind._job.
+    :data:`numabind.check._job.MAX_INVALID`; the others counted), the ranks with none listed as
+    not posted.  Each record is a store record (one rank, :data:`numabind.check._job.
     STORE_RECORD_BYTES`); all of them come out of one report budget.  Once the store
     stops answering, the deadline (a ``time.monotonic()`` value) passes or the budget is
     spent, the ranks left are one line, whatever ``world`` claims."""
@@ -281,7 +281,7 @@ def _read_one(store: Any, key: str, budget: _job.Budget) -> tuple[_job.NodeRow, 
 def arm() -> None:
     """Post (and print) the report after the first ``init_process_group``: watch the
     import of torch's c10d (nothing is imported before)."""
-    from ._guard import after_import
+    from .._guard import after_import
 
     after_import("torch.distributed.distributed_c10d", wrap)
 
@@ -289,7 +289,7 @@ def arm() -> None:
 def wrap(c10d: Any) -> None:
     """Post the report after ``init_process_group`` returns (and the name
     ``torch.distributed`` re-exports), through the guard's one wrapper."""
-    from ._guard import around_init_process_group
+    from .._guard import around_init_process_group
 
     around_init_process_group(c10d, "report", _after_init)
 

@@ -18,11 +18,11 @@ import json
 import os
 import stat
 
-from . import _sysfs
-from ._errors import CaptureError
-from ._model import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES, VISIBILITY_VARIABLES
-from ._roots import DirRoot
-from ._sources import Root, Source, SysfsSource
+from .. import _sysfs
+from .._errors import CaptureError
+from .._model import RANK_VARIABLE_NAMES, SIZE_VARIABLE_NAMES, VISIBILITY_VARIABLES
+from .._roots import DirRoot
+from .._sources import Root, Source, SysfsSource
 from ._tarroot import TarRoot, is_tar, read_file
 
 ENV_FILE = "numabind-env.json"

@@ -18,9 +18,9 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from . import _sysfs
-from ._sources import Root
-from ._sysfs import format_cpulist
+from .. import _sysfs
+from .._sources import Root
+from .._sysfs import format_cpulist
 
 
 @dataclass
@@ -1087,7 +1087,7 @@ EXAMPLES = {
 
 def example_root(name: str) -> MemoryRoot:
     """The example ``name`` (:data:`EXAMPLES`) as a root in memory."""
-    from ._errors import CaptureError
+    from .._errors import CaptureError
 
     make = EXAMPLES.get(name)
     if make is None:

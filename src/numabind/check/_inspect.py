@@ -8,13 +8,13 @@ still shares copy-on-write with a fork parent reported apart: they are the paren
 placement, not this process's), the thread settings it was given, the GPU it holds open,
 who it is in its job, and each mismatch with its likely cause.  The result is a typed
 :class:`ProcessCheck` per process and one :class:`CheckReport`, whose ``to_dict()`` is the
-documented JSON schema (docs/cli.rst); :func:`numabind._job.node_record` is the job
+documented JSON schema (docs/cli.rst); :func:`numabind.check._job.node_record` is the job
 collector's compact form of it, written beside its parser.
 
 Everything read about another process is input: read from /proc with per-process caps
 (numabind._kernel), and a process that vanishes mid-check is reported as such, never a
 traceback.  :func:`check` stops at its deadline: processes not reached by then are listed
-as skipped.  Nothing here prints: numabind.cli._check and numabind._report do.
+as skipped.  Nothing here prints: numabind.cli._check and numabind.check._report do.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import errno
 import os
 import time
 
-from . import _kernel, _registry, _sysfs
-from ._environ import detect
-from ._kernel import Region, locality, pages_per_node, shared_pages
-from ._model import (
+from .. import _kernel, _registry, _sysfs
+from .._environ import detect
+from .._kernel import Region, locality, pages_per_node, shared_pages
+from .._model import (
     DEVICE_FILES,
     GLOBAL_RANK_VARIABLES,
     HELPER_PROCESS_ROLES,
@@ -38,9 +38,9 @@ from ._model import (
     Record,
     binder_of,
 )
-from ._sysfs import normalize_pci
-from ._threads import AFFINITY_VARIABLES
-from ._threads import VARIABLES as THREAD_VARIABLES
+from .._sysfs import normalize_pci
+from .._threads import AFFINITY_VARIABLES
+from .._threads import VARIABLES as THREAD_VARIABLES
 
 _SETTINGS = (*THREAD_VARIABLES, *AFFINITY_VARIABLES)  # what check reports of a rank's pools
 TYPE_CHECKING = False
@@ -48,11 +48,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-    from ._kernel import Region
-    from ._model import NicChoice
-    from ._plan import Plan
-    from ._registry import Entry, Scan
-    from ._topology import Machine
+    from .._kernel import Region
+    from .._model import NicChoice
+    from .._plan import Plan
+    from .._registry import Entry, Scan
+    from .._topology import Machine
 
 fmt = _sysfs.format_cpulist
 MIN_LOCALITY = 0.9
@@ -423,9 +423,9 @@ def expected_plan(
         return PlanView.of_entry(entry), "registry", entry
     if isinstance(environ, OSError):
         return None, f"cannot read /proc/{pid}/environ ({environ.strerror or environ})", None
-    from ._devices import resolve
-    from ._environ import Config
-    from ._plan import plan, request_from
+    from .._devices import resolve
+    from .._environ import Config
+    from .._plan import plan, request_from
 
     info = detect(environ)
     if info.local_rank is None and info.problem is None:
@@ -464,9 +464,9 @@ def nic_facts(
     gpu = machine.accelerator(expected.device_pci) if expected.device_pci else None
     if gpu is None:
         return {}
-    from . import _transports
-    from ._nics import assign, same_vendor
-    from ._plan import device_node
+    from .. import _transports
+    from .._nics import assign, same_vendor
+    from .._plan import device_node
 
     chosen = expected.nics
     if not chosen:
@@ -885,7 +885,7 @@ def _why_skipped(
         cause = "cgroup too narrow" if expected.skip == "cgroup" else "bad input"
         problems.append(f"{cause}: {expected.reason}")
     if expected.skip == "cgroup":
-        from ._advice import cpuset_fix
+        from .._advice import cpuset_fix
 
         own: Mapping[str, str] = {} if isinstance(env, OSError) else env
         notes.append(f"to bind it: {cpuset_fix(own, machine.allowed)}")

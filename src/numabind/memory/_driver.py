@@ -26,7 +26,7 @@ remote node).
 
 A registration that fails half-way unregisters the chunks it made.  The caller populates
 the range first (registration faults missing pages in on the registering thread, that is
-wherever that thread runs) and marks it ``MADV_DONTFORK`` (:mod:`numabind._memory`).
+wherever that thread runs) and marks it ``MADV_DONTFORK`` (:mod:`numabind.memory._memory`).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from __future__ import annotations
 import ctypes
 import time
 
-from ._errors import DriverError, RegistrationError
-from ._model import VENDORS, HostRegisterApi
+from .._errors import DriverError, RegistrationError
+from .._model import VENDORS, HostRegisterApi
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._model import Accelerator
+    from .._model import Accelerator
 
 CHUNK = 1 << 30  # bytes per registration call
 _loaded: dict[str, Any] = {}  # API name -> its library (or the reason it did not load)

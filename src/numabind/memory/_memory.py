@@ -24,7 +24,7 @@ back to first touch from threads bound to the node's CPUs, and the measured plac
 reported.  Nothing here runs at startup: the module is imported by the functions only.
 
 A populated buffer is then registered with the GPU driver where there is one
-(:mod:`numabind._driver`: page-locked and mapped for DMA, so that copies run at full
+(:mod:`numabind.memory._driver`: page-locked and mapped for DMA, so that copies run at full
 speed), strictly after populating (registration faults missing pages in on the
 registering thread), and marked ``MADV_DONTFORK``: since Linux 5.9 ``fork`` copies pages
 pinned for DMA into the child, so a 100 GiB pool would be copied into every forked
@@ -40,20 +40,20 @@ import os
 import threading
 import weakref
 
-from . import _kernel, _sysfs
-from ._errors import ConfigError, DriverError, NumabindError, RegistrationError
-from ._model import Record
-from ._pin import pin_cpus
-from ._range import Mover, moved_onto, where
-from ._sysfs import format_cpulist
+from .. import _kernel, _sysfs
+from .._errors import ConfigError, DriverError, NumabindError, RegistrationError
+from .._model import Record
+from .._pin import pin_cpus
+from .._range import Mover, moved_onto, where
+from .._sysfs import format_cpulist
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .._model import Accelerator
+    from .._topology import Machine
     from ._driver import Registration
-    from ._model import Accelerator
-    from ._topology import Machine
 
 # the public function the user called (numabind.torch's tensors are host buffers too):
 # what every message of a host buffer names
@@ -108,7 +108,7 @@ def placement(address: int, nbytes: int) -> dict[int | None, int]:
 
 
 def _machine() -> Machine:
-    from ._topology import Machine
+    from .._topology import Machine
 
     return Machine.here()
 
@@ -135,7 +135,7 @@ def target(
     machine: Machine, device: int | str | None, node: int | Sequence[int] | None, caller: str
 ) -> Target:
     """:func:`target_nodes`, with the device it was resolved from."""
-    from ._apply import bound_plan
+    from .._apply import bound_plan
 
     bound = bound_plan()
     own = Target(
@@ -144,7 +144,7 @@ def target(
         index=bound.device_index if bound is not None else None,
     )
     if device is not None:
-        from ._devices import find_device, resolve
+        from .._devices import find_device, resolve
 
         visible = resolve(machine, os.environ)
         found, why = find_device(device, visible, machine)
@@ -165,7 +165,7 @@ def target(
                 )
         return own.replace(nodes=tuple(sorted(set(nodes))))
     if device is not None and own.device is not None:
-        from ._plan import device_node
+        from .._plan import device_node
 
         where = device_node(machine, own.device)
         if where.node is None:
@@ -187,7 +187,7 @@ def _kernel_policy(machine: Machine, policy: str, nodes: tuple[int, ...]) -> tup
     if policy not in BUFFER_POLICIES:
         raise ConfigError(f"policy={policy!r}: use one of {', '.join(BUFFER_POLICIES)}")
     if policy == "preferred" and len(nodes) > 1:
-        from ._plan import preferred_over
+        from .._plan import preferred_over
 
         chosen, _, note = preferred_over(machine, frozenset(nodes), nodes[0])
         return chosen, note
@@ -199,8 +199,8 @@ def _spill_mask(machine: Machine, kpolicy: str, nodes: tuple[int, ...]) -> froze
     rule, :func:`numabind._plan.spill_mask`): empty where the kernel's fallback already
     stays on CPU memory (or the setting is ``any``).  Nodes the caller named are always
     in it: naming a node is asking for it."""
-    from ._environ import Config
-    from ._plan import spill_mask
+    from .._environ import Config
+    from .._plan import spill_mask
 
     mask, _ = spill_mask(machine, frozenset(nodes), kpolicy, Config.from_env().spill)
     return mask
@@ -486,14 +486,14 @@ def _release(held: _Held, collected: bool) -> None:
 
 def _remember(buf: HostBuffer) -> None:
     """List the buffer in this process's registry entry, so ``check`` measures it."""
-    from . import _apply, _registry
+    from .. import _apply, _registry
 
     _registry.list_buffer(id(buf), (buf.address, buf.mapped_bytes, buf.nodes, buf.policy))
     _apply.reregister()
 
 
 def _forget(buf: HostBuffer) -> None:
-    from . import _apply, _registry
+    from .. import _apply, _registry
 
     _registry.list_buffer(id(buf), None)
     _apply.reregister()
@@ -615,7 +615,7 @@ def host_buffer(
 
     ``register`` (default ``"auto"``) registers the populated buffer with the GPU driver
     (page-locked and mapped for DMA, visible to every context: CUDA's driver API or HIP by
-    ctypes, see ``numabind._driver``) where a driver is present, and otherwise skips with
+    ctypes, see ``numabind.memory._driver``) where a driver is present, and otherwise skips with
     one note (``registered`` False, ``register_reason`` why); ``True`` raises
     :class:`~numabind.RegistrationError` (nothing left mapped) when it cannot, ``False``
     never registers.  Registration needs ``populate`` (it would fault the pages in on the
@@ -670,7 +670,7 @@ def host_buffer(
         except OSError as err:
             if err.errno != errno.ENOMEM:
                 raise
-            from ._limits import mapping_refused
+            from .._limits import mapping_refused
 
             raise PlacementError(mapping_refused(caller, nbytes, err)) from None
         buf = HostBuffer(

@@ -104,7 +104,7 @@ def say(found):
     return "%s: %s" % (path, how)
 '''
 _rule: dict[str, Any] = {}
-exec(compile(TRUST, "numabind._isolated.TRUST", "exec"), _rule)  # our own text, once
+exec(compile(TRUST, "numabind.check._isolated.TRUST", "exec"), _rule)  # our own text, once
 
 
 def loose(
@@ -222,7 +222,8 @@ sys.exit(main(ARGS))
 def install_root() -> str:
     """The directory that holds this numabind package (site-packages, or the checkout's
     ``src`` for an editable install)."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # <root>/numabind/
+    here = os.path.abspath(__file__)  # <root>/numabind/check/_isolated.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
 
 
 def boot_argv(python: str, args: list[str], root: str = "", mode: str = "plain") -> list[str]:

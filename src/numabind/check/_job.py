@@ -41,8 +41,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from . import _sysfs
-from ._model import Record
+from .. import _sysfs
+from .._model import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -810,7 +810,7 @@ def _node_head(
     if expect_host is not None and host != expect_host:
         raise InvalidRecord(f"record of host {host!r} where {expect_host!r} was asked")
     refused = d.get("refused")
-    if refused is not None:  # the node would not start numabind (numabind._isolated)
+    if refused is not None:  # the node would not start numabind (numabind.check._isolated)
         return NodeRow(
             host=host, state="unreachable", reason=f"not run: {_text(refused, 'refused')}"
         )

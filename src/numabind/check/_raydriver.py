@@ -2,14 +2,14 @@
 
 ``numabind check --ray DASHBOARD`` never joins a cluster itself (numabind.cli._ray): it
 reads Ray's state over the dashboard's HTTP API and submits this module as a Ray job
-(``python -m numabind._raydriver SECONDS``).  Ray's job supervisor starts it as whoever
+(``python -m numabind.check._raydriver SECONDS``).  Ray's job supervisor starts it as whoever
 runs the cluster, in the cluster's environment, so the cluster's code only ever runs with
 the cluster's own rights.  It lists the live actors and the running tasks that hold a GPU
 (Ray's state API), runs numabind's collector once on each of their nodes as a task pinned
 there that asks for no CPU (``num_cpus=0``: a node whose CPUs are all held still answers),
 and prints each node record as one line of text on its standard output, which the
 dashboard keeps as the job's log: ``numabind-record NODE_ID JSON``.  Nothing it prints is
-trusted by the caller, which parses the lines as input (numabind._job).
+trusted by the caller, which parses the lines as input (numabind.check._job).
 
 :func:`gpu_holders` is shared with the caller, which runs it on the same rows read over
 HTTP to know which nodes should answer.
@@ -70,11 +70,11 @@ def gpu_holders(actors: Iterable[Any], tasks: Iterable[Any]) -> dict[str, list[i
 
 
 def collect_node(pids: list[int], host: str, seconds: float) -> str:
-    """Run on a Ray node: its GPU holders checked (numabind._inspect), as a node record
+    """Run on a Ray node: its GPU holders checked (numabind.check._inspect), as a node record
     (JSON text: only text leaves the node)."""
+    from .._environ import Config
+    from .._topology import Machine
     from . import _inspect, _job
-    from ._environ import Config
-    from ._topology import Machine
 
     machine = Machine.from_root(Config.from_env().sysroot)
     try:

@@ -25,9 +25,9 @@ startup path.
 
 from __future__ import annotations
 
-from . import _sysfs
-from ._errors import CaptureError
-from ._model import (
+from .. import _sysfs
+from .._errors import CaptureError
+from .._model import (
     HWLOC_KINDS,
     HWLOC_UUID_KEYS,
     Accelerator,
@@ -41,8 +41,8 @@ from ._model import (
     classify,
     unhandled,
 )
-from ._sources import Source
-from ._sysfs import normalize_pci, pci_sort_key
+from .._sources import Source
+from .._sysfs import normalize_pci, pci_sort_key
 
 XML_CAP = 64 << 20
 MAX_DEPTH = 64
@@ -490,7 +490,7 @@ class HwlocSource(Source):
     ) -> None:
         """An OpenFabrics OS device: hwloc records each port's state (``Port1State``: the
         number of the kernel's enum) but neither rate nor link layer."""
-        from ._rdma import clean_name, port_state
+        from .._rdma import clean_name, port_state
 
         name = clean_name(raw)
         if name is None:
@@ -523,7 +523,7 @@ class HwlocSource(Source):
         )
 
     def _add_ethernet(self, busid: str, ifaces: list[str], numa: int | None) -> None:
-        from ._rdma import clean_name
+        from .._rdma import clean_name
 
         for raw in ifaces:
             name = clean_name(raw, 15)
@@ -580,7 +580,7 @@ class HwlocSource(Source):
 
     # Source interface
     def core_kinds(self, online: frozenset[int]) -> CoreKinds:
-        from ._sources import kinds_from
+        from .._sources import kinds_from
 
         values = {c: v for c, v in self._cpu_kinds.items() if c in online}
         if len(set(values.values())) > 1:

@@ -28,9 +28,9 @@ from __future__ import annotations
 import os
 import stat
 
-from . import _sysfs
-from ._roots import PATH_MAX, Resolver, split_path
-from ._sources import Root
+from .. import _sysfs
+from .._roots import PATH_MAX, Resolver, split_path
+from .._sources import Root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
