@@ -313,7 +313,10 @@ def _code_files() -> "tuple[str, ...]":
     entry holding it: an editable install keeps it apart from this module), without
     importing it."""
     pkg = ""
-    for entry in sys.path:
+    loaded = getattr(sys.modules.get("numabind"), "__file__", None)
+    if isinstance(loaded, str):  # numabind is loaded (the isolated collector loads it
+        pkg = os.path.dirname(os.path.abspath(loaded))  # from a directory not on sys.path)
+    for entry in sys.path if not pkg else ():
         if entry and os.path.isfile(os.path.join(entry, "numabind", "__init__.py")):
             pkg = os.path.join(entry, "numabind")
             break

@@ -160,26 +160,43 @@ print(json.dumps({"process": sorted(b.plan.cpus), "inside": inside, "shared": sh
 def test_a_later_apply_leaves_a_bind_thread_block_where_it_is(two: str) -> None:
     """A process binding applied while another thread is inside a bind_thread block
     (a framework calling apply() after its per-GPU driver threads started) rebinds every
-    other thread, not that one; when the block ends the thread joins the new binding."""
+    other thread, not that one; when the block ends the thread joins the new binding (no
+    other binder moved it: the same apply() is still a no-op), and that binding's restore()
+    puts it back where the block would have."""
     code = """
-import json, os, threading, numabind
+import json, os, sys, threading, numabind
 inside, go, out = threading.Event(), threading.Event(), {}
 def worker():
     with numabind.bind_thread(1):
         inside.set(); go.wait()
         out["during"] = sorted(os.sched_getaffinity(0))
     out["after"] = sorted(os.sched_getaffinity(0))
+    back.wait()
+    out["restored"] = sorted(os.sched_getaffinity(0))
+back = threading.Event()
 t = threading.Thread(target=worker); t.start(); inside.wait()
 b = numabind.apply(device=0, local_rank=0)
 out["main"] = sorted(os.sched_getaffinity(0))
 out["changes"] = b.changes()
-go.set(); t.join()
+go.set()
+while "after" not in out: pass
+out["changes_after"] = b.changes()
+out["same"] = numabind.apply(device=0, local_rank=0) is b
+b.restore(); back.set(); t.join()
 print(json.dumps(out))
 """
     r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and r.stderr == "", r.stderr
     out = json.loads(r.stdout)
-    assert out == {"main": [0], "changes": None, "during": [1], "after": [0]}, out
+    assert out == {
+        "main": [0],
+        "changes": None,
+        "during": [1],
+        "after": [0],
+        "changes_after": None,
+        "same": True,
+        "restored": [0, 1],
+    }, out
 
 
 @two_cpus

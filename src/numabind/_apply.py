@@ -125,6 +125,9 @@ class Binding:
         self.thread_env: tuple[tuple[str, str], ...] = ()  # thread variables it was given
         self.nic_env: tuple[tuple[str, str], ...] = ()  # NIC variables it set (NUMABIND_NIC)
         self._previous_affinity: dict[int, frozenset[int]] = {}
+        # threads inside a bind_thread block when this binding was applied: the block,
+        # the thread, and what its end would have put back before this binding rebased it
+        self._rebased: list[tuple[ThreadBinding, int, frozenset[int] | None]] = []
         # every thread's mask as this binding left it (a later apply() tells what changed)
         self.masks: dict[int, frozenset[int]] = {}
         self._previous_policy: tuple[str, frozenset[int]] | None = None
@@ -340,7 +343,7 @@ class Binding:
             self._restored = True
             if self in ACTIVE:
                 ACTIVE.remove(self)
-            if self._previous_affinity or self._previous_policy is not None:
+            if self._previous_affinity or self._rebased or self._previous_policy is not None:
                 self._put_back()
             if self.registered:
                 self._register_top()
@@ -358,6 +361,16 @@ class Binding:
                 _kernel.set_thread_affinity(tid, cpus)
             except OSError:
                 pass  # the thread has exited
+        for block, tid, before in self._rebased:
+            with LOCK:
+                inside = block in THREADS.get(tid, [])
+            if inside:
+                block.pin.rebase(before)  # its end puts back what it would have
+            elif before is not None:
+                try:  # the block ended on this binding's CPUs: back to what it had
+                    _kernel.set_thread_affinity(tid, before)
+                except OSError:
+                    pass
         if self._previous_policy is not None:
             policy, nodes = self._previous_policy
             try:
@@ -944,8 +957,8 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
 
     tids = _kernel.thread_ids() if all_threads else [0]
     self_tid = _thread.get_native_id()
-    with LOCK:  # threads inside a bind_thread block: their outermost block
-        held = {tid: stack[0] for tid, stack in THREADS.items() if stack}
+    with LOCK:  # threads inside a bind_thread block that set their CPUs: the outermost
+        held = {tid: stack[0] for tid, stack in THREADS.items() if stack and stack[0].pin.cpus_set}
     for tid in tids:
         current = _kernel.affinity_of(tid)
         if current is None:
@@ -953,10 +966,10 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
         block = held.get(tid or self_tid)
         if block is not None:
             # bind_thread's own: the thread stays on its device's CPUs, and returns to
-            # this binding's when its block ends
-            block.pin.rebase(cpus)
+            # this binding's when its block ends (changes() knows a thread in a block)
+            b._rebased.append((block, tid or self_tid, block.pin.rebase(cpus)))
             b.threads_kept += 1
-            b.masks[tid] = current
+            b.masks[tid] = cpus
             continue
         if current == cpus or (current <= cpus and not rebind_inside):
             b.threads_kept += 1

@@ -112,12 +112,15 @@ class ThreadPin:
         if err.errno == errno.EPERM:
             self.refused.append(getattr(err, "call", None) or call)
 
-    def rebase(self, cpus: frozenset[int]) -> None:
-        """Make ``cpus`` what :meth:`undo` puts back: a process binding applied while this
-        pin held its thread (``numabind.apply()`` during a ``bind_thread`` block) leaves
-        the thread where it is and is where the thread returns."""
-        if self.cpus_set:
+    def rebase(self, cpus: frozenset[int] | None) -> frozenset[int] | None:
+        """Make ``cpus`` what :meth:`undo` puts back, returning what it was: a process
+        binding applied while this pin held its thread (``numabind.apply()`` during a
+        ``bind_thread`` block) leaves the thread where it is and is where the thread
+        returns; that binding's restore() rebases it back."""
+        old = self._previous_cpus
+        if self.cpus_set and cpus is not None:
             self._previous_cpus = cpus
+        return old
 
     def undo(self) -> None:
         """Put back what :meth:`apply` found; a no-op when nothing was applied or it was

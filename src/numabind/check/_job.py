@@ -640,7 +640,7 @@ def rank_status(r: ProcessCheck) -> str:
 def rank_record(r: ProcessCheck) -> dict[str, object]:
     """One rank of the node record: what the job report shows of it, compact (CPU sets in
     the kernel's list form, threads grouped by mask, the first few ids and names of
-    each), and never more than the budget of one rank (numabind.RANK_BYTES and
+    each), and never more than the budget of one rank (:data:`RANK_BYTES` and
     RANK_VALUES): a rank with many odd masks on a large machine drops its last groups and
     says so."""
     record = _rank_record(r)
@@ -718,7 +718,7 @@ def _rank_record(r: ProcessCheck) -> dict[str, object]:
 def node_record(
     report: CheckReport, job: str | None, notes_first: tuple[str, ...] = ()
 ) -> dict[str, object]:
-    """The collector's output (numabind.SCHEMA): the node's facts and its ranks;
+    """The collector's output (:data:`SCHEMA`): the node's facts and its ranks;
     ``notes_first`` lead its notes (how the job's processes were told)."""
     facts = report.node
     assert facts is not None
