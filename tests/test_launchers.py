@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,12 +54,17 @@ def launch(
             f"{argv} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
         )
         probes = [json.loads(f.read_text()) for f in sorted(Path(probe_dir).glob("*.json"))]
+    # where each rank's machine came from (the node's cache, or sysfs for the rank that
+    # wrote it) and why verbose mode went the full path vary with timing: not compared
     lines = sorted(
-        line[line.index("numabind: ") :]
+        _ORIGIN.sub("", line[line.index("numabind: ") :])
         for line in (p.stdout + p.stderr).splitlines()
         if "numabind: " in line
     )
     return probes, lines
+
+
+_ORIGIN = re.compile(r" \[machine: [^\]]*\]| \[planned by the full path: [^\]]*\]")
 
 
 def expected(source: str, size_source: str, n: int = 2) -> list[str]:
