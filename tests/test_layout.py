@@ -22,6 +22,15 @@ def _module_name(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` names, from the importing package."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """Every module ``path`` imports, anywhere in its body (functions and TYPE_CHECKING
     blocks included), as absolute names; ``from . import x`` names the submodule x (and
@@ -34,12 +43,7 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                target = node.module or ""
+            target = _from_target(node, package)
             subs = [f"{target}.{a.name}" for a in node.names]
             out.update(s for s in subs if s in modules)
             if node.module is not None or any(s not in modules for s in subs):
@@ -258,12 +262,7 @@ def _module_level_imports(path: Path) -> set[str]:
             elif isinstance(node, ast.Import):
                 out.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (node.level - 1)]
-                    target = ".".join([*base, *([node.module] if node.module else [])])
-                else:
-                    target = node.module or ""
+                target = _from_target(node, package)
                 out.add(target)
                 out.update(f"{target}.{a.name}" for a in node.names)
 
