@@ -18,6 +18,11 @@ cache files of that row are removed before each of its runs, untimed) and ``full
   capture   the same machine read as a capture (NUMABIND_SYSROOT): every path resolved
             inside the tree, every open checked to lie inside it; what the active row
             costs where no mount namespace is available
+  outside   the capture with this host's CPU 1 moved to the far node: the rank starts
+            with a CPU off its node (as a torchrun rank starts with every CPU), so the
+            hook reads numa_maps for early pages off the node (active and capture ranks
+            start inside their node, like a rank srun or a pod's cpuset confined: there
+            the kernel has placed every page on the node already)
   one-node  LOCAL_RANK=0 on a generated one-node machine with one GPU (a workstation, a
             one-GPU cloud VM), read as a capture: the hook plans and has nothing to bind
   numactl   the peer a user would pick instead: ``numactl --cpunodebind=0 --membind=0``
@@ -141,9 +146,17 @@ def _variants(
     capture = dict(live, NUMABIND_SYSROOT=root)
     one_root = synth.write(synth.one_node(), str(tmp / "one-node"))
     one_node = clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=one_root)
+    # the DGX with this host's CPU 1 on the far node: rank 3 (node 0) starts with a CPU
+    # off its node, as a torchrun rank starts with all of them, so the hook must look
+    # where its early pages are (numa_maps) before it may leave them
+    far = synth.dgx_h100()
+    far.nodes = [[c for c in far.nodes[0] if c != 1], sorted([1, *far.nodes[1]])]
+    far_root = synth.write(far, str(tmp / "dgx-far"))
+    outside = dict(live, NUMABIND_SYSROOT=far_root)
     markers = {
         "active": "sysroot=/|",
         "capture": f"sysroot={root}|",
+        "outside": f"sysroot={far_root}|",
         "one-node": f"sysroot={one_root}|",
     }
     cold: dict[str, str] = {}
@@ -162,7 +175,7 @@ def _variants(
         variants[f"inactive@{args.baseline}"] = ([pythons["baseline"], "-c", "pass"], quiet)
         wheels[f"@{args.baseline}"] = pythons["baseline"]
     for ref, python in wheels.items():
-        rows = {"active": live, "capture": capture, "one-node": one_node}
+        rows = {"active": live, "capture": capture, "outside": outside, "one-node": one_node}
         for name, env in rows.items():
             if name == "active" and not namespace:
                 continue
@@ -254,7 +267,7 @@ def _report(
         "(target: under 1% of bare)"
     )
     trampoline = cost.get("numactl bare")
-    for name, times_budget in ((hook, 2), ("one-node", 1)):
+    for name, times_budget in ((hook, 2), ("outside", 2), ("one-node", 1)):
         line = f"  {name}: warm {cost[name]:+.2f} ms, cold {cost[name + ' cold']:+.2f} ms, "
         line += f"full {cost[name + ' full']:+.2f} ms"
         if trampoline is not None:

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     Env = MutableMapping[str, str]
-    # where a rank goes: (node, reason, PCI address, device index, its peers on the node)
-    Place = tuple[int, str, str, "int | None", "tuple[int, int] | None"]
+    # a device as the cache lists it: (PCI address, node or None, label, UUID or "-")
+    Dev = tuple[str, "int | None", str, str]
 
 _VISIBILITY = start._VISIBILITY
 DEFAULT_BASE = start.DEFAULT_BASE
@@ -150,15 +150,21 @@ def private_dir(
     """Open (creating with mode 0700 when asked) a directory ``name`` under ``parent_fd``
     that ``uid`` owns and nobody else may write; (fd, None) or (None, why not).  Never
     through a link."""
-    if create:
+    try:  # opened first: it is there but the first time, and mkdir's EEXIST costs more
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            return None, "cannot be opened (No such file or directory; a link or not a directory)"
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
         except FileExistsError:
             pass
         except OSError as err:
             return None, f"cannot be created ({err.strerror})"
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError as err:
+            return None, f"cannot be opened ({err.strerror}; a link or not a directory)"
     except OSError as err:
         return None, f"cannot be opened ({err.strerror}; a link or not a directory)"
     st = os.fstat(fd)
@@ -303,29 +309,42 @@ def checksum(data: bytes) -> int:
     return int.from_bytes(data, "little") % CHECK_MODULUS
 
 
+_CODE_NAMES = (
+    *("__init__", "_cache", "_plan", "_sources", "_topology", "_devices", "_model"),
+    *("capture/_hwloc", "_dra", "_sysfs"),
+)
+
+
+def _absolute(path: str) -> str:
+    return path if path.startswith("/") else os.path.abspath(path)
+
+
 def _code_files() -> "tuple[str, ...]":
-    """The files whose code decides what a cache file holds: the two start modules, the
-    package's
-    ``__init__`` (where the version lives) and the modules that read and derive the
-    machine.  Their sizes and times are the key's version part: a new numabind, or an
+    """The files whose code decides what a cache file holds: the start modules, the
+    package's ``__init__`` (where the version lives) and the modules that read and derive
+    the machine.  Their sizes and times are the key's version part: a new numabind, or an
     edited checkout, writes another file (tests/test_fast.py keeps the list complete).
     The package is found where the import system would find it (the first ``sys.path``
     entry holding it: an editable install keeps it apart from this module), without
-    importing it."""
+    importing it; plain string joins and one stat per entry (every rank computes this)."""
     pkg = ""
     loaded = getattr(sys.modules.get("numabind"), "__file__", None)
     if isinstance(loaded, str):  # numabind is loaded (the isolated collector loads it
-        pkg = os.path.dirname(os.path.abspath(loaded))  # from a directory not on sys.path)
-    for entry in sys.path if not pkg else ():
-        if entry and os.path.isfile(os.path.join(entry, "numabind", "__init__.py")):
-            pkg = os.path.join(entry, "numabind")
-            break
-    names = (
-        *("__init__", "_cache", "_plan", "_sources", "_topology", "_devices", "_model"),
-        *("capture/_hwloc", "_dra", "_sysfs"),
-    )
-    here = (os.path.abspath(__file__), os.path.abspath(start.__file__))
-    return (*here, *(os.path.join(pkg, f"{n}.py") for n in names if pkg))
+        pkg = _absolute(loaded).rpartition("/")[0]  # from a directory not on sys.path)
+    else:
+        for entry in sys.path:
+            try:
+                st = os.stat(f"{entry or '.'}/numabind/__init__.py")
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                pkg = f"{entry}/numabind" if entry else "numabind"
+                break
+    out = [_absolute(__file__), _absolute(start.__file__ or "")]
+    if pkg:
+        for n in _CODE_NAMES:
+            out.append(f"{pkg}/{n}.py")
+    return tuple(out)
 
 
 def _code_id() -> str:
@@ -497,12 +516,14 @@ MAX_NODES = 1024  # numabind._sysfs.MAX_NODES: node masks are this many bits
 
 
 class _Machine:
-    """The quick facts of a cache file, as the fast planner asks for them."""
+    # The quick facts of a cache file, as the fast planner asks for them (the role
+    # planner, _numabind_roles, reads the per-node facts it needs from ``q`` itself).
+    # Plain loops, no comprehensions: each is one more code object every rank loads.
 
     def __init__(self, quick: "dict[str, list[list[str]]]") -> None:
         self.q = quick
         self.nodes: dict[int, frozenset[int]] = {}
-        for t in quick.get("node", []):
+        for t in quick.get("node", ()):
             cpus = parse_cpulist(t[1]) if len(t) == 2 else None
             if cpus is None or not t[0].isdigit():
                 raise Handover("a damaged cache line (node)")
@@ -514,8 +535,8 @@ class _Machine:
         self.allowed = cpus if cpus is not None else frozenset()
         self.mems = None if allowed[1] == "-" else parse_cpulist(allowed[1], MAX_NODES)
         self.many = quick.get("many", [["0"]])[0] == ["1"]
-        self.devices: dict[str, list[tuple[str, int | None, str, str]]] = {}
-        for t in quick.get("dev", []):
+        self.devices: dict[str, list[Dev]] = {}
+        for t in quick.get("dev", ()):
             if len(t) != 5:
                 raise Handover("a damaged cache line (dev)")
             vendor, pci, node, label, uuid = t
@@ -523,75 +544,45 @@ class _Machine:
                 (pci, int(node) if node.isdigit() else None, label.replace("_", " "), uuid)
             )
         self.vendors = quick.get("vendors", [[]])[0]
-        # set by the planner: every rank's reserved cores here, and this rank's helpers
+        # set by the role planner: every rank's reserved cores here, and this rank's helpers
         self.reserved: frozenset[int] = frozenset()
         self.helpers: frozenset[int] = frozenset()
 
-    def one(self, name: str, node: int) -> "list[str] | None":
-        for t in self.q.get(name, []):
-            if t and t[0] == str(node):
-                return t[1:]
-        return None
 
-    def groups(self, name: str, node: int) -> "list[frozenset[int]]":
-        found = self.one(name, node)
-        if found is None:
-            raise Handover(f"the cache does not hold the {name} of node {node} yet")
-        out = []
-        for g in found:
-            cpus = parse_cpulist(g)
-            if not cpus:
-                raise Handover(f"a damaged cache line ({name})")
-            out.append(cpus)
-        return out
-
-    def package_nodes(self, node: int) -> "frozenset[int] | None":
-        found = self.one("package", node)
-        if found is None:
-            raise Handover("the cache does not hold the packages")
-        return None if found == ["-"] else parse_cpulist(found[0], MAX_NODES)
-
-    def kinds_distinct(self) -> bool:
-        found = self.q.get("kinds")
-        if not found:
-            raise Handover("the cache does not hold the core kinds yet")
-        return found[0] == ["1"]
-
-    def priority(self, node: int) -> "frozenset[int]":
-        self.kinds_distinct()
-        found = self.one("prio", node)
-        return (
-            frozenset() if not found or found == ["-"] else (parse_cpulist(found[0]) or frozenset())
-        )
-
-
-def _visible(m: _Machine, env: "Env") -> "tuple[list[tuple[str, int | None, str, str]], str]":
-    """The devices this process's runtime numbers 0..n-1, and their source in words."""
+def _visible(m: _Machine, env: "Env") -> "tuple[list[Dev], str]":
+    # The devices this process's runtime numbers 0..n-1, and their source in words
+    # (numabind._devices.resolve, for what it resolves from the cache alone).
     get = env.get
     if get("SLURM_STEP_GPUS") is not None or get("SLURM_JOB_GPUS") is not None:
         raise Handover("SLURM_STEP_GPUS/SLURM_JOB_GPUS")
-    named = [v for v in _VISIBILITY if get(v) is not None]
-    if not named:
+    named = None
+    for v in _VISIBILITY:
+        if get(v) is not None:
+            if named is not None or v != "CUDA_VISIBLE_DEVICES":
+                raise Handover("a visibility variable the fast path does not resolve")
+            named = v
+    if named is None:
         for vendor in m.vendors:
             devs = m.devices.get(vendor, [])
             if devs:
-                return (
-                    devs,
-                    f"all {len(devs)} reachable {vendor} GPU{'s' if len(devs) != 1 else ''}",
-                )
+                s = "s" if len(devs) != 1 else ""
+                return devs, f"all {len(devs)} reachable {vendor} GPU{s}"
         return [], "no accelerator found"
-    if named != ["CUDA_VISIBLE_DEVICES"]:
-        raise Handover("a visibility variable the fast path does not resolve")
     devs = m.devices.get("nvidia", [])
     if not devs:
         raise Handover("CUDA_VISIBLE_DEVICES without NVIDIA GPUs")
     text = env["CUDA_VISIBLE_DEVICES"].strip()
     if not text or text.startswith("-"):
         raise Handover("CUDA_VISIBLE_DEVICES hides every GPU")
+    return _listed(devs, text), f"CUDA_VISIBLE_DEVICES={text[:120]}"
+
+
+def _listed(devs: "list[Dev]", text: str) -> "list[Dev]":
+    # CUDA_VISIBLE_DEVICES's indices and unique UUID prefixes, in its order
     tokens = text.split(",", len(devs) + 1)
     if len(tokens) > len(devs):
         raise Handover("CUDA_VISIBLE_DEVICES lists more devices than are reachable")
-    out: list[tuple[str, int | None, str, str]] = []
+    out: list[Dev] = []
     for raw in tokens:
         token = raw.strip()
         if token.isascii() and token.isdigit() and len(token) <= 6:
@@ -600,8 +591,10 @@ def _visible(m: _Machine, env: "Env") -> "tuple[list[tuple[str, int | None, str,
                 raise Handover("CUDA_VISIBLE_DEVICES: an index out of range")
             dev = devs[i]
         elif token.upper().startswith("GPU-") and len(token) <= 128:
-            want = token.lower()
-            found = [d for d in devs if d[3] != "-" and d[3].lower().startswith(want)]
+            want, found = token.lower(), []
+            for d in devs:
+                if d[3] != "-" and d[3].lower().startswith(want):
+                    found.append(d)
             if len(found) != 1:
                 raise Handover("CUDA_VISIBLE_DEVICES: a UUID the cache cannot resolve alone")
             dev = found[0]
@@ -610,56 +603,17 @@ def _visible(m: _Machine, env: "Env") -> "tuple[list[tuple[str, int | None, str,
         if dev in out:
             raise Handover("CUDA_VISIBLE_DEVICES repeats a device")
         out.append(dev)
-    return out, f"CUDA_VISIBLE_DEVICES={text[:120]}"
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _peers(
-    rank: int,
-    size: "int | None",
-    devs: "list[tuple[str, int | None, str, str]]",
-    nodes: "frozenset[int]",
-    one_node: bool,
-) -> "tuple[int, int] | None":
-    """numabind._plan's _device_peers and peers_on_node: this rank's position among the
-    local ranks whose devices are on ``nodes``, and how many there are."""
-    if size is None:
-        if one_node and len(devs) > 1:
-            size = len(devs)
-        else:
-            return None
-    if len(devs) == 1 and size > 1:
-        return None
-    on_node = frozenset(j for j, d in enumerate(devs) if d[1] in nodes)
-    if rank % len(devs) not in on_node or rank >= size:
-        return None
-    full, rem = divmod(size, len(devs))
-    count = full * len(on_node) + sum(1 for j in on_node if j < rem)
-    position = (rank // len(devs)) * len(on_node) + sum(1 for j in on_node if j < rank % len(devs))
-    return position, count
-
-
-def _split(cores: "list[frozenset[int]]", position: int, count: int) -> "frozenset[int]":
-    each, extra = divmod(len(cores), count)
-    start = position * each + min(position, extra)
-    take = each + (1 if position < extra else 0)
-    return frozenset().union(*cores[start : start + take])
-
-
-def _within(groups: "list[frozenset[int]]", cpus: "frozenset[int]") -> "list[frozenset[int]]":
-    return [g & cpus for g in groups if g & cpus]
+    return out
 
 
 def plan(
     m: _Machine, env: "Env", cfg: "dict[str, str]", source: str, rank: int, size: "int | None"
 ) -> "dict[str, object]":
-    """numabind._plan.plan for what the fast path decides: the fields of the plan that the
-    binding, its registry entry and its state depend on."""
+    # numabind._plan.plan for what the fast path decides: the fields of the plan that the
+    # binding, its registry entry and its state depend on.  A rank in node mode with no
+    # role knob, that sees a device, is planned here (the node of its device, that node's
+    # allowed CPUs); any other goes to _numabind_roles, imported only then.
     mode, priority = cfg["mode"], cfg["priority"]
-    cpu_nodes = sorted(n for n, c in m.nodes.items() if c)
     if m.q.get("partitioned"):
         # GPUs split into compute partitions (AMD CPX): one PCI function, several devices
         raise Handover("GPU compute partitions: the planner numbers them")
@@ -667,29 +621,78 @@ def plan(
         # memory-only nodes (a GH200's GPU memory, HBM, CXL): which of them the rank's
         # memory may spill onto is NUMABIND_SPILL's rule (numabind._plan.spill_mask)
         raise Handover("a memory-only node: where memory may spill is the planner's")
+    cpu_nodes = []
+    for n in sorted(m.nodes):
+        if m.nodes[n]:
+            cpu_nodes.append(n)
     one_node = len(cpu_nodes) <= 1
-    if one_node and mode in ("node", "socket") and (priority == "off" or not m.kinds_distinct()):
-        return {"status": "skipped"}
+    if one_node and mode in ("node", "socket"):
+        if priority == "off":
+            return {"status": "skipped"}
+        import _numabind_roles
+
+        if not _numabind_roles.kinds_distinct(m):
+            return {"status": "skipped"}
     devs, why = _visible(m, env)
     if not devs and (size is None or size <= 1):
         return {"status": "skipped"}  # no accelerator and no local world size: benign
-    if devs:
-        node, reason, device, index_of, peers = _device_place(m, cfg, rank, size, devs, one_node)
+    if mode != "node" or priority != "off" or cfg["reserve"] or cfg["smt"] != "all" or not devs:
+        import _numabind_roles
+
+        return _numabind_roles.plan(m, cfg, source, rank, size, devs, why, cpu_nodes, one_node)
+    node, reason, device, index_of = place(m, rank, devs)
+    cpus = m.nodes[node] & m.allowed
+    if not cpus:
+        raise Handover("the cgroup forbids every CPU of the device's node")
+    return result(m, cfg, source, rank, size, node, reason, device, index_of, cpus, _NONE, _NONE)
+
+
+_NONE: "frozenset[int]" = frozenset()
+
+
+def place(m: _Machine, rank: int, devs: "list[Dev]") -> "tuple[int, str, str, int]":
+    # numabind._plan's _pick_device and _device_place: (node, reason, PCI address, device
+    # index) of the device a rank drives
+    index_of = 0 if len(devs) == 1 else rank % len(devs)
+    device, node, label, _ = devs[index_of]
+    if node is None or node not in m.nodes:
+        raise Handover("the device's node is not known from files alone")
+    return node, f"{label} {index_of} ({device}) is on node {node}", device, index_of
+
+
+def result(
+    m: _Machine,
+    cfg: "dict[str, str]",
+    source: str,
+    rank: int,
+    size: "int | None",
+    node: int,
+    reason: str,
+    device: str,
+    index_of: "int | None",
+    cpus: "frozenset[int]",
+    prio: "frozenset[int]",
+    main: "frozenset[int]",
+) -> "dict[str, object]":
+    # The plan's fields, with the memory nodes and policy of the rank's CPUs
+    # (numabind._plan's _memory)
+    policy = cfg["memory"]
+    mem: set[int] = set()
+    if policy == "none":
+        memory: frozenset[int] = _NONE
     else:
-        node, reason, device, index_of, peers = _cpu_only(m, cfg, rank, size or 0, why, cpu_nodes)
-    cpus, pkg, package_peers = _mode_cpus(m, cfg, node, peers, rank, size, devs, one_node)
-    prio: frozenset[int] = frozenset()
-    main: frozenset[int] = frozenset()
-    if priority != "off":
-        cpus, main, prio = _priority(m, cfg, node, pkg, cpus, peers, package_peers, rank)
-    if cfg["smt"] == "1":
-        cores = m.groups("cores", node)
-        for n in sorted(pkg or ()):
-            if n != node:
-                cores = cores + m.groups("cores", n)
-        cpus = frozenset(min(g) for g in _within(cores, cpus))
-        main = frozenset(min(g) for g in _within(cores, main))
-    memory, policy = _memory(m, cfg["memory"], cpus, node)
+        for n, c in m.nodes.items():
+            if c and not c.isdisjoint(cpus):
+                mem.add(n)
+        if m.mems is not None and not mem <= m.mems:
+            raise Handover("memory nodes outside this process's cpuset.mems")
+        if not mem:
+            raise Handover("no memory node holds the rank's CPUs")
+        if policy == "preferred" and len(mem) > 1:
+            if not m.many:
+                raise Handover("a kernel without MPOL_PREFERRED_MANY")
+            policy = "preferred-many"
+        memory = frozenset(mem)
     return {
         "status": "bound",
         "local_rank": rank,
@@ -701,7 +704,7 @@ def plan(
         "cpus": cpus,
         "memory_policy": policy,
         "memory_nodes": memory,
-        "mode": mode,
+        "mode": cfg["mode"],
         "reason": reason,
         "priority_cpus": prio,
         "main_cpus": main,
@@ -709,290 +712,114 @@ def plan(
     }
 
 
-def _device_place(
-    m: _Machine,
-    cfg: "dict[str, str]",
-    rank: int,
-    size: "int | None",
-    devs: "list[tuple[str, int | None, str, str]]",
-    one_node: bool,
-) -> "Place":
-    """numabind._plan's _pick_device and _device_place: (node, reason, PCI address, device
-    index, the rank's peers on the node)."""
-    index_of = 0 if len(devs) == 1 else rank % len(devs)
-    device, node, label, _ = devs[index_of]
-    if node is None or node not in m.nodes:
-        raise Handover("the device's node is not known from files alone")
-    peers = None
-    if cfg["mode"] != "node" or cfg["priority"] != "off":
-        peers = _peers(rank, size, devs, frozenset({node}), one_node)
-    return node, f"{label} {index_of} ({device}) is on node {node}", device, index_of, peers
-
-
-def _cpu_only(
-    m: _Machine, cfg: "dict[str, str]", rank: int, size: int, why: str, cpu_nodes: "list[int]"
-) -> "Place":
-    """numabind._plan's _cpu_only_node: ranks spread block-wise over the allowed nodes."""
-    if why != "no accelerator found":
-        raise Handover("no device is visible")
-    nodes = [n for n in cpu_nodes if m.nodes[n] & m.allowed]
-    if not nodes or cfg["mode"] == "socket" or cfg["priority"] != "off":
-        raise Handover("a CPU-only job the fast path does not spread")
-    index = min(rank * len(nodes) // size, len(nodes) - 1)
-    node = nodes[index]
-    position = rank - _ceil_div(index * size, len(nodes))
-    count = _ceil_div((index + 1) * size, len(nodes)) - _ceil_div(index * size, len(nodes))
-    plural = "" if size == 1 else "s"
-    reason = (
-        f"no accelerator visible ({why}): CPU-only job, {size} local rank{plural} spread "
-        f"block-wise over nodes {cpulist(nodes)}: node {node}"
-    )
-    return node, reason, "", None, (position, count)
-
-
-def _mode_cpus(
-    m: _Machine,
-    cfg: "dict[str, str]",
-    node: int,
-    peers: "tuple[int, int] | None",
-    rank: int,
-    size: "int | None",
-    devs: "list[tuple[str, int | None, str, str]]",
-    one_node: bool,
-) -> "tuple[frozenset[int], frozenset[int] | None, tuple[int, int] | None]":
-    """numabind._plan's modes (node, socket, exclusive), less the reserved cores: (the
-    rank's CPUs, its package's nodes in socket mode, its peers on that package)."""
-    base = m.nodes[node] & m.allowed
-    if not base:
-        raise Handover("the cgroup forbids every CPU of the device's node")
-    mode = cfg["mode"]
-    pkg = m.package_nodes(node) if mode == "socket" else None
-    reserved: frozenset[int] = frozenset()
-    if cfg["reserve"]:
-        reserved, m.helpers = _reserve(m, cfg, node, peers, pkg)
-    m.reserved = reserved
-    base -= reserved
-    if mode == "socket":
-        if pkg is None:
-            return base, None, None
-        if not devs:
-            raise Handover("a CPU-only job in socket mode")
-        others = (m.nodes.get(n, frozenset()) & m.allowed for n in pkg if n != node)
-        cpus = frozenset(base.union(*others)) - reserved
-        return cpus, pkg, _peers(rank, size, devs, pkg, one_node)
-    if mode == "exclusive":
-        # what the planner's exclusive mode cannot do it says in a line: the full path's
-        if peers is None:
-            raise Handover("exclusive mode without the ranks that share the node")
-        cores = _within(m.groups("cores", node), base)
-        if len(cores) < peers[1]:
-            raise Handover("exclusive mode with fewer cores than ranks")
-        return _split(cores, peers[0], peers[1]), None, None
-    return base, None, None
-
-
-def _reserve(
-    m: _Machine,
-    cfg: "dict[str, str]",
-    node: int,
-    peers: "tuple[int, int] | None",
-    pkg: "frozenset[int] | None",
-) -> "tuple[frozenset[int], frozenset[int]]":
-    """numabind._plan's _reserve: (the cores NUMABIND_RESERVE keeps out of the compute sets
-    on the nodes the mode draws from, this rank's helper set)."""
-    count, _, scope = cfg["reserve"].partition("/")
-    n = int(count)
-    ranks = peers[1] if peers else None
-    if scope == "rank" and ranks is None:
-        raise Handover("a reservation per rank without the ranks that share the node")
-    want = n * ranks if scope == "rank" and ranks else n
-    nodes = [node, *sorted((pkg or frozenset()) - {node})] if cfg["mode"] == "socket" else [node]
-    out: set[int] = set()
-    mine: list[frozenset[int]] = []
-    for nid in nodes:
-        if not m.nodes.get(nid):
-            continue
-        cores = m.groups("node-cores", nid)
-        usable = [c & m.allowed for c in cores if c & m.allowed]
-        need = want - (len(cores) - len(usable))
-        if need <= 0:
-            continue
-        if need >= len(usable):
-            raise Handover("a reservation that would leave a node no core")
-        if cfg["priority"] != "off":
-            fast = m.priority(nid)
-            usable = [c for c in usable if c & fast] + [c for c in usable if not c & fast]
-        taken = usable[len(usable) - need :]
-        if nid == node:
-            mine = taken
-        for core in taken:
-            out |= core
-    if not out:
-        return frozenset(), frozenset()
-    helpers = frozenset(out)
-    if scope == "rank" and ranks is not None and peers and mine:
-        position = peers[0]
-        share = mine[position * n : (position + 1) * n] if len(mine) >= n * ranks else mine
-        helpers = frozenset().union(*share)
-    return frozenset(out), helpers
-
-
-def _priority(
-    m: _Machine,
-    cfg: "dict[str, str]",
-    node: int,
-    pkg: "frozenset[int] | None",
-    cpus: "frozenset[int]",
-    peers: "tuple[int, int] | None",
-    package_peers: "tuple[int, int] | None",
-    rank: int,
-) -> "tuple[frozenset[int], frozenset[int], frozenset[int]]":
-    """numabind._plan's _priority: (compute set, main-thread CPUs, priority cores)."""
-    mode, role = cfg["mode"], cfg["priority"]
-    nodes = [node]
-    if mode == "socket":
-        nodes += sorted((pkg or frozenset()) - {node})
-        peers = package_peers if package_peers else peers
-    pool: set[int] = set()
-    fast: set[int] = set()
-    prio_groups: list[frozenset[int]] = []
-    for n in nodes:
-        pool |= m.nodes.get(n, frozenset()) & m.allowed
-        here = m.priority(n)
-        fast |= here
-        if here:
-            prio_groups += m.groups("prio-cores", n)
-    prio = frozenset(fast & (pool - m.reserved))
-    if not prio:
-        return cpus, frozenset(), frozenset()
-    cores = sorted(_within(prio_groups, prio), key=min)
-    if role == "main":
-        if mode == "exclusive":
-            own = _within(cores, cpus)
-            return cpus, (own[0] if own else frozenset()), prio
-        if peers is None:
-            return cpus, cores[rank % len(cores)], prio
-        return cpus, cores[peers[0] % len(cores)], prio
-    if peers is None:
-        return prio, frozenset(), prio
-    position, count = peers
-    if len(cores) < count:
-        return cores[position % len(cores)], frozenset(), prio
-    return _split(cores, position, count), frozenset(), prio
-
-
-def _memory(
-    m: _Machine, policy: str, cpus: "frozenset[int]", node: int
-) -> "tuple[frozenset[int], str]":
-    """numabind._plan's _memory: the memory nodes and policy of a rank's CPUs."""
-    if policy == "none":
-        return frozenset(), "none"
-    mem = {n for n, c in m.nodes.items() if c and c & cpus}
-    if m.mems is not None and mem - m.mems:
-        raise Handover("memory nodes outside this process's cpuset.mems")
-    if not mem:
-        raise Handover("no memory node holds the rank's CPUs")
-    if policy == "preferred" and len(mem) > 1:
-        if not m.many:
-            raise Handover("a kernel without MPOL_PREFERRED_MANY")
-        return frozenset(mem), "preferred-many"
-    return frozenset(mem), policy
-
-
 # --- the fast path: binding what it planned ---------------------------------------------------
 
 
 class _Calls:
-    """get_mempolicy and set_mempolicy through syscall(2), from the ``_ctypes`` C module
-    (numabind._kernel's ``_CTypes``, cut to these two calls: the package is not loaded)."""
+    # get_mempolicy and set_mempolicy through syscall(2), from the ``_ctypes`` C module
+    # (numabind._kernel's ``_CTypes``, cut to these two calls: the package is not loaded).
+    # Loading _ctypes is the largest single cost of a warm start (~0.3 ms), so it is cut
+    # to the two types the calls need: one unsigned long (every argument is passed as one:
+    # syscall(2) reads each as a long), an array of them (word 0 takes get_mempolicy's
+    # mode, which lands in its low half on the little-endian machines _SYSCALLS lists; the
+    # rest is the node mask), and the function type; syscall(2) returns 0 or -1, which
+    # the default int result carries.
 
     def __init__(self) -> None:
         numbers = _SYSCALLS.get(os.uname().machine)
         if numbers is None:
             raise Handover(f"memory-policy calls on {os.uname().machine}")
         self.get_nr, self.set_nr = numbers
-        _ctypes: Any = __import__("_ctypes")  # typeshed's stubs do not describe these uses
-
-        def scalar(name: str, code: str) -> "Any":
-            return type(name, (_ctypes._SimpleCData,), {"_type_": code})
-
-        c_long, c_ulong, c_int = scalar("c_long", "l"), scalar("c_ulong", "L"), scalar("c_int", "i")
+        ct: Any = __import__("_ctypes")  # typeshed's stubs do not describe these uses
+        ulong = type("c_ulong", (ct._SimpleCData,), {"_type_": "L"})
         fn = type(
             "Syscall",
-            (_ctypes.CFuncPtr,),
-            {"_flags_": _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, "_restype_": c_long},
+            (ct.CFuncPtr,),
+            {"_flags_": ct.FUNCFLAG_CDECL | ct.FUNCFLAG_USE_ERRNO},
         )
+        global _handle  # CFuncPtr looks the symbol up in any object's ``_handle``
+        _handle = ct.dlopen(None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2))
+        self.ct: Any = ct
+        self.ulong: Any = ulong
+        self.words: Any = type("Words", (ct.Array,), {"_type_": ulong, "_length_": _WORDS + 1})
+        self.syscall: Any = fn(("syscall", sys.modules[__name__]))
 
-        class Handle:
-            _handle = _ctypes.dlopen(
-                None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2)
-            )
-
-        self.ct: Any = _ctypes
-        self.c_long: Any = c_long
-        self.c_ulong: Any = c_ulong
-        self.c_int: Any = c_int
-        self.mask_type: Any = type(
-            "NodeMask", (_ctypes.Array,), {"_type_": c_ulong, "_length_": MAX_NODES // 64}
-        )
-        self.syscall: Any = fn(("syscall", Handle()))
-
-    def _call(self, nr: int, *args: "object") -> None:
+    def _call(self, *args: "object") -> None:
         self.ct.set_errno(0)
-        if int(self.syscall(self.c_long(nr), *args)) < 0:
+        if int(self.syscall(*args)) < 0:
             err = self.ct.get_errno()
             raise OSError(err, os.strerror(err))
 
     def get(self) -> "tuple[int, frozenset[int]]":
-        mode = self.c_int(0)
-        mask = self.mask_type()
+        u, w = self.ulong, self.words()
         self._call(
-            self.get_nr, self.ct.byref(mode), self.ct.byref(mask),
-            self.c_ulong(MAX_NODES + 1), None, self.c_ulong(0),
-        )  # fmt: skip
+            u(self.get_nr), self.ct.byref(w), self.ct.byref(w, 8), u(MAX_NODES + 1), None, u(0)
+        )
         nodes: set[int] = set()
-        for w in range(MAX_NODES // 64):
-            word, bit = int(mask[w]), 0
+        for i in range(_WORDS):
+            word, bit = int(w[i + 1]), i * 64
             while word:
                 if word & 1:
-                    nodes.add(w * 64 + bit)
+                    nodes.add(bit)
                 word >>= 1
                 bit += 1
-        return int(mode.value) & ~((1 << 15) | (1 << 14)), frozenset(nodes)
+        mode = int(w[0]) & 0xFFFFFFFF
+        return mode & ~((1 << 15) | (1 << 14)), frozenset(nodes)
 
     def set(self, code: int, nodes: "frozenset[int]") -> None:
+        u = self.ulong
         if code in (0, 4):  # MPOL_DEFAULT, MPOL_LOCAL take no nodes
-            self._call(self.set_nr, self.c_int(code), None, self.c_ulong(0))
+            self._call(u(self.set_nr), u(code), None, u(0))
             return
-        mask = self.mask_type()
+        w = self.words()
         for n in nodes:
             if not 0 <= n < MAX_NODES:
                 raise OSError(22, f"node {n}")
-            mask[n // 64] |= 1 << (n % 64)
-        self._call(
-            self.set_nr,
-            self.c_int(code),
-            self.ct.byref(mask),
-            self.c_ulong(MAX_NODES + 1),
-        )
+            w[n // 64 + 1] |= 1 << (n % 64)
+        self._call(u(self.set_nr), u(code), self.ct.byref(w, 8), u(MAX_NODES + 1))
+
+
+_WORDS = MAX_NODES // 64  # unsigned longs in a node mask
+_handle = 0  # the process's own symbols (dlopen(NULL)), for _Calls' syscall
 
 
 def _pages_off(target: "frozenset[int]") -> bool:
-    """Whether any anonymous pages of this process lie off ``target`` (numa_maps; a
-    superset of numabind._kernel's private anonymous regions: when it says yes, the full
-    migration looks properly)."""
+    # Whether any anonymous pages of this process lie off ``target`` (numa_maps; a
+    # superset of numabind._kernel's private anonymous regions: when it says yes, the full
+    # migration looks properly).  The kernel's walk of every mapping is most of the cost.
     data = read_small("/proc/self/numa_maps", 4 << 20)
     if data is None:
         return True
     for line in data.split(b"\n"):
-        if b"file=" in line:
+        if b"file=" in line or b" N" not in line:
             continue
-        for field in line.split()[2:]:
-            if field[:1] == b"N" and b"=" in field:
+        for field in line.split(b" ")[2:]:
+            if field[:1] == b"N":
                 node, _, count = field[1:].partition(b"=")
                 if node.isdigit() and int(node) not in target and count not in (b"", b"0"):
                     return True
     return False
+
+
+def started_inside(
+    current: "frozenset[int]",
+    previous: "tuple[int, frozenset[int]]",
+    home: "frozenset[int]",
+    nodes: "frozenset[int]",
+) -> bool:
+    # Whether every page this process has can only be on ``nodes`` already, so that
+    # numa_maps need not be read: it has run only on ``current`` since its exec made its
+    # memory, one thread, under the policy it inherited.  True when that policy placed
+    # pages on nodes of ``nodes`` only (bind, preferred or interleave there), or on the
+    # running CPU's node (default, local) and every CPU it may run on is one of
+    # ``nodes``' (``home``): a rank its launcher confined to its node (srun --cpu-bind,
+    # mpirun --bind-to numa, a pod's single-NUMA cpuset, a bound parent).  What is left
+    # out: a node already full at exec (the kernel fell back elsewhere: the move back
+    # would find no room either) and a mask narrowed from outside after exec.
+    code, where = previous
+    if code in (0, 4):
+        return bool(current) and current <= home
+    return code in (1, 2, 3, 5) and bool(where) and where <= nodes
 
 
 def _start_time() -> str:
@@ -1009,37 +836,36 @@ def _entry(
     main_thread: "int | None",
     machine: str,
 ) -> bytes:
-    """numabind._registry.Entry.encode of what was bound (the fields the fast path sets;
-    the others are their defaults)."""
-
-    def text(value: "object") -> str:
-        if value is None:
-            return ""
-        if isinstance(value, frozenset):
-            return cpulist(value)
-        return str(value)
-
-    fields = {
-        "pid": os.getpid(),
-        "start": _start_time(),
-        "local_rank": p["local_rank"],
-        "rank_source": p["rank_source"],
-        "local_world_size": p["local_world_size"],
-        "device": p["device"],
-        "device_index": p["device_index"],
-        "numa_node": p["numa_node"],
-        "cpus": p["cpus"],
-        "memory_policy": policy,
-        "memory_nodes": nodes or p["memory_nodes"],
-        "mode": p["mode"],
-        "reason": p["reason"],
-        "helpers": p["helpers"],
-        "priority_cpus": p["priority_cpus"],
-        "main_thread": main_thread,
-        "main_cpus": p["main_cpus"] if main_thread is not None else frozenset(),
-        "machine": machine,
-    }
-    return "".join(f"{k}={text(v)}\n" for k, v in fields.items()).encode("utf-8", "replace")
+    # numabind._registry.Entry.encode of what was bound (the fields the fast path sets;
+    # the others are their defaults)
+    fields = (
+        ("pid", os.getpid()),
+        ("start", _start_time()),
+        ("local_rank", p["local_rank"]),
+        ("rank_source", p["rank_source"]),
+        ("local_world_size", p["local_world_size"]),
+        ("device", p["device"]),
+        ("device_index", p["device_index"]),
+        ("numa_node", p["numa_node"]),
+        ("cpus", p["cpus"]),
+        ("memory_policy", policy),
+        ("memory_nodes", nodes or p["memory_nodes"]),
+        ("mode", p["mode"]),
+        ("reason", p["reason"]),
+        ("helpers", p["helpers"]),
+        ("priority_cpus", p["priority_cpus"]),
+        ("main_thread", main_thread),
+        ("main_cpus", p["main_cpus"] if main_thread is not None else _NONE),
+        ("machine", machine),
+    )
+    out = []
+    for k, v in fields:
+        if v is None:
+            v = ""
+        elif isinstance(v, frozenset):
+            v = cpulist(v)
+        out.append(f"{k}={v}\n")
+    return "".join(out).encode("utf-8", "replace")
 
 
 _registered: "dict[str, object]" = {}
@@ -1073,25 +899,22 @@ def _register(env: "Env", data: bytes) -> "str | None":
 
 
 def _unregister_at_exit() -> None:
+    # Remove the entry _register wrote: its directory opened again as private_dir
+    # checks it (not through a link, ours), the entry unlinked in it
     label, pid = _registered.get("label"), _registered.get("pid")
     if not isinstance(label, str) or pid != os.getpid():
         return
-    parent, _, name = label.rpartition("/")
     try:
-        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(label, _DIR_FLAGS)
     except OSError:
         return
     try:
-        fd, _ = private_dir(pfd, name, os.geteuid(), create=False)
-        if fd is not None:
-            try:
-                os.unlink(str(pid), dir_fd=fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.unlink(str(pid), dir_fd=fd)
+    except OSError:
+        pass
     finally:
-        os.close(pfd)
+        os.close(fd)
 
 
 class _Armer:
@@ -1141,7 +964,7 @@ def _bind(
         return "more than one thread at start"
     done: dict[str, object] = {"previous_cpus": None, "previous_policy": None, "main_thread": None}
     try:
-        _apply(p, cpus, current, force, done)
+        _apply(p, m, cpus, current, force, done)
     except (OSError, Handover) as err:
         _undo(done)
         return str(err) if isinstance(err, Handover) else f"a call failed ({err})"
@@ -1183,14 +1006,15 @@ def _environ_copy(env: "Env") -> "dict[str, str] | dict[bytes, bytes]":
 
 def _apply(
     p: "dict[str, object]",
+    m: _Machine,
     cpus: "frozenset[int]",
     current: "frozenset[int]",
     force: bool,
     done: "dict[str, object]",
 ) -> None:
-    """The kernel calls, in numabind._apply's order (CPUs, the main thread's core, the
-    memory policy, the pages), each recorded in ``done`` as it succeeds so that
-    :func:`_undo` puts back exactly what was changed."""
+    # The kernel calls, in numabind._apply's order (CPUs, the main thread's core, the
+    # memory policy, the pages), each recorded in ``done`` as it succeeds so that _undo
+    # puts back exactly what was changed.
     if not (current == cpus or (current <= cpus and not force)):
         os.sched_setaffinity(0, cpus)
         done["previous_cpus"] = current
@@ -1211,11 +1035,15 @@ def _apply(
         set_nodes = frozenset() if policy == "local" else nodes
         calls.set(_POLICY_CODE[policy], set_nodes)
         done.update(calls=calls, previous_policy=previous, policy_nodes=set_nodes)
-        if nodes and _pages_off(nodes):
+        home: set[int] = set()
+        for n in nodes:
+            home |= m.nodes.get(n, _NONE)
+        inside = started_inside(current, previous, frozenset(home), nodes)
+        if nodes and not inside and _pages_off(nodes):
             from numabind._range import migrate_private
 
-            home = p["numa_node"]
-            dest = min(nodes, key=lambda n: (n != home, n))
+            near = p["numa_node"]
+            dest = min(nodes, key=lambda n: (n != near, n))
             moved = migrate_private(nodes, _MIGRATE_AS[policy], dest)
             if moved is not None and moved.refused:
                 raise Handover("page migration was refused")

@@ -43,6 +43,9 @@ TRIGGERS = (
     "NUMABIND_RAY",
     "NUMABIND_DEVICES",
 )
+# the modules numabind ships beside its package, which the warm start runs before the
+# package is loaded (the wheel, the isolated collector and the tests' copies list them)
+MODULES = ("_numabind_start", "_numabind_fast", "_numabind_roles")
 # the one line a hook that cannot load says (the .pth and sitecustomize carry the same text
 # for when this module itself cannot be imported; a test keeps them in step)
 FAILED = "numabind: startup hook failed to load (%r); this process runs unbound\n"
@@ -75,7 +78,10 @@ def start() -> None:
         env = os.environ
         if env.get("NUMABIND", "").strip().lower() in ("0", "off"):
             return
-        if not any(v in env for v in TRIGGERS):
+        for name in TRIGGERS:  # a loop, not any(): a generator is one more code object
+            if name in env:
+                break
+        else:
             return
         if _done:
             return  # a venv processes each .pth twice (CPython #75723)
@@ -175,30 +181,37 @@ class Handover(Exception):
 def _knob_names(env: "Env") -> "list[str]":
     """The NUMABIND* names in ``env``: for os.environ from its bytes keys (decoding all of
     a process's variables to find a few costs more than the rest of the decision)."""
+    out = []
     data = getattr(env, "_data", None)
     if isinstance(data, dict):
-        prefix = b"NUMABIND"
-        return [os.fsdecode(k) for k in data if k[:8] == prefix]
-    return [name for name in env if name.startswith("NUMABIND")]
+        for k in data:
+            if k[:8] == b"NUMABIND":
+                out.append(os.fsdecode(k))
+    else:
+        for name in env:
+            if name.startswith("NUMABIND"):
+                out.append(name)
+    return out
 
 
 def _config(env: "Env") -> "dict[str, str]":
-    get = env.get
+    """The knobs as the fast path decides them; a knob it does not know, or a value it
+    does not accept, hands the process over.  Only the knobs that are set are looked at
+    (a rank sets a few of the table's two dozen)."""
+    cfg: dict[str, str] = {}
     for name in _knob_names(env):
         if name not in _FAST_KNOBS:
             raise Handover(f"{name} is not a knob the fast path knows")
-    cfg: dict[str, str] = {}
-    for name, accepted in _FAST_KNOBS.items():
-        raw = get(name)
-        if raw is None:
-            continue
+        raw = env[name]
         value = raw.strip().lower()
+        accepted = _FAST_KNOBS[name]
         if accepted is not None and value not in accepted:
             raise Handover(f"{name}={raw[:40]!r}")
         cfg[name] = value
     if cfg.get("NUMABIND_CACHE") in ("0", "off", "no", "false"):
         raise Handover("NUMABIND_CACHE=0")
     reserve = _reserve(cfg.get("NUMABIND_RESERVE"))
+    get = env.get
     return {
         "enable": cfg.get("NUMABIND") or "auto",
         "mode": cfg.get("NUMABIND_MODE") or "node",
@@ -292,7 +305,11 @@ def _launcher(argv: "list[str] | None") -> bool:
 
 def state_key(source: str, rank: int, env: "Env", cfg: "dict[str, str]") -> str:
     """numabind._startup.state_key and roles_key, for what the fast path decides."""
-    visible = ",".join(f"{v}={env[v][:200]}" for v in _VISIBILITY if v in env).replace("#", "")
+    seen = []
+    for v in _VISIBILITY:
+        if v in env:
+            seen.append(f"{v}={env[v][:200]}")
+    visible = ",".join(seen).replace("#", "")
     reserve, smt = cfg["reserve"], cfg["smt"]
     roles = "" if not reserve and smt == "all" else f"|reserve={reserve}|smt={smt}"
     roles += f"|priority={cfg['priority']}" if cfg["priority"] != "off" else ""
@@ -303,14 +320,22 @@ def _one_node(sysroot: str) -> bool:
     """Whether the machine has at most one NUMA node: at most one ``node<N>`` directory
     under /sys/devices/system/node (numabind._sources lists the same directory, so a
     machine with one has at most one node with CPUs: nothing to bind in node and socket
-    modes).  Read without following a link (a capture's tree is input)."""
-    parts = ["sys", "devices", "system", "node"]
+    modes).  A ``node1`` there answers no at the cost of one stat (every multi-node rank
+    asks; a link planted in a capture only sends the rank on to read its cache); else the
+    directory is listed, opened a part at a time without following a link (a capture's
+    tree is input)."""
+    root = sysroot.rstrip("/")
+    try:
+        os.stat(f"{root}/sys/devices/system/node/node1")
+        return False
+    except OSError:
+        pass
     try:
         fd = os.open(sysroot or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        for part in parts:
+        for part in ("sys", "devices", "system", "node"):
             nfd = os.open(
                 part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
             )
@@ -321,8 +346,13 @@ def _one_node(sysroot: str) -> bool:
         return False  # no node directory: the cached machine decides (a kernel without NUMA)
     finally:
         os.close(fd)
-    nodes = [n for n in names if n.startswith("node") and n[4:].isascii() and n[4:].isdigit()]
-    return len(nodes) <= 1 and len(names) < 4096
+    if len(names) >= 4096:
+        return False
+    nodes = 0
+    for n in names:
+        if n.startswith("node") and n[4:].isascii() and n[4:].isdigit():
+            nodes += 1
+    return nodes <= 1
 
 
 # --- where numabind reads and writes: the redirect rule ---------------------------------------

@@ -75,7 +75,9 @@ def installed_hook_problem() -> str | None:
         installed = pth.parent / name
         if installed.exists() and installed.read_bytes() != (src / name).read_bytes():
             return f"{installed} differs from src/{name} (edited since installed); {fix}"
-    for module in ("_numabind_start", "_numabind_fast"):
+    from _numabind_start import MODULES
+
+    for module in MODULES:
         spec = importlib.util.find_spec(module)
         origin = Path(spec.origin) if spec and spec.origin else None
         if origin is None or origin.read_bytes() != (src / f"{module}.py").read_bytes():

@@ -163,8 +163,10 @@ def readable_src() -> str:
         shutil.copytree(
             src / "numabind", top / "numabind", ignore=shutil.ignore_patterns("__pycache__")
         )
-        for module in ("_numabind_start.py", "_numabind_fast.py"):  # numabind imports them
-            shutil.copy(src / module, top / module)
+        from _numabind_start import MODULES  # numabind imports them
+
+        for module in MODULES:
+            shutil.copy(src / f"{module}.py", top / f"{module}.py")
         for path in (top, *top.rglob("*")):
             path.chmod(0o755 if path.is_dir() else 0o644)
         _READABLE.append(str(top))

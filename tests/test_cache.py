@@ -25,6 +25,7 @@ import pytest
 
 import _numabind_fast as fast
 import synth
+from _numabind_start import MODULES
 from numabind import _cache
 from numabind._topology import Machine
 from support import clean_env, python_for, two_cpus
@@ -264,8 +265,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.copytree(
         SRC / "numabind", d / "src" / "numabind", ignore=shutil.ignore_patterns("__pycache__")
     )
-    shutil.copy(SRC / "_numabind_start.py", d / "src")
-    shutil.copy(SRC / "_numabind_fast.py", d / "src")
+    for module in MODULES:
+        shutil.copy(SRC / f"{module}.py", d / "src")
     synth.write(synth.two_nodes(), str(d / "root"))
     for path in d.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import synth
+from _numabind_start import MODULES
 from numabind._topology import Machine
 from support import check_status, clean_env
 
@@ -54,8 +55,8 @@ def world_readable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.copytree(
         SRC / "numabind", d / "src" / "numabind", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for start in ("_numabind_start.py", "_numabind_fast.py"):  # the start modules it ships
-        shutil.copy(SRC / start, d / "src")
+    for start in MODULES:  # the start modules it ships
+        shutil.copy(SRC / f"{start}.py", d / "src")
     synth.write(synth.two_nodes(), str(d / "root"))
     for path in d.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)

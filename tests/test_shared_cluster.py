@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from _numabind_start import MODULES
 from support import clean_env
 
 HERE = Path(__file__).resolve().parent
@@ -61,8 +62,8 @@ def readable_src() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="numabind-src-", dir="/var/tmp"))
     d.chmod(0o755)
     shutil.copytree(SRC / "numabind", d / "numabind", ignore=shutil.ignore_patterns("__pycache__"))
-    for start in ("_numabind_start.py", "_numabind_fast.py"):  # the start modules it ships
-        shutil.copy(SRC / start, d)
+    for start in MODULES:  # the start modules it ships
+        shutil.copy(SRC / f"{start}.py", d)
     for path in d.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield d
