@@ -734,6 +734,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "check --job stops a hung srun at its deadline",
         ("tests/test_job.py",),
     ),
+    M(
+        "M85",
+        "src/_numabind_fast.py",
+        "        return bool(current) and current <= home",
+        "        return True",
+        "a rank that may have run off its node looks for early pages there (numa_maps)",
+        ("tests/test_fast.py",),
+    ),
+    M(
+        "M86",
+        "src/_numabind_fast.py",
+        ' or cfg["reserve"] or cfg["smt"] != "all" or not devs:',
+        ' or cfg["smt"] != "all" or not devs:',
+        "a reservation is planned by the role planner, never dropped by the default one",
+        ("tests/test_fast.py",),
+    ),
     # --- the NIC next to the GPU (N: numbered apart, so that other branches' M ids stay) ---
     M(
         "N01",

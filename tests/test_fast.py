@@ -378,6 +378,61 @@ def test_a_rank_bound_by_the_fast_path_is_bound_as_by_the_full_path(
             assert got[key] == full[key], (key, got[key], full[key])
 
 
+def test_only_a_rank_that_started_off_its_node_looks_for_early_pages() -> None:
+    """numa_maps (the kernel walks every mapping: ~0.3 ms) is read unless the pages can
+    only be on the rank's nodes already: it ran only on their CPUs under a policy that
+    allocates on the running CPU's node, or its inherited policy names only those nodes."""
+    home, nodes = frozenset({0, 1, 2, 3}), frozenset({0})
+    inside = fast.started_inside
+    assert inside(frozenset({0, 1}), (0, frozenset()), home, nodes)  # default, confined
+    assert inside(home, (4, frozenset()), home, nodes)  # MPOL_LOCAL
+    assert not inside(frozenset({0, 4}), (0, frozenset()), home, nodes)  # a CPU off the node
+    assert not inside(frozenset(), (0, frozenset()), home, nodes)
+    for code in (1, 2, 3, 5):  # preferred, bind, interleave, preferred-many: where they say
+        assert inside(frozenset({9}), (code, frozenset({0})), home, nodes)
+        assert not inside(frozenset({0}), (code, frozenset({1})), home, nodes)
+        assert not inside(frozenset({0}), (code, frozenset()), home, nodes)
+    assert not inside(frozenset({0}), (6, frozenset({0})), home, nodes)  # a policy it does not know
+
+
+EARLY = (
+    "import sys; seen = []\n"
+    "def audit(event, args):\n"
+    "    if event == 'open' and str(args[0]).endswith('/numa_maps'):\n"
+    "        seen.append(args[0])\n"
+    "sys.addaudithook(audit)\n"
+    "import site; site.main()\n"
+    "import json, os, _numabind_start as s\n"
+    "print(json.dumps([s.handed_over, seen, sorted(os.sched_getaffinity(0))]))\n"
+)
+
+
+@two_cpus
+def test_a_rank_confined_to_its_node_at_start_does_not_read_numa_maps(tmp_path: Path) -> None:
+    """Rank 0's device is on node 0 (this host's CPU 0).  Started with both CPUs (as
+    torchrun starts a rank) it may have faulted pages on node 1's CPU, so it reads
+    numa_maps; started on CPU 0 alone (srun --cpu-bind, a pod's cpuset) under the default
+    policy, every page is on node 0 already, and it does not.  Both end bound alike."""
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0")
+    _run(env)  # warm the cache
+    outs = []
+    for prefix in ([], ["taskset", "-c", "0"]):
+        r = subprocess.run(
+            [*prefix, sys.executable, "-S", "-c", EARLY],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout))
+    (wide_why, wide_seen, wide_cpus), (tight_why, tight_seen, tight_cpus) = outs
+    assert wide_why == tight_why == ""
+    assert wide_seen == ["/proc/self/numa_maps"] and tight_seen == []
+    assert wide_cpus == tight_cpus == [0]
+
+
 @two_cpus
 def test_the_fast_path_hands_a_rank_whose_mask_is_set_to_the_full_path(tmp_path: Path) -> None:
     """A mask narrower than the cgroup (taskset, a launcher): the keep/replace rule and
