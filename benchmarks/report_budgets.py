@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from _common import SMALL, clean_env, table
 
 from numabind.check import _job
+from support import StandInStore
 
 SHARE = 8 if SMALL else 1
 PEAK = (
@@ -100,46 +100,6 @@ def node_record_case(where: Path) -> list[str]:
     ]
 
 
-class Store:
-    """A local c10d store (its wire protocol) serving ``values``."""
-
-    def __init__(self, values: dict[str, bytes]) -> None:
-        self.values = values
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.talk, args=(conn,), daemon=True).start()
-
-    def talk(self, conn: socket.socket) -> None:
-        f = conn.makefile("rb")
-
-        def key() -> str:
-            return f.read(struct.unpack("=Q", f.read(8))[0]).decode()[1:]
-
-        with conn:
-            try:
-                f.read(5)
-                while True:
-                    q = f.read(1)
-                    if not q:
-                        return
-                    if q[0] == 5:
-                        keys = [key() for _ in range(struct.unpack("=Q", f.read(8))[0])]
-                        conn.sendall(b"\x00" if all(k in self.values for k in keys) else b"\x01")
-                    else:
-                        v = self.values[key()]
-                        conn.sendall(struct.pack("=Q", len(v)) + v)
-            except (OSError, KeyError, struct.error):
-                return
-
-
 def store_case() -> list[str]:
     one = record([rank(0, 48)], "gpu0001")
     while len(one) > _job.STORE_RECORD_BYTES:
@@ -148,7 +108,7 @@ def store_case() -> list[str]:
     values = {"numabind/latest": f"run/0/{world}".encode()}
     for r in range(world):
         values[f"numabind/run/0/{r}"] = record([rank(r, 48)], f"gpu{r // 8:04d}")
-    store = Store(values)
+    store = StandInStore(values)
     try:
         took, peak, out = run(
             "import sys; from numabind.cli import main\n"

@@ -228,3 +228,97 @@ def check_status(records: list[dict[str, object]]) -> int:
     if any(r["status"] != "unknown" and not r["ok"] for r in records):
         return 1
     return 3 if any(r["status"] == "unknown" for r in records) else 0
+
+
+class StandInStore:
+    """A c10d store server (the wire protocol of ``numabind.check._store``: VALIDATE,
+    then GET and CHECK queries) on loopback, for the tests and benchmarks that read a job
+    report from a store, and for the attacks on that reader (c10d has no authentication:
+    anyone on the network may answer as the store).
+
+    ``values``: what GET answers (None: every key is there and ``announce`` is the length
+    claimed for each, of which at most 64 KiB is sent, as a hostile store would);
+    ``silent``: accept and never answer; ``break_after``: after that many queries, one
+    byte of nonsense and the connection closed.  Records every key asked for as it came
+    on the wire (``keys``), the queries (``requests``) and the value bytes sent (``sent``).
+    """
+
+    def __init__(
+        self,
+        values: dict[str, bytes] | None = None,
+        *,
+        announce: int = 0,
+        silent: bool = False,
+        break_after: int | None = None,
+    ) -> None:
+        import socket
+        import threading
+
+        self.values, self.announce, self.silent = values, announce, silent
+        self.break_after, self.requests, self.sent = break_after, 0, 0
+        self.keys: list[bytes] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+
+    def _talk(self, conn: object) -> None:
+        import socket
+        import struct
+        import time
+
+        assert isinstance(conn, socket.socket)
+
+        def take(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = conn.recv(n - len(data))
+                if not chunk:
+                    raise OSError("closed")
+                data += chunk
+            return data
+
+        def key() -> bytes:
+            raw = take(struct.unpack("=Q", take(8))[0])
+            self.keys.append(raw)
+            return raw
+
+        with conn:
+            try:
+                take(5)  # VALIDATE, magic
+                if self.silent:
+                    time.sleep(60)
+                    return
+                while True:
+                    query = take(1)[0]
+                    self.requests += 1
+                    if self.break_after is not None and self.requests > self.break_after:
+                        conn.sendall(b"\x07")
+                        return
+                    count = struct.unpack("=Q", take(8))[0] if query == 5 else 1
+                    asked = [key().decode()[1:] for _ in range(count)]
+                    if query == 5:  # CHECK: whether every key is there
+                        there = self.values is None or all(k in self.values for k in asked)
+                        conn.sendall(b"\x00" if there else b"\x01")
+                    elif self.values is None:  # GET, hostile: the announced length
+                        conn.sendall(struct.pack("=Q", self.announce))
+                        body = b"x" * min(self.announce, 1 << 16)
+                        conn.sendall(body)
+                        self.sent += len(body)
+                    else:  # GET
+                        value = self.values[asked[0]]
+                        conn.sendall(struct.pack("=Q", len(value)) + value)
+            except (OSError, KeyError, UnicodeError):
+                return
+
+    def close(self) -> None:
+        self.server.close()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from support import clean_env, need
+from support import StandInStore, clean_env, need
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "launchers" / "report_worker.py")
@@ -40,69 +40,10 @@ def check_store(address: str, *more: str, **env: str) -> subprocess.CompletedPro
     )
 
 
-class FakeStore:
-    """A server that speaks the store's protocol as a hostile or broken store would:
-    ``announce`` is the length it claims for every value (then sends 64 KiB of it at
-    most), ``silent`` accepts and never answers.  Records how many bytes it sent."""
-
-    def __init__(self, announce: int = 0, silent: bool = False) -> None:
-        import threading
-
-        self.announce, self.silent, self.sent = announce, silent, 0
-        self.keys: list[bytes] = []  # every key asked for, as it came on the wire
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        import struct
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.talk, args=(conn, struct), daemon=True).start()
-
-    def talk(self, conn: socket.socket, struct: Any) -> None:
-        def take(n: int) -> bytes:
-            data = b""
-            while len(data) < n:
-                chunk = conn.recv(n - len(data))
-                if not chunk:
-                    raise OSError("closed")
-                data += chunk
-            return data
-
-        with conn:
-            try:
-                take(5)  # VALIDATE, magic
-                while True:
-                    if self.silent:
-                        time.sleep(60)
-                    query = take(1)[0]
-                    keys = struct.unpack("=Q", take(8))[0] if query == 5 else 1
-                    for _ in range(keys):
-                        self.keys.append(take(struct.unpack("=Q", take(8))[0]))
-                    if query == 5:  # CHECK: every key is there
-                        conn.sendall(b"\x00")
-                    else:  # GET: the announced length, then as much as it cares to send
-                        conn.sendall(struct.pack("=Q", self.announce))
-                        body = b"x" * min(self.announce, 1 << 16)
-                        conn.sendall(body)
-                        self.sent += len(body)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def test_a_store_announcing_a_huge_value_is_refused_unread() -> None:
     """torch's own client would allocate whatever length the store announces (1 TiB
     here); numabind's refuses it from the length, having read none of it."""
-    store = FakeStore(announce=1 << 40)
+    store = StandInStore(announce=1 << 40)
     try:
         began = time.monotonic()
         p = check_store(f"127.0.0.1:{store.port}", "--deadline", "10")
@@ -117,7 +58,7 @@ def test_a_record_longer_than_a_record_can_be_is_an_invalid_row() -> None:
     from numabind.check import _job, _report
     from numabind.check._store import StoreClient
 
-    store = FakeStore(announce=_job.RECORD_BYTES + 1)
+    store = StandInStore(announce=_job.RECORD_BYTES + 1)
     try:
         with StoreClient("127.0.0.1", store.port, time.monotonic() + 10, _job.RECORD_BYTES) as c:
             report = _report.read_report(c, "numabind/run/0", 2, None, time.monotonic() + 10)
@@ -136,7 +77,7 @@ def test_every_key_on_the_wire_carries_the_stores_prefix() -> None:
     from numabind.check import _job, _report
     from numabind.check._store import KEY_PREFIX, StoreClient
 
-    store = FakeStore(announce=8)
+    store = StandInStore(announce=8)
     try:
         with StoreClient("127.0.0.1", store.port, time.monotonic() + 10, _job.RECORD_BYTES) as c:
             _report.read_report(c, "numabind/run7/0", 2, None, time.monotonic() + 10)
@@ -147,7 +88,7 @@ def test_every_key_on_the_wire_carries_the_stores_prefix() -> None:
 
 
 def test_a_store_that_never_answers_ends_at_the_deadline() -> None:
-    store = FakeStore(silent=True)
+    store = StandInStore(silent=True)
     try:
         began = time.monotonic()
         p = check_store(f"127.0.0.1:{store.port}", "--deadline", "3")

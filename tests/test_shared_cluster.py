@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from _numabind_start import MODULES
-from support import clean_env
+from support import StandInStore, clean_env
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -571,71 +571,6 @@ def test_check_job_never_starts_another_users_interpreter_or_numabind(
 # --- attacks 5 to 8: records that lie, nest or ask for gigabytes; a store that breaks ------------
 
 
-class DictStore:
-    """A c10d store server (the wire protocol of numabind.check._store) serving ``values``;
-    after ``break_after`` requests it answers one byte of nonsense and closes, as a
-    broken or hostile store would.  Anyone may write such a store: c10d has no
-    authentication."""
-
-    def __init__(self, values: dict[str, bytes], break_after: int | None = None) -> None:
-        import socket
-        import threading
-
-        self.values, self.break_after, self.requests = values, break_after, 0
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
-
-    def _talk(self, conn: object) -> None:
-        import socket
-        import struct
-
-        assert isinstance(conn, socket.socket)
-
-        def take(n: int) -> bytes:
-            data = b""
-            while len(data) < n:
-                chunk = conn.recv(n - len(data))
-                if not chunk:
-                    raise OSError("closed")
-                data += chunk
-            return data
-
-        def key() -> str:
-            return take(struct.unpack("=Q", take(8))[0]).decode()[1:]
-
-        with conn:
-            try:
-                take(5)
-                while True:
-                    query = take(1)[0]
-                    self.requests += 1
-                    if self.break_after is not None and self.requests > self.break_after:
-                        conn.sendall(b"\x07")
-                        return
-                    if query == 5:  # CHECK
-                        keys = [key() for _ in range(struct.unpack("=Q", take(8))[0])]
-                        conn.sendall(b"\x00" if all(k in self.values for k in keys) else b"\x01")
-                    else:  # GET
-                        value = self.values[key()]
-                        conn.sendall(struct.pack("=Q", len(value)) + value)
-            except (OSError, KeyError, UnicodeError):
-                return
-
-    def close(self) -> None:
-        self.server.close()
-
-
 def store_rank(r: int, host: str = "hosta", **over: object) -> dict[str, object]:
     d: dict[str, object] = {
         "pid": 1000 + r,
@@ -777,7 +712,7 @@ def test_a_store_that_breaks_once_is_one_line_not_a_million_rows() -> None:
     reading, and the rest is one line."""
     values = {"numabind/latest": b"run/0/1048576"}
     values |= {f"numabind/run/0/{r}": store_record(store_rank(r)) for r in range(3)}
-    store = DictStore(values, break_after=8)
+    store = StandInStore(values, break_after=8)
     try:
         p, took, peak = check_store_here(store.port, "--deadline", "30")
     finally:
@@ -794,7 +729,7 @@ def test_a_store_that_breaks_once_is_one_line_not_a_million_rows() -> None:
 def test_a_store_claiming_a_million_ranks_ends_at_the_deadline() -> None:
     """The same claim from a store that answers every question honestly ("not posted"):
     the reading ends at --deadline, and the ranks left are counted in one line."""
-    store = DictStore({"numabind/latest": b"run/0/1048576"})
+    store = StandInStore({"numabind/latest": b"run/0/1048576"})
     try:
         p, took, peak = check_store_here(store.port, "--deadline", "4")
     finally:
@@ -1083,7 +1018,7 @@ def test_nested_lying_and_oversized_records_through_a_store_are_rows() -> None:
         "numabind/run/0/4": b"x" * (200 << 10),  # over a store record's 96 KiB
         "numabind/run/0/5": store_record(store_rank(4)),  # rank 5's key, rank 4's record
     }
-    store = DictStore(values)
+    store = StandInStore(values)
     try:
         p, took, peak = check_store_here(store.port, "--deadline", "20")
     finally:
