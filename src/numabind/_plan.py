@@ -755,7 +755,9 @@ class _Planner:
         self.notes.append(note)
         self.unmet.append(note)
 
-    def skipped(self, kind: SkipKind, reason: str) -> Plan:
+    def _plan(self, **fields: Any) -> Plan:
+        """A plan of this request: who the rank is, its device, node and knobs, and the
+        notes so far, with ``fields`` (the one place a Planner makes a Plan)."""
         r = self.r
         return Plan(
             local_rank=r.local_rank,
@@ -769,10 +771,15 @@ class _Planner:
             mode=r.mode,
             reserve=r.reserve,
             smt=r.smt,
-            priority=r.priority,
+            notes=tuple(self.notes),
+            **fields,
+        )
+
+    def skipped(self, kind: SkipKind, reason: str) -> Plan:
+        return self._plan(
+            priority=self.r.priority,
             status="skipped",
             reason=reason,
-            notes=tuple(self.notes),
             problem=None if kind in _BENIGN else reason,
             skip=kind,
         )
@@ -823,26 +830,14 @@ class _Planner:
             cores = len(cpus)
         mem_nodes, policy = self._memory(cpus, where.node)
         mask = self._mask(mem_nodes, policy)
-        return Plan(
-            local_rank=r.local_rank,
-            rank_source=r.rank_source,
-            local_world_size=r.local_world_size,
-            size_source=r.size_source,
-            device=self.device,
-            device_index=self.index,
-            numa_node=where.node,
-            node_how=self.how,
+        return self._plan(
             cpus=frozenset(cpus),
             memory_nodes=mem_nodes,
             memory_policy=policy,
-            mode=r.mode,
             status="bound",
             reason=where.what,
-            notes=tuple(self.notes),
             threads=max(1, cores // max(sharers or 1, 1)) if r.budget else None,
             helpers=self.helpers,
-            reserve=r.reserve,
-            smt=r.smt,
             priority=r.priority,
             priority_cpus=prio,
             main_cpus=main,
@@ -867,24 +862,12 @@ class _Planner:
             if self.device is not None
             else f"node {node.id}"
         )
-        return Plan(
-            local_rank=r.local_rank,
-            rank_source=r.rank_source,
-            local_world_size=r.local_world_size,
-            size_source=r.size_source,
-            device=self.device,
-            device_index=self.index,
-            numa_node=node.id,
-            node_how="one-node",
+        return self._plan(
             memory_nodes=mem_nodes,
             memory_policy=policy,
-            mode=r.mode,
             status="bound",
             reason=f"{what}, the one node with CPUs: CPUs left as they are, memory kept off "
             f"node{'s' if len(kept) > 1 else ''} {fmt(kept)} (no CPUs)",
-            notes=tuple(self.notes),
-            reserve=r.reserve,
-            smt=r.smt,
             spill=r.spill,
             memory_mask=mask,
             unmet=tuple(self.unmet),
