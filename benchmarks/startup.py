@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -300,13 +301,55 @@ def main() -> int:
                 (f"inactive@{args.baseline}",) if args.baseline else ()
             ):
                 counts[name] = _instructions(variants[name][0][0], variants[name][1])
+        live_one = _live_one_node(args, variants)
         hook = "active" if namespace else "capture"
         own_ms = {
             "warm": _own_imports_ms(pythons["numabind"], namespace, variants[hook][1]),
             "full": _own_imports_ms(pythons["numabind"], namespace, variants[f"{hook} full"][1]),
         }
     _report(args, times, counts, own_ms, why_not)
+    _report_live_one(live_one)
     return 0
+
+
+def _live_one_node(
+    args: argparse.Namespace, variants: Variants
+) -> tuple[dict[str, list[float]], str] | None:
+    """A one-node rank on this host as it is (no capture, no mount namespace: a
+    workstation's or a one-GPU VM's rank reads its own /sys), in rounds of its own beside
+    bare and numactl: where this host has more than one node, None."""
+    try:
+        nodes = [n for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()]
+    except OSError:
+        return None
+    if len(nodes) > 1:
+        return None
+    subset = {k: variants[k] for k in ("bare", "numactl bare") if k in variants}
+    python, env = variants["one-node"][0][0], dict(variants["one-node"][1])
+    env.pop("NUMABIND_SYSROOT", None)
+    subset["one-node live"] = ([python, "-c", "pass"], env)
+    return interleaved(subset, args.rounds, args.clock), f"{len(nodes)} node"
+
+
+def _report_live_one(found: tuple[dict[str, list[float]], str] | None) -> None:
+    if found is None:
+        print("  one-node live: not measured (this host has more than one NUMA node)")
+        return
+    times, _ = found
+    bare = median_ms(times["bare"])
+
+    def cost(name: str) -> float:
+        return (statistics.median(a / b for a, b in zip(times[name], times["bare"])) - 1) * bare
+
+    mine = cost("one-node live")
+    line = f"  one-node live (LOCAL_RANK=0 on this one-node host, its own rounds): {mine:+.2f} ms"
+    if "numactl bare" in times:
+        trampoline = cost("numactl bare")
+        line += (
+            f"; numactl {trampoline:+.2f} ms: {mine / trampoline:.2f}x "
+            "numactl's (target: at most 1x)"
+        )
+    print(line)
 
 
 def _timed(

@@ -322,14 +322,19 @@ def _one_node(sysroot: str) -> bool:
     machine with one has at most one node with CPUs: nothing to bind in node and socket
     modes).  A ``node1`` there answers no at the cost of one stat (every multi-node rank
     asks; a link planted in a capture only sends the rank on to read its cache); else the
-    directory is listed, opened a part at a time without following a link (a capture's
-    tree is input)."""
+    directory is listed: the live one directly (sysfs is the kernel's), a capture's opened
+    a part at a time without following a link (its tree is input)."""
     root = sysroot.rstrip("/")
     try:
         os.stat(f"{root}/sys/devices/system/node/node1")
         return False
     except OSError:
         pass
+    if not root:
+        try:
+            return _count_nodes(os.listdir("/sys/devices/system/node"))
+        except OSError:
+            return False  # no node directory: the cached machine decides
     try:
         fd = os.open(sysroot or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -346,6 +351,10 @@ def _one_node(sysroot: str) -> bool:
         return False  # no node directory: the cached machine decides (a kernel without NUMA)
     finally:
         os.close(fd)
+    return _count_nodes(names)
+
+
+def _count_nodes(names: "list[str]") -> bool:
     if len(names) >= 4096:
         return False
     nodes = 0

@@ -378,6 +378,25 @@ def test_a_rank_bound_by_the_fast_path_is_bound_as_by_the_full_path(
             assert got[key] == full[key], (key, got[key], full[key])
 
 
+def test_the_one_node_test_reads_the_live_tree_and_captures_alike(tmp_path: Path) -> None:
+    """Whether a machine has at most one node, as numabind._sources lists its nodes: the
+    live /sys (listed directly) and captures (opened a part at a time, never through a
+    link) give the answer the machine reader gives."""
+    live = [n for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()]
+    assert start._one_node("/") == (len(live) <= 1)
+    one = synth.write(synth.one_node(), str(tmp_path / "one"))
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    assert start._one_node(one) and not start._one_node(two)
+    linked = tmp_path / "linked"
+    (linked / "sys" / "devices" / "system").mkdir(parents=True)
+    (linked / "sys" / "devices" / "system" / "node").symlink_to(f"{two}/sys/devices/system/node")
+    assert not start._one_node(str(linked))  # node1 seen through the link: on to the cache
+    (tmp_path / "two" / "sys" / "devices" / "system" / "node" / "node1").rename(
+        tmp_path / "node1-away"
+    )
+    assert not start._one_node(str(linked)), "a capture's node directory is not read through a link"
+
+
 def test_only_a_rank_that_started_off_its_node_looks_for_early_pages() -> None:
     """numa_maps (the kernel walks every mapping: ~0.3 ms) is read unless the pages can
     only be on the rank's nodes already: it ran only on their CPUs under a policy that
