@@ -737,12 +737,13 @@ class _Calls:
             (ct.CFuncPtr,),
             {"_flags_": ct.FUNCFLAG_CDECL | ct.FUNCFLAG_USE_ERRNO},
         )
-        global _handle  # CFuncPtr looks the symbol up in any object's ``_handle``
-        _handle = ct.dlopen(None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2))
+        # CFuncPtr looks the symbol up in any object's ``_handle``: this one's
+        self._handle = ct.dlopen(None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2))
+        self.flags = 0  # the mode flags of the policy get() last read (MPOL_F_*)
         self.ct: Any = ct
         self.ulong: Any = ulong
         self.words: Any = type("Words", (ct.Array,), {"_type_": ulong, "_length_": _WORDS + 1})
-        self.syscall: Any = fn(("syscall", sys.modules[__name__]))
+        self.syscall: Any = fn(("syscall", self))
 
     def _call(self, *args: "object") -> None:
         self.ct.set_errno(0)
@@ -764,6 +765,7 @@ class _Calls:
                 word >>= 1
                 bit += 1
         mode = int(w[0]) & 0xFFFFFFFF
+        self.flags = mode & ~0xFF  # MPOL_F_STATIC_NODES, _RELATIVE_NODES, _NUMA_BALANCING
         return mode & ~((1 << 15) | (1 << 14)), frozenset(nodes)
 
     def set(self, code: int, nodes: "frozenset[int]") -> None:
@@ -780,7 +782,6 @@ class _Calls:
 
 
 _WORDS = MAX_NODES // 64  # unsigned longs in a node mask
-_handle = 0  # the process's own symbols (dlopen(NULL)), for _Calls' syscall
 
 
 def _pages_off(target: "frozenset[int]") -> bool:
@@ -909,7 +910,8 @@ def _unregister_at_exit() -> None:
     except OSError:
         return
     try:
-        if os.fstat(fd).st_uid == os.geteuid():
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             os.unlink(str(pid), dir_fd=fd)
     except OSError:
         pass
@@ -1038,7 +1040,10 @@ def _apply(
         home: set[int] = set()
         for n in nodes:
             home |= m.nodes.get(n, _NONE)
-        inside = started_inside(current, previous, frozenset(home), nodes)
+        # a policy with mode flags (relative nodes: bit k is the k-th allowed node) does
+        # not say where its pages are in node numbers: those are looked at
+        said = previous if not calls.flags else (-1, _NONE)
+        inside = started_inside(current, said, frozenset(home), nodes)
         if nodes and not inside and _pages_off(nodes):
             from numabind._range import migrate_private
 

@@ -320,17 +320,16 @@ def _one_node(sysroot: str) -> bool:
     """Whether the machine has at most one NUMA node: at most one ``node<N>`` directory
     under /sys/devices/system/node (numabind._sources lists the same directory, so a
     machine with one has at most one node with CPUs: nothing to bind in node and socket
-    modes).  A ``node1`` there answers no at the cost of one stat (every multi-node rank
-    asks; a link planted in a capture only sends the rank on to read its cache); else the
-    directory is listed: the live one directly (sysfs is the kernel's), a capture's opened
-    a part at a time without following a link (its tree is input)."""
-    root = sysroot.rstrip("/")
-    try:
-        os.stat(f"{root}/sys/devices/system/node/node1")
-        return False
-    except OSError:
-        pass
-    if not root:
+    modes).  Live, a ``node1`` answers no at the cost of one stat (every multi-node rank
+    asks), else the directory is listed directly (sysfs is the kernel's); a capture's is
+    opened a part at a time without following a link (its tree is input: a link there
+    could lead to an automount or a hung network file system)."""
+    if not sysroot.rstrip("/"):
+        try:
+            os.stat("/sys/devices/system/node/node1")
+            return False
+        except OSError:
+            pass
         try:
             return _count_nodes(os.listdir("/sys/devices/system/node"))
         except OSError:

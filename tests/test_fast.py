@@ -452,6 +452,44 @@ def test_a_rank_confined_to_its_node_at_start_does_not_read_numa_maps(tmp_path: 
     assert wide_cpus == tight_cpus == [0]
 
 
+POLICY_FIRST = (
+    "import ctypes, os, sys\n"
+    "nr = {'x86_64': 238, 'aarch64': 237}[os.uname().machine]\n"
+    "mask = ctypes.c_ulong(1)\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "assert libc.syscall(ctypes.c_long(nr), ctypes.c_long(int(sys.argv[1])),\n"
+    "                    ctypes.byref(mask), ctypes.c_ulong(65)) == 0, ctypes.get_errno()\n"
+)
+
+
+@two_cpus
+@pytest.mark.parametrize(
+    ("mode", "reads"),
+    [(2, False), (2 | 1 << 14, True), (2 | 1 << 15, True)],  # bind; relative; static nodes
+)
+def test_an_inherited_policy_with_mode_flags_is_looked_at(
+    tmp_path: Path, mode: int, reads: bool
+) -> None:
+    """A rank on node 0's CPU that inherited MPOL_BIND of node 0 has its pages there; one
+    whose policy carries MPOL_F_RELATIVE_NODES or MPOL_F_STATIC_NODES (numactl's ``+``
+    and ``=`` nodes) names nodes get_mempolicy does not translate, so numa_maps is read."""
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0")
+    _run(env)  # warm the cache
+    code = POLICY_FIRST + EARLY
+    r = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-S", "-c", code, str(mode)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    why, seen, cpus = json.loads(r.stdout)
+    assert why == "" and cpus == [0]
+    assert seen == (["/proc/self/numa_maps"] if reads else []), seen
+
+
 @two_cpus
 def test_the_fast_path_hands_a_rank_whose_mask_is_set_to_the_full_path(tmp_path: Path) -> None:
     """A mask narrower than the cgroup (taskset, a launcher): the keep/replace rule and

@@ -136,7 +136,8 @@ def test_a_one_node_rank_loads_ten_modules_and_no_kernel_layer(tmp_path: Path) -
     assert warm["modules"] == [], warm["modules"]
     key = ("/sys/devices/system/cpu/online", "/sys/fs/cgroup/cpuset")  # its cpuset (or none)
     machine = [f for f in warm["files"] if f.startswith("/sys") and not f.startswith(key)]
-    assert not machine, warm["files"]
+    # the one-node decision lists the node directory (a capture's through a descriptor)
+    assert machine in ([], ["/sys/devices/system/node"]), warm["files"]
 
 
 def test_a_bound_dgx_rank_loads_15_modules_and_opens_30_files(
