@@ -255,13 +255,8 @@ def _report(
     )
     if why_not:
         print(f"\nno active row (the live reader): {why_not}; the capture row stands in")
-    med = {k: median_ms(v) for k, v in times.items()}
-    # the paired medians, as costs over bare: robust to the host's drift within the run
-    bare = med["bare"]
-    cost = {
-        k: (statistics.median(a / b for a, b in zip(v, times["bare"])) - 1) * bare
-        for k, v in times.items()
-    }
+    bare = median_ms(times["bare"])
+    cost = _costs(times)
     hook = "capture" if why_not else "active"
     print(
         f"\nhook budget (paired, over bare {bare:.2f} ms): inactive {cost['inactive']:+.2f} ms "
@@ -312,9 +307,17 @@ def main() -> int:
     return 0
 
 
-def _live_one_node(
-    args: argparse.Namespace, variants: Variants
-) -> tuple[dict[str, list[float]], str] | None:
+def _costs(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each variant's cost over bare in ms: the paired median ratio (robust to the host's
+    drift within the run) times bare's median."""
+    bare = median_ms(times["bare"])
+    return {
+        k: (statistics.median(a / b for a, b in zip(v, times["bare"])) - 1) * bare
+        for k, v in times.items()
+    }
+
+
+def _live_one_node(args: argparse.Namespace, variants: Variants) -> dict[str, list[float]] | None:
     """A one-node rank on this host as it is (no capture, no mount namespace: a
     workstation's or a one-GPU VM's rank reads its own /sys), in rounds of its own beside
     bare and numactl: where this host has more than one node, None."""
@@ -328,23 +331,18 @@ def _live_one_node(
     python, env = variants["one-node"][0][0], dict(variants["one-node"][1])
     env.pop("NUMABIND_SYSROOT", None)
     subset["one-node live"] = ([python, "-c", "pass"], env)
-    return interleaved(subset, args.rounds, args.clock), f"{len(nodes)} node"
+    return interleaved(subset, args.rounds, args.clock)
 
 
-def _report_live_one(found: tuple[dict[str, list[float]], str] | None) -> None:
-    if found is None:
+def _report_live_one(times: dict[str, list[float]] | None) -> None:
+    if times is None:
         print("  one-node live: not measured (this host has more than one NUMA node)")
         return
-    times, _ = found
-    bare = median_ms(times["bare"])
-
-    def cost(name: str) -> float:
-        return (statistics.median(a / b for a, b in zip(times[name], times["bare"])) - 1) * bare
-
-    mine = cost("one-node live")
+    cost = _costs(times)
+    mine = cost["one-node live"]
     line = f"  one-node live (LOCAL_RANK=0 on this one-node host, its own rounds): {mine:+.2f} ms"
     if "numactl bare" in times:
-        trampoline = cost("numactl bare")
+        trampoline = cost["numactl bare"]
         line += (
             f"; numactl {trampoline:+.2f} ms: {mine / trampoline:.2f}x "
             "numactl's (target: at most 1x)"
