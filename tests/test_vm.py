@@ -43,6 +43,17 @@ def _shared_paths() -> str:
     return " ".join(out)
 
 
+def _partial(out: Path) -> str:
+    """What a failed boot's results file holds: the steps that ended, their times, and
+    the errors (a step past its budget records where it was, tests/vm/steps.py)."""
+    try:
+        data = json.loads(out.read_text())
+    except (OSError, ValueError) as err:
+        return f"\n--- no results file ({err})"
+    times = {k[5:]: v for k, v in data.items() if k.startswith("time_")}
+    return f"\n--- steps that ended (s): {times}\n--- errors: {data.get('errors')}"[-8000:]
+
+
 def _boot(
     script: str,
     devices: str,
@@ -68,8 +79,11 @@ def _boot(
         SPOOF="10de:2330:030200",
         VM_RW=_shared_paths(),
         RAY_AUTH_MODE="disabled",
-        **(extra or {}),
+        # a boot takes 2-3 min here; a busy CI machine once took the whole default 600 s
+        # (steps.py now says which step, and holds each to a budget)
+        VM_TIMEOUT="900",
     )
+    env.update(extra or {})
     proc = subprocess.run(
         [str(ROOT / "scripts" / "numa-vm"), sys.executable, script, str(out)],
         cwd=ROOT,
@@ -80,7 +94,8 @@ def _boot(
     )
     if proc.returncode != 0 or not out.exists():
         pytest.fail(
-            f"VM run failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            f"VM run failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+            + _partial(out)
         )
     data: dict[str, Any] = json.loads(out.read_text())
     out.unlink()

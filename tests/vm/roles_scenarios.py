@@ -27,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
+
+from steps import run_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV_OFF = ("LOCAL_", "NUMABIND", "OMP_")
@@ -238,19 +239,10 @@ def bench_gpu(results: dict) -> None:  # type: ignore[type-arg]
 
 
 def main() -> int:
-    out_path = sys.argv[1]
-    results: dict = {"errors": {}}  # type: ignore[type-arg]
     steps = (("places", places), ("register", register), ("bench_gpu", bench_gpu),
              ("torchrun", torchrun_reserve), ("cache_ranks", cache_ranks),
              ("loader", loader))  # fmt: skip
-    for name, fn in steps:
-        try:
-            fn(results)
-        except Exception:
-            results["errors"][name] = traceback.format_exc()
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return run_steps(sys.argv[1], steps, {}, budget=600)  # torch under emulation
 
 
 if __name__ == "__main__":

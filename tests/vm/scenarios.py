@@ -17,9 +17,10 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from steps import run_steps
 
 PY = sys.executable
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -484,19 +485,9 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
 
 
 def main() -> int:
-    out_path = sys.argv[1]
     names = sys.argv[2:] or list(SCENARIOS)
-    results: dict[str, Any] = {"nodes": int(os.environ.get("NUMABIND_VM_NODES", "0")), "errors": {}}
-    for name in names:
-        t0 = time.time()
-        try:
-            SCENARIOS[name](results)
-        except Exception:
-            results["errors"][name] = traceback.format_exc()
-        results[f"time_{name}"] = round(time.time() - t0, 1)
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    results: dict[str, Any] = {"nodes": int(os.environ.get("NUMABIND_VM_NODES", "0"))}
+    return run_steps(sys.argv[1], [(name, SCENARIOS[name]) for name in names], results)
 
 
 if __name__ == "__main__":

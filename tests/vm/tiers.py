@@ -18,12 +18,12 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scenarios import PY, base_env, probe, run
+from steps import run_steps
 
 FILL_MIB = 1280  # more than node 0 holds (1 GiB), less than nodes 0 and 1 together
 
@@ -107,18 +107,8 @@ def interleave(results: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    out_path = sys.argv[1]
-    results: dict[str, Any] = {"errors": {}}
-    for step in (topology, fills, by_hand, interleave):
-        t0 = time.time()
-        try:
-            step(results)
-        except Exception:
-            results["errors"][step.__name__] = traceback.format_exc()
-        results[f"time_{step.__name__}"] = round(time.time() - t0, 1)
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    steps = [(step.__name__, step) for step in (topology, fills, by_hand, interleave)]
+    return run_steps(sys.argv[1], steps, {})
 
 
 if __name__ == "__main__":
