@@ -769,8 +769,9 @@ class _Calls:
         return mode & ~((1 << 15) | (1 << 14)), frozenset(nodes)
 
     def set(self, code: int, nodes: "frozenset[int]") -> None:
+        # ``code`` may carry mode flags (a saved policy put back)
         u = self.ulong
-        if code in (0, 4):  # MPOL_DEFAULT, MPOL_LOCAL take no nodes
+        if (code & 0xFF) in (0, 4):  # MPOL_DEFAULT, MPOL_LOCAL take no nodes
             self._call(u(self.set_nr), u(code), None, u(0))
             return
         w = self.words()
@@ -1036,7 +1037,10 @@ def _apply(
         previous = calls.get()
         set_nodes = frozenset() if policy == "local" else nodes
         calls.set(_POLICY_CODE[policy], set_nodes)
-        done.update(calls=calls, previous_policy=previous, policy_nodes=set_nodes)
+        # put back (_undo, restore()) with its mode flags: relative or static nodes
+        # without them would name other nodes
+        saved = (previous[0] | calls.flags, previous[1])
+        done.update(calls=calls, previous_policy=saved, policy_nodes=set_nodes)
         home: set[int] = set()
         for n in nodes:
             home |= m.nodes.get(n, _NONE)

@@ -22,7 +22,7 @@ import pytest
 import _numabind_fast as fast
 import _numabind_start as start
 import synth
-from numabind import _cache
+from numabind import _cache, _kernel
 from numabind._devices import resolve
 from numabind._environ import KNOBS, MAX_LOCAL, Config, detect
 from numabind._model import (
@@ -488,6 +488,50 @@ def test_an_inherited_policy_with_mode_flags_is_looked_at(
     why, seen, cpus = json.loads(r.stdout)
     assert why == "" and cpus == [0]
     assert seen == (["/proc/self/numa_maps"] if reads else []), seen
+
+
+RESTORED = (  # after POLICY_FIRST, under -S: the hook runs once the policy is set
+    "import site; site.main()\n"
+    "import json, numabind, threading\n"
+    "from numabind import _kernel, _startup\n"
+    "bound = _kernel.get_mempolicy_mode()\n"
+    "_startup.last.restore()\n"
+    "after = _kernel.get_mempolicy_mode()\n"
+    "seen = []\n"
+    "def pinned():\n"
+    "    with numabind.bind_thread(0):\n"
+    "        pass\n"
+    "    seen.append(_kernel.get_mempolicy_mode())\n"
+    "t = threading.Thread(target=pinned); t.start(); t.join()\n"
+    "print(json.dumps([[bound[0], sorted(bound[1])], [after[0], sorted(after[1])],\n"
+    "                  [seen[0][0], sorted(seen[0][1])]]))\n"
+)
+
+
+@two_cpus
+@pytest.mark.parametrize("cache", ["1", "0"])  # the fast path; the full path
+@pytest.mark.parametrize("mode", [2, 2 | 1 << 14, 2 | 1 << 15])  # bind; relative; static
+def test_restore_puts_back_an_inherited_policy_with_its_mode_flags(
+    tmp_path: Path, mode: int, cache: str
+) -> None:
+    """numactl --membind=+0 (relative) or =0 (static) before the rank: restore() and the
+    end of a bind_thread block put back that policy, flags and all (without them it would
+    be bind over node 0 itself, which a cpuset whose first node is 1 does not mean)."""
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0", NUMABIND_CACHE=cache)
+    _run(env)  # warm the cache
+    r = subprocess.run(
+        [sys.executable, "-S", "-c", POLICY_FIRST + RESTORED, str(mode)],  # mask: replaced
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    bound, after, thread = json.loads(r.stdout)
+    assert bound == [_kernel.POLICIES["preferred"].code, [0]]  # the hook's own policy
+    assert after == [mode, [0]], (after, mode)
+    assert thread == [mode, [0]], (thread, mode)
 
 
 @two_cpus

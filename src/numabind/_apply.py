@@ -130,7 +130,7 @@ class Binding:
         self._rebased: list[tuple[ThreadBinding, int, frozenset[int] | None]] = []
         # every thread's mask as this binding left it (a later apply() tells what changed)
         self.masks: dict[int, frozenset[int]] = {}
-        self._previous_policy: tuple[str, frozenset[int]] | None = None
+        self._previous_policy: tuple[int, frozenset[int]] | None = None  # mode with flags
         self._restored = False
         # NUMABIND_PRIORITY=main: the thread put on a priority core (None: none was)
         self.main_thread: int | None = None
@@ -372,9 +372,9 @@ class Binding:
                 except OSError:
                     pass
         if self._previous_policy is not None:
-            policy, nodes = self._previous_policy
+            mode, nodes = self._previous_policy
             try:
-                _kernel.set_mempolicy(policy, nodes)
+                _kernel.set_mempolicy_mode(mode, nodes)
             except OSError as err:
                 self.errors.append(str(err))
 
@@ -1027,13 +1027,14 @@ def _apply_policy(b: Binding, plan: Plan, keep_existing: bool = False) -> None:
     from . import _kernel
 
     try:
-        b._previous_policy = _kernel.get_mempolicy()
+        b._previous_policy = _kernel.get_mempolicy_mode()
     except OSError as err:
         if not _refused(b, err, "get_mempolicy"):
             b.errors.append(str(err))
         return
-    if keep_existing and b._previous_policy[0] != "default":
-        name, nodes = b._previous_policy
+    name = _kernel.policy_name(b._previous_policy[0])
+    if keep_existing and name != "default":
+        nodes = b._previous_policy[1]
         b.notes.append(f"kept the memory policy already set ({name} {fmt(nodes)})")
         return
     # the plan's policy, or MPOL_BIND over its spill mask (NUMABIND_SPILL=cpu)
@@ -1118,11 +1119,8 @@ def _adopt() -> Binding | None:
         b.policy_applied = policy
         b.policy_nodes = nodes if isinstance(nodes, frozenset) else frozenset()
         previous = record.get("previous_policy")
-        if isinstance(previous, tuple) and len(previous) == 2:
-            from ._model import POLICY_BY_CODE
-
-            found = POLICY_BY_CODE.get(previous[0])
-            b._previous_policy = (found.name if found else "default", previous[1])
+        if isinstance(previous, tuple) and len(previous) == 2 and isinstance(previous[0], int):
+            b._previous_policy = (previous[0], frozenset(previous[1]))  # mode with its flags
     registered = record.get("registered")
     if isinstance(registered, str):
         from . import _registry

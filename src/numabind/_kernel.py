@@ -156,6 +156,10 @@ PAGE_STATUS: dict[int, str] = {
 
 MPOL_F_STATIC_NODES = 1 << 15
 MPOL_F_RELATIVE_NODES = 1 << 14
+MPOL_F_NUMA_BALANCING = 1 << 13
+# the mode flags get_mempolicy reports with a policy (numactl's "=" static and "+" relative
+# nodes, and NUMA balancing): a policy put back must have them, or it means other nodes
+MODE_FLAGS = MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES | MPOL_F_NUMA_BALANCING
 MPOL_MF_STRICT, MPOL_MF_MOVE, MPOL_MF_MOVE_ALL = 1, 2, 4
 # Node masks are passed as arrays of unsigned longs; MAX_NODES (1024) covers every kernel
 # configuration shipped (CONFIG_NODES_SHIFT <= 10).
@@ -369,14 +373,37 @@ def set_policy(
 
 def get_mempolicy() -> tuple[str, frozenset[int]]:
     """The calling thread's memory policy and its nodes."""
+    mode, nodes = get_mempolicy_mode()
+    return policy_name(mode), nodes
+
+
+def policy_name(mode: int) -> str:
+    """A policy's name in the policy table, from its mode (flags ignored)."""
+    found = POLICY_BY_CODE.get(mode & ~MODE_FLAGS)
+    return found.name if found is not None else str(mode & ~MODE_FLAGS)
+
+
+def get_mempolicy_mode() -> tuple[int, frozenset[int]]:
+    """The calling thread's policy as the kernel reports it: the mode with its flags and
+    the nodes as they were given (for static or relative nodes, the caller's own mask).
+    What a binding saves, so that :func:`set_mempolicy_mode` puts back the same policy:
+    ``bind`` over relative node 0 is not ``bind`` over node 0 in a cpuset whose first
+    node is 1."""
     lib = _Libc.get()
     ct = lib.ctypes
     mode = ct.c_int(0)
     mask = lib.mask(())
     lib.call("get_mempolicy", "self", ct.byref(mode), ct.byref(mask), MAX_NODES + 1, None, 0)
-    code = mode.value & ~(MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES)
-    found = POLICY_BY_CODE.get(code)
-    return (found.name if found is not None else str(code)), _nodes_of(mask)
+    return mode.value, _nodes_of(mask)
+
+
+def set_mempolicy_mode(mode: int, nodes: Iterable[int] = ()) -> None:
+    """Put back a policy :func:`get_mempolicy_mode` read, flags and all."""
+    lib = _Libc.get()
+    nodes = frozenset(nodes)
+    mask, maxnode = _policy_nodes(lib, mode & ~MODE_FLAGS, nodes)
+    asked = f"{policy_name(mode)} (mode 0x{mode:x}), nodes {_fmt(nodes)}"
+    lib.call("set_mempolicy", asked, mode, mask, maxnode)
 
 
 def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int = 0) -> None:

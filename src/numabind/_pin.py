@@ -61,7 +61,7 @@ class ThreadPin:
         self.notes: list[str] = []
         self._tid: int | None = None
         self._previous_cpus: frozenset[int] | None = None
-        self._previous_policy: tuple[str, frozenset[int]] | None = None
+        self._previous_policy: tuple[int, frozenset[int]] | None = None  # mode with flags
 
     @property
     def applied(self) -> bool:
@@ -92,7 +92,7 @@ class ThreadPin:
 
     def _set_policy(self) -> None:
         try:
-            previous = _kernel.get_mempolicy()
+            previous = _kernel.get_mempolicy_mode()
         except OSError as err:
             self._failed(err, "get_mempolicy")
             return
@@ -138,7 +138,7 @@ class ThreadPin:
                 pass  # the cgroup took those CPUs away meanwhile: the mask stays
         if self._previous_policy is not None:
             try:
-                _kernel.set_mempolicy(*self._previous_policy)
+                _kernel.set_mempolicy_mode(*self._previous_policy)
             except OSError:
                 pass
         self.cpus_set = False
