@@ -750,6 +750,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a reservation is planned by the role planner, never dropped by the default one",
         ("tests/test_fast.py",),
     ),
+    M(
+        "M87",
+        "src/_numabind_fast.py",
+        "        saved = (previous[0] | calls.flags, previous[1])",
+        "        saved = previous",
+        "an inherited policy is put back with its mode flags (relative, static nodes)",
+        ("tests/test_fast.py",),
+    ),
     # --- the NIC next to the GPU (N: numbered apart, so that other branches' M ids stay) ---
     M(
         "N01",
