@@ -81,7 +81,7 @@ def _boot(
         RAY_AUTH_MODE="disabled",
         # a boot takes 2-3 min here; a busy CI machine once took the whole default 600 s
         # (steps.py now says which step, and holds each to a budget)
-        VM_TIMEOUT="900",
+        VM_TIMEOUT=os.environ.get("VM_TIMEOUT", "900"),
     )
     env.update(extra or {})
     proc = subprocess.run(

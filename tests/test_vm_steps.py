@@ -5,7 +5,6 @@ and the steps after it still run, each reported on stderr as it goes."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,21 +31,39 @@ def hangs(results):
         results["swallowed"] = True
         time.sleep(600)
 
+def orphans(results):
+    # subprocess.run kills its child at the budget; the grandchild must not live on
+    try:
+        subprocess.run(["sh", "-c", "sleep 601 & echo $! > {grandfile}; wait"],
+                       capture_output=True)
+    finally:
+        raise RuntimeError("a cleanup that fails too")
+
 def fails(results):
     raise ValueError("a step that fails")
 
 def after(results):
     results["after"] = 1
 
-sys.exit(run_steps({out!r}, [("quick", quick), ("hangs", hangs), ("fails", fails),
-                             ("after", after)], {{}}, budget=2))
+sys.exit(run_steps({out!r}, [("quick", quick), ("hangs", hangs), ("orphans", orphans),
+                             ("fails", fails), ("after", after)], {{}}, budget=2))
 """
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_hung_step_is_stopped_reported_and_the_rest_run(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    pidfile = tmp_path / "pid"
-    code = DRIVER.format(vm=str(ROOT / "tests" / "vm"), out=str(out), pidfile=str(pidfile))
+    pidfile, grandfile = tmp_path / "pid", tmp_path / "grandchild"
+    code = DRIVER.format(
+        vm=str(ROOT / "tests" / "vm"), out=str(out), pidfile=str(pidfile), grandfile=grandfile
+    )
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - t0
@@ -55,19 +72,18 @@ def test_a_hung_step_is_stopped_reported_and_the_rest_run(tmp_path: Path) -> Non
     data = json.loads(out.read_text())
     assert data["quick"] == 1 and data["after"] == 1
     assert "swallowed" not in data
-    assert set(data["errors"]) == {"hangs", "fails"}
+    assert set(data["errors"]) == {"hangs", "orphans", "fails"}
     hung = data["errors"]["hangs"]
     assert "ran past its 2 s budget" in hung
     assert ", in hangs" in hung and "in wait" in hung  # where the step was
     assert "time.sleep(600)" in hung  # the process it had started, listed
     assert "ValueError: a step that fails" in data["errors"]["fails"]
     assert 1.5 <= data["time_hangs"] < 30
-    child = int(pidfile.read_text())
-    for _ in range(100):  # killed; a zombie until its parent exits, gone after
-        if not os.path.exists(f"/proc/{child}"):
-            break
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{child}")
+    orphaned = data["errors"]["orphans"]
+    assert "ran past its 2 s budget" in orphaned and "sleep 601" in orphaned
+    assert "RuntimeError: a cleanup that fails too" in orphaned  # said after, not instead
+    for pid in (int(pidfile.read_text()), int(grandfile.read_text())):
+        assert not _alive(pid), pid  # killed and reaped by the driver
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[vm ")]
     said = [ln.split("] ", 1)[1] for ln in lines]
     assert said[0] == "step quick: start"

@@ -8,9 +8,11 @@ succeeds, and the guest wrote nothing on the way.  Now:
 
 * each step's start and end go to stderr at once (scripts/numa-vm prints the guest's
   stderr even when it stops the VM);
-* a step past ``budget`` seconds gets every thread's traceback and a list of this driver's
-  descendants (state, kernel wait channel, command line) recorded as its error, the
-  descendants are killed, and the next step runs;
+* a step past ``budget`` seconds gets where it was, every thread's traceback and a list of
+  this driver's descendants (state, kernel wait channel, command line) recorded as its
+  error, whatever its own cleanup raised after; the descendants are stopped and killed
+  (the driver is their subreaper, so a grandchild orphaned by ``subprocess.run``'s own
+  kill is among them), and the next step runs;
 * the results file is rewritten after every step, and the host side shows what it holds
   when a boot fails (tests/test_vm.py).
 """
@@ -90,52 +92,109 @@ def _tracebacks() -> str:
         return f.read()
 
 
-def _on_alarm(signum: int, frame: FrameType | None) -> None:
-    raise StepTimeout
+class _Watch:
+    """The alarm's side: it raises only while a step runs (never in the driver's own
+    bookkeeping), and keeps what it saw when it fired, since a step's cleanup may replace
+    the exception with its own (a ``wait(timeout=...)`` in a ``finally``)."""
+
+    def __init__(self) -> None:
+        self.in_step = False
+        self.fired = False
+        self.seen: list[int] = []
+        self.where = ""
+
+    def alarm(self, signum: int, frame: FrameType | None) -> None:
+        if not self.in_step or self.fired:
+            return
+        self.fired = True
+        self.seen = descendants()
+        self.where = "".join(traceback.format_stack(frame))
+        raise StepTimeout
+
+
+def _subreaper() -> None:
+    """Become the reaper of orphans below us (PR_SET_CHILD_SUBREAPER): a grandchild whose
+    parent subprocess.run killed at the timeout stays our descendant, to be listed and
+    killed, instead of moving to the guest's init and living on into the next step."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill(pids: list[int]) -> None:
+    # stopped first, so that no parent (torchrun, raylet) starts a new worker meanwhile
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.05)
+
+
+def _save(out_path: str, results: dict[str, Any]) -> None:
+    text = json.dumps(results, indent=1, default=repr)
+    tmp = f"{out_path}.part"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, out_path)
 
 
 def run_steps(
     out_path: str,
     steps: Iterable[tuple[str, Step]],
     results: dict[str, Any],
-    budget: float = 240,
+    budget: float = 300,
 ) -> int:
     """Run each step into ``results`` (its failures under ``results["errors"][name]``,
     its time under ``results["time_<name>"]``), saving the file after each."""
     results.setdefault("errors", {})
-    signal.signal(signal.SIGALRM, _on_alarm)
+    _subreaper()
     for name, step in steps:
         say(f"step {name}: start")
+        watch = _Watch()
+        signal.signal(signal.SIGALRM, watch.alarm)
         t0 = time.time()
-        signal.setitimer(signal.ITIMER_REAL, budget)
+        error, timed_out = "", False
         try:
-            step(results)
-        except StepTimeout:
-            seen = descendants()
-            results["errors"][name] = (
+            watch.in_step = True
+            signal.setitimer(signal.ITIMER_REAL, budget)
+            try:
+                step(results)
+            finally:
+                watch.in_step = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except BaseException as err:
+            if not isinstance(err, Exception | StepTimeout):
+                raise
+            error, timed_out = traceback.format_exc(), isinstance(err, StepTimeout)
+        if watch.fired:
+            seen = sorted(set(watch.seen) | set(descendants()))
+            error = (
                 f"step {name} ran past its {budget:.0f} s budget; it was at:\n"
-                + traceback.format_exc()
-                + "threads:\n"
+                + watch.where
+                + "threads now:\n"
                 + _tracebacks()
                 + "processes it had started:\n"
                 + "\n".join(_describe(p) for p in seen)
+                + (f"\nthen its cleanup raised:\n{error}" if error and not timed_out else "")
             )
-            for pid in reversed(seen):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        except Exception:
-            results["errors"][name] = traceback.format_exc()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            _kill(seen)
+        if error:
+            results["errors"][name] = error
         results[f"time_{name}"] = round(time.time() - t0, 1)
-        say(
-            f"step {name}: {'FAILED' if name in results['errors'] else 'done'}"
-            f" in {results[f'time_{name}']} s"
-        )
-        if name in results["errors"]:
-            say(results["errors"][name][-4000:])
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
+        say(f"step {name}: {'FAILED' if error else 'done'} in {results[f'time_{name}']} s")
+        if error:
+            say(error[-4000:])
+        _save(out_path, results)
     return 0
