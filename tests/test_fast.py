@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -462,6 +463,24 @@ POLICY_FIRST = (
 )
 
 
+def _started_under(tmp_path: Path, mode: int, program: str, prefix: list[str], **knobs: str) -> Any:
+    """What ``program`` prints in rank 0 of the two-node sysroot, started (warm, under
+    ``-S``, after ``prefix``) with memory policy ``mode`` over node 0 set before the hook
+    runs: the program's own ``site.main()`` runs it."""
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0", **knobs)
+    _run(env)  # warm the cache
+    r = subprocess.run(
+        [*prefix, sys.executable, "-S", "-c", POLICY_FIRST + program, str(mode)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 @two_cpus
 @pytest.mark.parametrize(
     ("mode", "reads"),
@@ -473,19 +492,7 @@ def test_an_inherited_policy_with_mode_flags_is_looked_at(
     """A rank on node 0's CPU that inherited MPOL_BIND of node 0 has its pages there; one
     whose policy carries MPOL_F_RELATIVE_NODES or MPOL_F_STATIC_NODES (numactl's ``+``
     and ``=`` nodes) names nodes get_mempolicy does not translate, so numa_maps is read."""
-    root = _two_core_nodes(tmp_path)
-    env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0")
-    _run(env)  # warm the cache
-    code = POLICY_FIRST + EARLY
-    r = subprocess.run(
-        ["taskset", "-c", "0", sys.executable, "-S", "-c", code, str(mode)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    why, seen, cpus = json.loads(r.stdout)
+    why, seen, cpus = _started_under(tmp_path, mode, EARLY, ["taskset", "-c", "0"])
     assert why == "" and cpus == [0]
     assert seen == (["/proc/self/numa_maps"] if reads else []), seen
 
@@ -517,18 +524,8 @@ def test_restore_puts_back_an_inherited_policy_with_its_mode_flags(
     """numactl --membind=+0 (relative) or =0 (static) before the rank: restore() and the
     end of a bind_thread block put back that policy, flags and all (without them it would
     be bind over node 0 itself, which a cpuset whose first node is 1 does not mean)."""
-    root = _two_core_nodes(tmp_path)
-    env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0", NUMABIND_CACHE=cache)
-    _run(env)  # warm the cache
-    r = subprocess.run(
-        [sys.executable, "-S", "-c", POLICY_FIRST + RESTORED, str(mode)],  # mask: replaced
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    bound, after, thread = json.loads(r.stdout)
+    # no mask of its own: the hook replaces the policy, and restore() has one to put back
+    bound, after, thread = _started_under(tmp_path, mode, RESTORED, [], NUMABIND_CACHE=cache)
     assert bound == [_kernel.POLICIES["preferred"].code, [0]]  # the hook's own policy
     assert after == [mode, [0]], (after, mode)
     assert thread == [mode, [0]], (thread, mode)
