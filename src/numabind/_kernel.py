@@ -337,11 +337,7 @@ def _policy_nodes(lib: _Libc, code: int, nodes: frozenset[int]) -> tuple[Any, An
 
 def set_mempolicy(policy: str, nodes: Iterable[int] = ()) -> None:
     """Set the calling thread's memory policy (inherited by threads/processes it starts)."""
-    lib = _Libc.get()
-    nodes = frozenset(nodes)
-    code = _code(policy)
-    mask, maxnode = _policy_nodes(lib, code, nodes)
-    lib.call("set_mempolicy", f"{policy}, nodes {_fmt(nodes)}", code, mask, maxnode)
+    set_mempolicy_mode(_code(policy), nodes)
 
 
 def set_policy(
@@ -398,12 +394,13 @@ def get_mempolicy_mode() -> tuple[int, frozenset[int]]:
 
 
 def set_mempolicy_mode(mode: int, nodes: Iterable[int] = ()) -> None:
-    """Put back a policy :func:`get_mempolicy_mode` read, flags and all."""
+    """Set a policy by its mode, flags and all: what :func:`get_mempolicy_mode` read, put
+    back, or a table policy's code (:func:`set_mempolicy`)."""
     lib = _Libc.get()
     nodes = frozenset(nodes)
     mask, maxnode = _policy_nodes(lib, mode & ~MODE_FLAGS, nodes)
-    asked = f"{policy_name(mode)} (mode 0x{mode:x}), nodes {_fmt(nodes)}"
-    lib.call("set_mempolicy", asked, mode, mask, maxnode)
+    name = policy_name(mode) + (f" (mode 0x{mode:x})" if mode & MODE_FLAGS else "")
+    lib.call("set_mempolicy", f"{name}, nodes {_fmt(nodes)}", mode, mask, maxnode)
 
 
 def mbind(addr: int, length: int, policy: str, nodes: Iterable[int], flags: int = 0) -> None:
