@@ -212,7 +212,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- the registry -----------------------------------------------------------------------
     M(
         "M21",
-        "src/_numabind_fast.py",
+        "src/_numabind_base.py",
         "        efd = os.open(name, _READ | os.O_NOFOLLOW, dir_fd=fd)",
         "        efd = os.open(name, _READ, dir_fd=fd)",
         "registry entries are never read through a link",
@@ -220,7 +220,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M22",
-        "src/_numabind_fast.py",
+        "src/_numabind_base.py",
         "    if st.st_uid not in (0, uid):",
         "    if False:",
         "no registry is made in a base another ordinary user owns",
@@ -228,7 +228,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M23",
-        "src/_numabind_fast.py",
+        "src/_numabind_base.py",
         "            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK",
         "            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK",
         "an entry is written to a fresh file, never an existing one",
@@ -736,27 +736,19 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "M85",
-        "src/_numabind_fast.py",
+        "src/numabind/_replay.py",
         "        return bool(current) and current <= home",
         "        return True",
         "a rank that may have run off its node looks for early pages there (numa_maps)",
-        ("tests/test_fast.py",),
-    ),
-    M(
-        "M86",
-        "src/_numabind_fast.py",
-        ' or cfg["reserve"] or cfg["smt"] != "all" or not devs:',
-        ' or cfg["smt"] != "all" or not devs:',
-        "a reservation is planned by the role planner, never dropped by the default one",
-        ("tests/test_fast.py",),
+        ("tests/test_warm.py",),
     ),
     M(
         "M87",
-        "src/_numabind_fast.py",
-        "        saved = (previous[0] | calls.flags, previous[1])",
-        "        saved = previous",
+        "src/_numabind_base.py",
+        "        return int(mode.value), frozenset(nodes)",
+        "        return int(mode.value) & 0xFF, frozenset(nodes)",
         "an inherited policy is put back with its mode flags (relative, static nodes)",
-        ("tests/test_fast.py",),
+        ("tests/test_warm.py",),
     ),
     # --- the NIC next to the GPU (N: numbered apart, so that other branches' M ids stay) ---
     M(

@@ -75,7 +75,7 @@ def installed_hook_problem() -> str | None:
         installed = pth.parent / name
         if installed.exists() and installed.read_bytes() != (src / name).read_bytes():
             return f"{installed} differs from src/{name} (edited since installed); {fix}"
-    from _numabind_start import MODULES
+    from _numabind_base import MODULES
 
     for module in MODULES:
         spec = importlib.util.find_spec(module)

@@ -163,7 +163,7 @@ def readable_src() -> str:
         shutil.copytree(
             src / "numabind", top / "numabind", ignore=shutil.ignore_patterns("__pycache__")
         )
-        from _numabind_start import MODULES  # numabind imports them
+        from _numabind_base import MODULES  # numabind imports them
 
         for module in MODULES:
             shutil.copy(src / f"{module}.py", top / f"{module}.py")

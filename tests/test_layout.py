@@ -187,6 +187,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "check._report",
         "check._isolated",
         "check._raydriver",
+        "_replay",
         "",
         "_site.sitecustomize",
     ),

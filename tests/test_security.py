@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import synth
-from _numabind_start import MODULES
+from _numabind_base import MODULES
 from numabind._topology import Machine
 from support import check_status, clean_env
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from _numabind_start import MODULES
+from _numabind_base import MODULES
 from support import StandInStore, clean_env
 
 HERE = Path(__file__).resolve().parent

@@ -130,8 +130,10 @@ def test_a_one_node_rank_loads_ten_modules_and_no_kernel_layer(tmp_path: Path) -
     assert len(mods) <= (10 if live else 11), sorted(mods)
     heavy = {"numabind._kernel", "numabind._registry", "numabind._devices", "numabind._errors"}
     assert not (mods & heavy), sorted(mods & heavy)
+    # cold: the full path, and the cache and the answer it keeps for the next rank
     cold, _ = _counted(root, {"LOCAL_RANK": "0"})
-    assert len(cold["modules"]) <= (10 if live else 11) and not (set(cold["modules"]) & HEAVY)
+    keeping = {"numabind._cache", "numabind._replay", "numabind._dra"}  # _dra: a cached record
+    assert set(cold["modules"]) <= mods | keeping and "numabind._replay" in cold["modules"], cold
     warm, _ = _counted(root, {"LOCAL_RANK": "0"}, tmp_path, runs=2)
     assert warm["modules"] == [], warm["modules"]
     key = ("/sys/devices/system/cpu/online", "/sys/fs/cgroup/cpuset")  # its cpuset (or none)
@@ -180,11 +182,31 @@ def test_a_bound_dgx_rank_loads_15_modules_and_opens_30_files(
         f
         for f in warm["files"]
         if f.startswith(("/sys", "/proc/driver"))
-        or not f.startswith(("/", "numabind", ".", "machine-"))
+        or not f.startswith(("/", "numabind", ".", "machine-", "answers-"))
     ]
-    node_dir = ("sys", "devices", "system", "node")  # listed: one node is nothing to bind
-    key = [f for f in machine if f not in node_dir and f != "/sys/devices/system/node"]
-    assert all("cgroup" in f or "cpuset" in f or f.endswith("cpu/online") for f in key), machine
+    # of the machine, a warm rank reads only what its answer's witnesses name
+    assert machine and set(machine) <= _witnessed(dgx_root, live), machine
+
+
+def _witnessed(root: str, live: bool) -> set[str]:
+    """The paths the witnesses of this user's answers files name (as the rank opens them:
+    under the sysroot, unless the machine is mounted over /sys)."""
+    import _numabind_base as base
+
+    fd, _, _ = base.open_cache_dir(os.environ, create=False)
+    assert fd is not None
+    out: set[str] = set()
+    try:
+        for name in os.listdir(fd):
+            if name.startswith("answers-"):
+                bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
+                for line in data.decode().split("\n"):
+                    if line.startswith("w "):
+                        path = base.unescape(line.split(" ")[2])
+                        out.add(path if live else root.rstrip("/") + path)
+    finally:
+        os.close(fd)
+    return out
 
 
 def test_hook_is_quiet_on_success_and_verbose_on_request(dgx_root: str) -> None:
@@ -321,6 +343,7 @@ def test_wheel_install_kind(tmp_path: Path, dgx_root: str) -> None:
         "_numabind_hook.pth",
         "_numabind_hook.start",
         "_numabind_start.py",
+        "_numabind_base.py",
         "numabind/_startup.py",
         "numabind/_site/sitecustomize.py",
         "numabind/py.typed",
@@ -341,12 +364,12 @@ def test_wheel_install_kind(tmp_path: Path, dgx_root: str) -> None:
 def test_every_hook_form_checks_the_same_variables() -> None:
     """The .pth line, the PEP 829 entry and numabind itself must agree on what makes a
     process worth looking at (the first two cannot import numabind to ask)."""
-    import _numabind_start
+    import _numabind_base
     from numabind._environ import TRIGGER_VARIABLES
 
-    assert TRIGGER_VARIABLES == _numabind_start.TRIGGERS
-    pth = (ROOT / "src" / "_numabind_hook.pth").read_text()
-    assert "b'" + " ".join(TRIGGER_VARIABLES) + "'.split()" in pth
+    assert TRIGGER_VARIABLES is _numabind_base.TRIGGERS  # one table, not two
+    # the .pth line is that table rendered (it cannot import anything to ask)
+    assert (ROOT / "src" / "_numabind_hook.pth").read_text() == _numabind_base.pth_line()
 
 
 @pytest.fixture(scope="module")

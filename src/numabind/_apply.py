@@ -1077,16 +1077,16 @@ def _migrate(b: Binding, plan: Plan) -> None:
         _refused(b, call)
 
 
-# --- a binding the start module's fast path applied ----------------------------------------------
+# --- a binding the warm start replayed ----------------------------------------------------------
 
 _adopted: list[Binding | None] = []
 
 
 def adopted() -> Binding | None:
-    """The binding ``_numabind_start``'s fast path applied to this process before numabind
-    was loaded, as a :class:`Binding` (made once, when this module is first imported: it is
-    then this process's active binding, which ``apply()``, the guards, children and host
-    buffers read); None when the fast path bound nothing."""
+    """The binding the warm start (``_numabind_start``) replayed in this process before
+    numabind was loaded, as a :class:`Binding` (made once, when this module is first
+    imported: it is then this process's active binding, which ``apply()``, the guards,
+    children and host buffers read); None when the warm start bound nothing."""
     if not _adopted:
         _adopted.append(None)  # a failure below leaves None, once
         _adopted[0] = _adopt()
@@ -1094,27 +1094,31 @@ def adopted() -> Binding | None:
 
 
 def _adopt() -> Binding | None:
-    start = sys.modules.get("_numabind_start")
-    record = getattr(start, "applied", None)
-    if not isinstance(record, dict):
+    """The Binding of what was replayed, from the plan the answer carries: nothing is
+    planned again and the machine is not read."""
+    import _numabind_base
+
+    record = _numabind_base.applied
+    if not isinstance(record, dict) or not record.get("plan"):
         return None
+    from ._cache import decode_plan
+
     try:
-        plan = _replan(record)
-    except Exception:
+        plan = decode_plan(str(record["plan"]))
+    except (ValueError, TypeError, KeyError):
         return None
     b = Binding(plan)
     b.cpus_applied = True
-    b.threads_rebound = int(record.get("previous_cpus") is not None)
+    before = record.get("previous_cpus")
+    b.threads_rebound = int(isinstance(before, frozenset))
     b.threads_kept = 1 - b.threads_rebound
     tid = os.getpid()
-    before = record.get("previous_cpus")
     if isinstance(before, frozenset):
         b._previous_affinity[tid] = before
-    main = record.get("main_thread")
-    b.main_thread = main if isinstance(main, int) else None
-    b.masks[tid] = plan.main_cpus if b.main_thread is not None else plan.cpus
-    policy = record.get("policy")
-    if isinstance(policy, str):
+    b.masks[tid] = plan.cpus
+    said = str(record.get("binding", "")).split(" ")
+    policy = said[1] if len(said) == 2 and said[1] in POLICIES else None
+    if policy is not None:
         nodes = record.get("policy_nodes")
         b.policy_applied = policy
         b.policy_nodes = nodes if isinstance(nodes, frozenset) else frozenset()
@@ -1128,50 +1132,10 @@ def _adopt() -> Binding | None:
         b.registered = registered
         label = record.get("registered_label")
         _registry._registered.update(path=registered, pid=os.getpid(), label=label)
-    machine = record.get("machine")
-    b.machine = machine if isinstance(machine, str) else ""
+    b.machine = "answer"
     with LOCK:
         ACTIVE.append(b)
     return b
-
-
-def _replan(record: dict[str, object]) -> Plan:
-    """The full planner's plan of what the fast path bound, from the environment it saw
-    and the cached machine; where the two disagreed (a bug), what was applied wins and a
-    note says so."""
-    from ._cache import open_machine, wants
-    from ._devices import LazyNvml, resolve
-    from ._environ import Config, detect
-    from ._plan import nothing_to_bind, plan, request_from
-
-    env = record.get("environ")  # os.environ's bytes, or a plain dict of text
-    environ = (
-        {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-        if isinstance(env, dict)
-        else dict(os.environ)
-    )
-    cfg = Config.from_env(environ)
-    info = detect(environ, getattr(sys, "orig_argv", None))
-    opened = open_machine(cfg.sysroot, environ, wants(cfg.mode, cfg.smt, cfg.priority, cfg.reserve))
-    m = opened.machine
-    try:
-        visible = None
-        if not nothing_to_bind(m, cfg.mode, cfg.memory, cfg.spill, cfg.priority):
-            visible = resolve(m, environ, LazyNvml())
-        request = request_from(info, visible, cfg, nic=False).replace(budget=cfg.threads != "off")
-        p = plan(m, request)
-    finally:
-        m.close()
-    fast = record.get("plan")
-    if isinstance(fast, dict):
-        applied = {k: fast.get(k) for k in ("cpus", "memory_policy", "memory_nodes", "main_cpus")}
-        mine = {k: getattr(p, k) for k in applied}
-        if applied != mine:
-            p = p.replace(
-                **applied,
-                notes=(*p.notes, f"the startup fast path bound {applied}, the planner says {mine}"),
-            )
-    return p
 
 
 adopted()

@@ -4,31 +4,39 @@ Every rank of a node reads the same sysfs files for the same answer, and some of
 slow: the per-CPU frequency files that tell priority cores apart cost ~1 s on a 2x EPYC
 7742, serialised across processes (hwloc#756: 32 readers at once took 31.8 s).  So the
 first rank of a node that needs the machine reads it, under a lock, and writes what it
-read to a per-user file; the other ranks read that file instead.
+read to a per-user file; the other ranks read that file instead.  (What a rank *did* with
+it is another file, the answers numabind._replay writes and the warm start replays.)
 
-**What it holds.**  The machine, not a rank's plan: every answer a :class:`Source` gave,
-method by method (one row of :data:`FACTS` per kind of answer: adding a fact is one row),
-and the *quick facts* a rank needs to plan, derived with the planner's own rules
-(:func:`derive`: each CPU node's CPUs, each reachable device's node, each node's cores and
-priority cores, whether MPOL_PREFERRED_MANY exists), which ``_numabind_start``'s fast path
-reads without importing numabind.  Each rank then plans from the shared machine with its
-own visibility: the devices a rank sees are not part of the key.
+**What it holds, and for how long it is true.**  Every answer a :class:`Source` gave,
+method by method: one row of :data:`FACTS` per kind of answer, and each row says how long
+its answer stays true (``truth``), so that a new fact must choose:
 
-**The key** (``_numabind_start.cache_key``): the boot, the kernel release, the mount
-namespace (a container's /sys and /proc/driver are its own), the user, the cgroup (its
-path, and the cpuset's cpus and mems files' contents, read again by every rank), the
-sysroot and its identity, and the code that wrote the file (numabind's version, its
-files).  Any change is another file.
+* ``boot``: fixed while the machine is up (the topology, the PCI tree, node distances);
+* ``witnessed``: changeable while it is up, and cheap to check (CPUs and nodes online, a
+  node's size, a device's node, the GPUs present, the driver's per-GPU files, memory tiers,
+  RDMA adapters, GPU partitions, the cpuset): the file keeps *witnesses*, (kind, path,
+  what it said) for the files behind the answer (:data:`WITNESSES`), and every reader
+  compares them before it trusts the file (``_numabind_base.holds``);
+* ``live``: cheaper to read than to witness (one sysctl: ``numa_balancing``): never kept,
+  read every time;
+* ``expensive``: changeable but slow (the frequency files behind core kinds, which an
+  SST-PP/TF profile or a partition change moves): kept for the boot for the ranks' sake;
+  the verifiers (check, doctor, show) never read this cache at all.
 
-**The rules of the registry apply** (the one copy is in ``_numabind_start``): a per-user
-directory ``<base>/numabind-cache-UID`` (``base`` as for the registry) owned by the user,
-mode 0700, never opened through a link; the file written to a fresh name and renamed into
-place; read only if it is a regular file of the user's, at most :data:`CACHE_CAP` bytes,
-whose header says this format, whose length and checksum match and whose key is this
-process's.  Anything else is refused and the rank reads sysfs itself, silently (verbose
-mode says why).  Ranks that start at once and find no file do not all read: one takes the
-lock (``flock`` on ``<file>.lock``: released when its holder dies) and reads; the others
-wait at most :data:`WAIT` seconds for its file, then read themselves.  At most
+**The key** (``_numabind_base.machine_key``): the boot, the kernel release, the mount
+namespace (a container's /sys and /proc/driver are its own), the user, the cgroup, the
+sysroot and its identity, and the code (numabind's version, its files).  Any change is
+another file; any witness that says otherwise, a file read again.
+
+**The rules of the registry apply** (the one copy is in ``_numabind_base``): a per-user
+directory ``<base>/numabind-cache-UID`` owned by the user, mode 0700, never opened through
+a link; the file written to a fresh name and renamed into place; read only if it is a
+regular file of the user's, at most :data:`CACHE_CAP` bytes, whose header says this
+format, whose length and checksum match, whose key is this process's and whose witnesses
+hold.  Anything else is refused and the rank reads sysfs itself, silently (verbose mode
+says why).  Ranks that start at once and find no file do not all read: one takes the lock
+(``flock`` on ``<file>.lock``: released when its holder dies) and reads; the others wait
+at most :data:`WAIT` seconds for its file, then read themselves.  At most
 :data:`MAX_FILES` machine files are kept per user (the oldest go first).
 
 ``NUMABIND_CACHE=0`` turns it off: the machine is read from sysfs, nothing is written.
@@ -39,7 +47,7 @@ from __future__ import annotations
 import os
 import sys
 
-import _numabind_fast as fast
+import _numabind_base as base
 
 from . import _sysfs
 from ._dra import DraDevice
@@ -57,21 +65,31 @@ from ._model import (
     OtherDevice,
     Record,
 )
-from ._sources import Source
+from ._sources import (
+    SYS_CPU,
+    SYS_INFINIBAND,
+    SYS_NET,
+    SYS_NODE,
+    SYS_PCI,
+    SYS_TIERING,
+    Source,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from typing import TypeVar
+    from typing import Literal, TypeVar
 
+    from ._plan import Plan
     from ._topology import Machine
 
     T = TypeVar("T")
+    Truth = Literal["boot", "witnessed", "live", "expensive"]
 
-CACHE_CAP = fast.CACHE_CAP
+CACHE_CAP = base.CACHE_CAP
 WAIT = 5.0  # seconds a rank waits for another rank's reading (its lock) before reading itself
 MAX_FILES = 32  # machine files kept per user (a cpuset per job step, a boot each)
-OFF = ("0", "off", "no", "false")
+OFF = base.CACHE_OFF
 
 
 def _base(environ: Mapping[str, str]) -> str:
@@ -91,12 +109,20 @@ def enabled(environ: Mapping[str, str]) -> bool:
 
 
 class Fact(Record):
-    """One kind of answer a :class:`Source` gives: the method, and how a call's arguments
-    name the answer (``argkey``: ``None`` for a method without arguments)."""
+    """One kind of answer a :class:`Source` gives: the method, how a call's arguments
+    name the answer (``argkey``: ``None`` for a method without arguments), how long the
+    answer stays true (``truth``, see the module docstring; no default: a new fact must
+    choose) and, for a witnessed one, the files that witness it (``witness``: from the
+    answers given, (kind, path) pairs, ``_numabind_base.witness`` reads them)."""
 
     method: str
+    truth: Truth
     argkey: Callable[..., str] | None = None
     records: tuple[type[Record], ...] = ()  # the record classes its answers hold
+    witness: Callable[[dict[str, object]], list[tuple[str, str]]] | None = None
+
+
+TRUTHS = ("boot", "witnessed", "live", "expensive")
 
 
 def _node_key(node_id: int, online: object, ids: object, full: bool = True) -> str:
@@ -123,35 +149,113 @@ def _sets_key(*sets: frozenset[str]) -> str:
     return _escape(repr([sorted(s) for s in sets]))
 
 
+# --- witnesses: the files behind a changeable answer ---------------------------------------------
+
+
+def _w_nodes(answers: dict[str, object]) -> list[tuple[str, str]]:
+    """A node's CPUs and size (a memory block taken offline changes MemTotal), the memory
+    tiers, and the list of nodes itself."""
+    out = [("l", SYS_NODE), ("l", SYS_TIERING)]
+    for key in answers:
+        node = key.partition(".")[0]
+        out += [("f", f"{SYS_NODE}/node{node}/cpulist"), ("m", f"{SYS_NODE}/node{node}/meminfo")]
+    return out
+
+
+def _devices_of(answers: dict[str, object]) -> list[str]:
+    pcis: list[str] = []
+    for value in answers.values():
+        for acc in value if isinstance(value, tuple) else (value,):
+            if isinstance(acc, Accelerator) and acc.pci not in pcis:
+                pcis.append(acc.pci)
+    return pcis
+
+
+def _w_devices(answers: dict[str, object]) -> list[tuple[str, str]]:
+    """The PCI devices present, each GPU's node (root rewrites it: a firmware
+    workaround), its driver's memory-node file (a GH200's GPU memory is learned when the
+    driver loads) and its partition modes (amd-smi switches them)."""
+    out = [("l", SYS_PCI)]
+    for pci in _devices_of(answers):
+        out.append(("f", f"{SYS_PCI}/{pci}/numa_node"))
+        for vendor in VENDORS:
+            if vendor.driver_dir and vendor.driver_numa_file:
+                out.append(("f", f"{vendor.driver_dir}/{pci}/{vendor.driver_numa_file}"))
+            for name in vendor.partition_files or ():
+                out.append(("f", f"{SYS_PCI}/{pci}/{name}"))
+    return out
+
+
+def _w_driver(answers: dict[str, object]) -> list[tuple[str, str]]:
+    return [("l", v.driver_dir) for v in VENDORS if v.driver_dir and v.key in map(_unescape, answers)]
+
+
+def _w_modes(answers: dict[str, object]) -> list[tuple[str, str]]:
+    out = []
+    for key in answers:  # vendor.bdf
+        vendor, _, pci = key.partition(".")
+        for v in VENDORS:
+            if v.key == _unescape(vendor):
+                out += [("f", f"{SYS_PCI}/{_unescape(pci)}/{n}") for n in v.partition_files or ()]
+    return out
+
+
+def _w_file(*paths: str) -> Callable[[dict[str, object]], list[tuple[str, str]]]:
+    return lambda answers: [("f", p) for p in paths]
+
+
 # Every answer the machine layer asks for.  A new fact a branch adds to Source (memory
-# tiers, NICs read only when asked) is one row here, and the cache holds it.
+# tiers, NICs read only when asked) is one row here, and the cache holds it as its truth says.
 FACTS: tuple[Fact, ...] = (
-    Fact(method="online_cpus"),
-    Fact(method="node_ids"),
-    Fact(method="node", argkey=_node_key, records=(Node,)),
-    Fact(method="cpu_package", argkey=_cpu_key),
-    Fact(method="cpu_siblings", argkey=_cpu_key),
-    Fact(method="cpu_cache", argkey=_cpu_key),
-    Fact(method="allowed", records=(Allowed,)),
-    Fact(method="core_kinds", records=(CoreKinds,)),
+    Fact(method="online_cpus", truth="witnessed", witness=_w_file(f"{SYS_CPU}/online")),
+    Fact(method="node_ids", truth="witnessed", witness=_w_file(f"{SYS_NODE}/online")),
+    Fact(method="node", truth="witnessed", argkey=_node_key, records=(Node,), witness=_w_nodes),
+    Fact(method="cpu_package", truth="boot", argkey=_cpu_key),
+    Fact(method="cpu_siblings", truth="boot", argkey=_cpu_key),
+    Fact(method="cpu_cache", truth="boot", argkey=_cpu_key),
+    # the cpuset's files are the key's witnesses (cpuset_files): read by every rank
+    Fact(method="allowed", truth="witnessed", records=(Allowed,)),
+    Fact(method="core_kinds", truth="expensive", records=(CoreKinds,)),
     Fact(
         method="accelerators",
+        truth="witnessed",
         argkey=lambda detail=False: str(int(bool(detail))),
         records=(Accelerator,),
+        witness=_w_devices,
     ),
-    Fact(method="accelerator", argkey=_acc_key, records=(Accelerator,)),
-    Fact(method="locate", argkey=lambda acc: _escape(acc.pci), records=(Accelerator,)),
-    Fact(method="pci_path", argkey=_text_key),
-    Fact(method="nics", records=(Nic, NicPort)),
-    Fact(method="ethernet", argkey=_sets_key, records=(Nic, NicPort)),
-    Fact(method="others", records=(OtherDevice,)),
-    Fact(method="driver_gpus", argkey=_text_key),
-    Fact(method="dra_devices", records=(DraDevice,)),
-    Fact(method="kernel_release"),
-    Fact(method="numa_balancing"),
-    Fact(method="cpu_vendor"),
-    Fact(method="partition_nodes", argkey=_vendor_key, records=(KfdNode,)),
-    Fact(method="partition_modes", argkey=_vendor_key),
+    Fact(
+        method="accelerator",
+        truth="witnessed",
+        argkey=_acc_key,
+        records=(Accelerator,),
+        witness=_w_devices,
+    ),
+    Fact(
+        method="locate",
+        truth="witnessed",
+        argkey=lambda acc: _escape(acc.pci),
+        records=(Accelerator,),
+        witness=_w_devices,
+    ),
+    Fact(method="pci_path", truth="boot", argkey=_text_key),
+    Fact(
+        method="nics",
+        truth="witnessed",
+        records=(Nic, NicPort),
+        witness=lambda answers: [("l", SYS_INFINIBAND)],
+    ),
+    Fact(method="ethernet", truth="witnessed", argkey=_sets_key, records=(Nic, NicPort),
+         witness=lambda answers: [("l", SYS_NET)]),  # fmt: skip
+    Fact(method="others", truth="boot", records=(OtherDevice,)),
+    Fact(method="driver_gpus", truth="witnessed", argkey=_text_key, witness=_w_driver),
+    Fact(method="dra_devices", truth="boot", records=(DraDevice,)),  # the pod's, in its mnt ns
+    Fact(method="kernel_release", truth="boot"),
+    Fact(method="numa_balancing", truth="live"),
+    Fact(method="cpu_vendor", truth="boot"),
+    Fact(method="partition_nodes", truth="witnessed", argkey=_vendor_key, records=(KfdNode,),
+         witness=lambda answers: [("l", v.partition_topology) for v in VENDORS
+                                  if v.partition_topology]),  # fmt: skip
+    Fact(method="partition_modes", truth="witnessed", argkey=_vendor_key, witness=_w_modes),
 )
 BY_METHOD = {f.method: f for f in FACTS}
 _RECORDS: dict[str, type[Record]] = {cls.__name__: cls for f in FACTS for cls in f.records}
@@ -159,36 +263,11 @@ _RECORDS: dict[str, type[Record]] = {cls.__name__: cls for f in FACTS for cls in
 
 # --- values as text ------------------------------------------------------------------------------
 
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-+,=@")
+_escape = base.escape
+_unescape = base.unescape
 
 
-_SAFE_TEXT = "".join(sorted(_SAFE))
-
-
-def _escape(text: str) -> str:
-    if not text.strip(_SAFE_TEXT):
-        return text  # nothing to escape (PCI addresses, CPU lists, names): the common case
-    return "".join(
-        c if c in _SAFE else "%" + "%".join(f"{b:02x}" for b in c.encode()) for c in text
-    )
-
-
-def _unescape(text: str) -> str:
-    if "%" not in text:
-        return text
-    out = bytearray()
-    i = 0
-    while i < len(text):
-        if text[i] == "%":
-            out.append(int(text[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            out += text[i].encode()
-            i += 1
-    return out.decode("utf-8")
-
-
-def encode(value: object) -> str:
+def encode(value: object, records: Mapping[str, type[Record]] | None = None) -> str:
     """A value an answer holds (None, bool, int, float, str, a set of ints, a tuple, a
     record) as space-separated tokens; :func:`decode` reads them back."""
     if value is None:
@@ -204,9 +283,9 @@ def encode(value: object) -> str:
     if isinstance(value, frozenset):
         return "c" + _sysfs.format_cpulist(value)
     if isinstance(value, (tuple, list)):
-        return " ".join(["(", *(encode(v) for v in value), ")"])
-    if isinstance(value, Record) and type(value).__name__ in _RECORDS:
-        fields = (encode(getattr(value, n)) for n in value._fields)
+        return " ".join(["(", *(encode(v, records) for v in value), ")"])
+    if isinstance(value, Record) and type(value).__name__ in (records or _RECORDS):
+        fields = (encode(getattr(value, n), records) for n in value._fields)
         return " ".join([f"R{type(value).__name__}", "(", *fields, ")"])
     raise TypeError(f"not cached: {type(value).__name__}")
 
@@ -232,7 +311,7 @@ class Tokens:
         return self.at >= len(self.tokens)
 
 
-def decode(tokens: Tokens) -> object:
+def decode(tokens: Tokens, records: Mapping[str, type[Record]] | None = None) -> object:
     """The value :func:`encode` wrote (``ValueError`` on anything else)."""
     token = tokens.next()
     head, rest = token[:1], token[1:]
@@ -249,23 +328,23 @@ def decode(tokens: Tokens) -> object:
     if head == "c":
         return _set(rest)
     if token == "(":
-        return tuple(_items(tokens))
+        return tuple(_items(tokens, records))
     if head == "R":
-        cls = _RECORDS.get(rest)
+        cls = (records or _RECORDS).get(rest)
         if cls is None or tokens.next() != "(":
             raise ValueError(f"not a cached record: {rest[:40]!r}")
-        values = _items(tokens)
+        values = _items(tokens, records)
         if len(values) != len(cls._fields):
             raise ValueError(f"{rest}: {len(values)} fields, not {len(cls._fields)}")
         return cls(**dict(zip(cls._fields, values)))
     raise ValueError(f"not a value: {token[:40]!r}")
 
 
-def _items(tokens: Tokens) -> list[object]:
+def _items(tokens: Tokens, records: Mapping[str, type[Record]] | None = None) -> list[object]:
     """The values up to the closing parenthesis (consumed)."""
     items: list[object] = []
     while tokens.peek() != ")":
-        items.append(decode(tokens))
+        items.append(decode(tokens, records))
     tokens.next()
     return items
 
@@ -273,7 +352,7 @@ def _items(tokens: Tokens) -> list[object]:
 def _set(text: str) -> frozenset[int]:
     found = _SETS.get(text)
     if found is None:
-        found = fast.parse_cpulist(text, _sysfs.MAX_CPUS)
+        found = base.parse_cpulist(text, _sysfs.MAX_CPUS)
         if found is None:
             raise ValueError(f"a bad set {text[:40]!r}")
         if len(_SETS) < 1 << 16:
@@ -284,6 +363,29 @@ def _set(text: str) -> frozenset[int]:
 # the sets decoded so far, by their text: a machine repeats the same lists (every CPU of a
 # core, every GPU of a node), and a crafted file repeating a 16,384-CPU list costs one set
 _SETS: dict[str, frozenset[int]] = {}
+
+
+def all_records() -> dict[str, type[Record]]:
+    """Every record class loaded, by name: what a replayed answer's plan may hold."""
+    out: dict[str, type[Record]] = {}
+    todo = list(Record.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        out.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def decode_plan(text: str) -> Plan:
+    """The plan a replayed answer carries (numabind._replay), as the planner made it
+    (``ValueError`` when it is not exactly one)."""
+    from ._plan import Plan
+
+    tokens = Tokens(text.split(" "))
+    value = decode(tokens, all_records())
+    if not isinstance(value, Plan) or not tokens.done:
+        raise ValueError("not a plan")
+    return value
 
 
 # --- the sources: one that records, one that answers from the record --------------------------
@@ -323,6 +425,8 @@ def _recorded(fact: Fact) -> Callable[..., object]:
     name, argkey = fact.method, fact.argkey
 
     def ask(self: Recording, *args: object, **kwargs: object) -> object:
+        if fact.truth == "live":  # never kept: the machine's answer, now
+            return getattr(self.inner, name)(*args, **kwargs)
         key = argkey(*args, **kwargs) if argkey is not None else "-"
         return self._ask(name, key, lambda: getattr(self.inner, name)(*args, **kwargs))
 
@@ -395,100 +499,17 @@ class Cached(Recording):
             self._live.close()
 
 
-# --- the quick facts: what a rank needs to plan, by the planner's own rules --------------------
+# --- witnesses and the cpuset ------------------------------------------------------------------
 
 
-def wants(mode: str, smt: str, priority: str, reserve: object = "") -> frozenset[str]:
-    """The optional quick facts a rank planning in ``mode`` with ``smt``, ``priority`` and
-    ``reserve`` needs: ``cores`` (exclusive mode, SMT 1, a reservation, priority roles),
-    ``kinds`` (priority roles)."""
-    out: set[str] = set()
-    if mode == "exclusive" or smt == "1" or priority in ("rank", "main") or reserve:
-        out.add("cores")
-    if priority in ("rank", "main"):
-        out.add("kinds")
-    return frozenset(out)
-
-
-def derive(machine: Machine, want: frozenset[str]) -> list[str]:
-    """The ``q`` lines of a cache file (see ``_numabind_start._Machine``), read through
-    ``machine`` (a recording one: what they cost is then in the record too)."""
-    from ._devices import reachable
-    from ._plan import device_node, groups, package_nodes
-
-    fmt = _sysfs.format_cpulist
-    lines: list[str] = []
-    nodes = machine.cpu_nodes
-    machine.smt  # noqa: B018  # every plan asks (the thread budget): in the record, then
-    for n in nodes:
-        lines.append(f"node {n.id} {fmt(n.cpus)}")
-    # memory-only nodes (GPU memory, HBM, CXL): the fast path leaves their spill rule to
-    # the planner
-    lines.append(f"memory-only {fmt(machine.memory_only_ids) or '-'}")
-    allowed = machine.allowed
-    mems = "-" if allowed.mems is None else fmt(allowed.mems)
-    lines.append(f"allowed {fmt(allowed.cpus)} {mems}")
-    many = POLICIES["preferred-many"].min_kernel
-    lines.append(f"many {int(bool(many is None or machine.kernel_at_least(*many)))}")
-    for n in nodes:
-        pkg = package_nodes(machine, n.id)
-        lines.append(f"package {n.id} {'-' if pkg is None else fmt(pkg)}")
-    # the vendors in the order resolve() tries them with no visibility variable, up to the
-    # first with devices (a rank sees that one's; CUDA_VISIBLE_DEVICES names NVIDIA's, the
-    # first): an AMD or Intel reading scans every PCI function, which an NVIDIA machine's
-    # driver list spares
-    tried = []
-    for vendor in VENDORS:
-        tried.append(vendor.key)
-        devs, _ = reachable(machine, vendor, {})
-        if devs:
-            break
-    lines.append("vendors " + " ".join(tried))
-    for vendor in VENDORS:
-        if vendor.key not in tried:
-            continue
-        devs, _ = reachable(machine, vendor, {})
-        if any(dev.partition is not None for dev in devs):
-            lines.append(f"partitioned {vendor.key}")  # the fast path hands these over
-        for dev in devs:
-            node = device_node(machine, dev).node
-            detail = machine.detailed(dev)
-            label = BY_KEY[vendor.key].label.replace(" ", "_")
-            uuid = _escape(detail.uuid) if detail.uuid else "-"
-            lines.append(
-                f"dev {vendor.key} {dev.pci} {'-' if node is None else node} {label} {uuid}"
-            )
-    if "cores" in want or "kinds" in want:
-        for n in nodes:
-            cores = groups(n.cpus & allowed.cpus, machine.siblings_of)
-            lines.append(f"cores {n.id} " + " ".join(fmt(g) for g in cores))
-            whole = groups(n.cpus, machine.siblings_of)  # what a reservation counts from
-            lines.append(f"node-cores {n.id} " + " ".join(fmt(g) for g in whole))
-    if "kinds" in want:
-        lines.append(f"kinds {int(machine.core_kinds.distinct)}")
-        for n in nodes:
-            prio = machine.priority_cpus(n.id)
-            lines.append(f"prio {n.id} {fmt(prio) if prio else '-'}")
-            if prio:
-                lines.append(
-                    f"prio-cores {n.id} "
-                    + " ".join(fmt(g) for g in groups(prio, machine.siblings_of))
-                )
-    return [f"q {line}" for line in lines]
-
-
-def _quick_has(quick: dict[str, list[list[str]]], want: frozenset[str]) -> bool:
-    return ("cores" not in want or "cores" in quick) and ("kinds" not in want or "kinds" in quick)
-
-
-def cpuset_files(source: Source, allowed: Allowed) -> list[tuple[str, str]] | None:
-    """The cpuset files the key holds (path, contents), read through ``source``'s root;
-    None when the allowed set cannot be keyed (a cpuset that exists but is unreadable)."""
-    from ._sources import _V1, _V1_NOPREFIX, _V2, SYS_CPU
-
-    root = getattr(source, "root", None)
-    if root is None or allowed.problem:
+def cpuset_files(allowed: Allowed) -> list[tuple[str, str]] | None:
+    """The cpuset files behind ``allowed`` (kind ``f``, path), read through ``source``'s
+    root; None when the allowed set cannot be witnessed (a cpuset that exists but is
+    unreadable)."""
+    if allowed.problem:
         return None
+    from ._sources import _V1, _V1_NOPREFIX, _V2
+
     if allowed.kind == "online":
         names = [f"{SYS_CPU}/online"]
     elif allowed.directory is not None and allowed.kind in ("cgroup-v1", "cgroup-v2"):
@@ -496,25 +517,44 @@ def cpuset_files(source: Source, allowed: Allowed) -> list[tuple[str, str]] | No
         names = [f"{allowed.directory}/{n}" for t in tables for n in t if n]
     else:
         return None
-    out = []
-    for path in dict.fromkeys(names):
-        text = root.opt(path)
-        out.append((path, "-" if text is None else text.strip()))
-    return out
+    return [("f", path) for path in dict.fromkeys(names)]
+
+
+def witnesses(source: Recording, sysroot: str) -> list[tuple[str, str, str]] | None:
+    """(kind, path, what it says now) for every witnessed answer ``source`` gave, read
+    under ``sysroot``; None when the machine cannot be witnessed (its cpuset unreadable)."""
+    allowed = source.memo.get("allowed", {}).get("-")
+    if not isinstance(allowed, Allowed):
+        return None
+    files = cpuset_files(allowed)
+    if files is None:
+        return None
+    paths: dict[tuple[str, str], None] = dict.fromkeys(files)
+    for fact in FACTS:
+        answers = source.memo.get(fact.method)
+        if answers and fact.witness is not None:
+            paths.update(dict.fromkeys(fact.witness(answers)))
+    prefix = "" if sysroot in ("", "/") else sysroot.rstrip("/")
+    return [(kind, path, base.witness(kind, prefix + path)) for kind, path in paths]
+
+
+def witness_lines(found: list[tuple[str, str, str]]) -> list[str]:
+    return [f"w {k} {_escape(p)} {_escape(v)}" for k, p, v in found]
 
 
 def render(
-    key: str, memo: dict[str, dict[str, object]], quick: list[str], extra: dict[str, object]
+    key: str, memo: dict[str, dict[str, object]], seen: list[str], extra: dict[str, object]
 ) -> bytes:
-    """The whole file: header (format, length, checksum), key, quick facts, the record."""
-    lines = [f"key {key}", *quick, "--"]
+    """The whole file: header (format, length, checksum), key, witnesses, the record (the
+    answers of every fact whose truth lets it be kept)."""
+    lines = [f"key {key}", *seen, "--"]
     for method, answers in memo.items():
         for argkey, value in answers.items():
             lines.append(f"m {method} {argkey} {encode(value)}")
     for name, value in extra.items():
         lines.append(f"x {name} {encode(value)}")
     body = ("\n".join(lines) + "\n").encode("utf-8")
-    head = f"numabind-machine {fast.FORMAT} {len(body)} {fast.checksum(body)}\n".encode()
+    head = f"numabind-machine {base.FORMAT} {len(body)} {base.checksum(body)}\n".encode()
     return head + body
 
 
@@ -553,40 +593,90 @@ def parse_record(
 
 
 class Lookup(Record):
-    """What looking for this process's cache found: the path, the quick facts and the
-    record, or why there is none (``why``, for verbose mode and the registry entry)."""
+    """What looking for this process's cache found: the path and the file's bytes, or
+    why there is none (``why``, for verbose mode and the registry entry)."""
 
     path: str = ""
-    quick: dict[str, list[list[str]]] | None = None
     data: bytes = b""
     why: str = ""
 
 
+def cache_name(key: str) -> str:
+    """The file's name: a hash of the key (the key itself is in the file, compared whole)."""
+    return f"machine-{base.checksum(key.encode('utf-8', 'replace')):016x}"
+
+
+def refusal(bad: str, path: str) -> str:
+    """Why a file of ``read_private``'s answer ``bad`` is not read, in words."""
+    return {
+        "missing": "no cache yet",
+        "special": f"{path} is not a regular file (a link or a device): refused",
+        "foreign": f"{path} is another user's: refused",
+        "huge": f"{path} is larger than {CACHE_CAP >> 20} MiB: refused",
+    }.get(bad, f"{path}: {bad}")
+
+
+def checked(data: bytes, kind: str, key: str, sysroot: str) -> tuple[str, list[str]]:
+    """The body of a cache file of ``kind`` (``machine``, ``answers``) and its witness
+    lines, or ("", [why it is refused]): another format, key, truncated, damaged, a
+    witness that says otherwise."""
+    head, sep, body = data.partition(b"\n")
+    fields = head.split(b" ")
+    if not sep or len(fields) != 4 or fields[0] != f"numabind-{kind}".encode():
+        return "", [f"not a numabind {kind} file"]
+    if fields[1] != str(base.FORMAT).encode():
+        return "", [f"format {fields[1].decode('ascii', 'replace')[:8]}, not {base.FORMAT}"]
+    if not (fields[2].isdigit() and fields[3].isdigit()):
+        return "", ["a damaged header"]
+    if int(fields[2]) != len(body):
+        return "", [f"truncated ({len(body)} of {int(fields[2])} bytes)"]
+    if int(fields[3]) != base.checksum(body):
+        return "", ["damaged (its checksum does not match)"]
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "", ["not UTF-8"]
+    lines = text.split("\n", 1 << 20)
+    if lines[0] != f"key {key}":
+        return "", ["made for another machine reading (boot, kernel, cgroup, sysroot or version)"]
+    seen = []
+    for line in lines[1:]:
+        if not line.startswith("w "):
+            break
+        seen.append(line)
+    found = []
+    for line in seen:
+        parts = line.split(" ")
+        if len(parts) != 4 or parts[1] not in base.WITNESS_KINDS:
+            return "", ["a damaged witness"]
+        found.append((parts[1], _unescape(parts[2]), _unescape(parts[3])))
+    changed = base.holds("" if sysroot in ("", "/") else sysroot.rstrip("/"), found)
+    if changed is not None:
+        return "", [f"the machine changed since it was read ({changed} says otherwise)"]
+    return text, seen
+
+
 def lookup(environ: Mapping[str, str], sysroot: str) -> Lookup:
-    """This process's cache file, validated as ``_numabind_start.read_cache`` validates
-    it (key, format, length, checksum, cpuset), with its bytes for :func:`parse_record`."""
-    key, _ = fast.cache_key(sysroot)
-    fd, label, why = fast.open_cache_dir(environ, False, _base(environ))
+    """This process's machine file, validated: key, format, length, checksum, witnesses."""
+    key = base.machine_key(sysroot)
+    fd, label, why = base.open_cache_dir(environ, False, _base(environ))
     if fd is None:
         first = why.split(";", 1)[0]
         if "cannot be opened (No such file" in first:
             return Lookup(why="no cache yet")
         return Lookup(why=f"no cache directory ({why})")
-    name = fast.cache_name(key)
+    name = cache_name(key)
     try:
-        bad, data, _ = fast.read_private(fd, name, (os.geteuid(),), CACHE_CAP)
+        bad, data, _ = base.read_private(fd, name, (os.geteuid(),), CACHE_CAP)
     finally:
         os.close(fd)
     path = f"{label}/{name}"
     if bad is not None:
-        return Lookup(path=path, why=fast.refusal(bad, path))
-    quick, why = fast.parse_cache(data, key)
-    if quick is None:
-        return Lookup(path=path, why=f"{path} refused: {why}")
-    files = [(t[0], " ".join(t[1:])) for t in quick.get("cpuset-file", [])]
-    if not fast.cpuset_holds(sysroot, files):
-        return Lookup(path=path, why=f"{path} refused: another cpuset")
-    return Lookup(path=path, quick=quick, data=data)
+        return Lookup(path=path, why=refusal(bad, path))
+    text, seen = checked(data, "machine", key, sysroot)
+    if not text:
+        return Lookup(path=path, why=f"{path} refused: {seen[0]}")
+    return Lookup(path=path, data=data)
 
 
 class _Lock:
@@ -630,10 +720,11 @@ class _Lock:
             self.fd = None
 
 
-def _prune(dir_fd: int, keep: str) -> None:
-    """At most :data:`MAX_FILES` machine files (and their locks) per user: the oldest go."""
+def prune(dir_fd: int, keep: str, prefix: str = "machine-") -> None:
+    """At most :data:`MAX_FILES` files of ``prefix`` (and their locks) per user: the
+    oldest go."""
     try:
-        names = [n for n in os.listdir(dir_fd) if n.startswith("machine-") and "." not in n]
+        names = [n for n in os.listdir(dir_fd) if n.startswith(prefix) and "." not in n]
     except OSError:
         return
     if len(names) <= MAX_FILES:
@@ -654,51 +745,36 @@ def _prune(dir_fd: int, keep: str) -> None:
                 pass
 
 
-def write(
-    environ: Mapping[str, str], sysroot: str, machine: Machine, want: frozenset[str]
-) -> tuple[str, bytes, dict[str, list[list[str]]]] | None:
-    """Derive the quick facts of ``machine`` (recording), and write the file; returns
-    (its path, its bytes, its quick facts), or None when this machine cannot be cached (its
-    cpuset unreadable, no usable directory)."""
+def write(environ: Mapping[str, str], sysroot: str, machine: Machine) -> str | None:
+    """Write what ``machine`` (recording) read, with its witnesses; its path, or None
+    when this machine cannot be cached (its cpuset unreadable, no usable directory)."""
     source = machine.source
     if not isinstance(source, Recording):
         return None
-    key, _ = fast.cache_key(sysroot)
-    quick = derive(machine, want)
-    inner = source.inner
-    files = cpuset_files(inner, machine.allowed)
-    if files is None:
+    key = base.machine_key(sysroot)
+    found = witnesses(source, sysroot)
+    if found is None:
         return None
-    quick += [f"q cpuset-file {p} {t}" for p, t in files]
     extra: dict[str, object] = {
         "warnings": tuple(source.warnings),
         "description": source.description,
     }
     if source.environ is not None:
         extra["environ"] = tuple(f"{k}={v}" for k, v in sorted(source.environ.items()))
-    data = render(key, source.memo, quick, extra)
+    data = render(key, source.memo, witness_lines(found), extra)
     if len(data) > CACHE_CAP:
         return None
-    fd, label, _ = fast.open_cache_dir(environ, True, _base(environ))
+    fd, label, _ = base.open_cache_dir(environ, True, _base(environ))
     if fd is None:
         return None
-    name = fast.cache_name(key)
+    name = cache_name(key)
     try:
-        if fast.write_private(fd, name, data, "machine") is not None:
+        if base.write_private(fd, name, data, "machine") is not None:
             return None
-        _prune(fd, name)
+        prune(fd, name)
     finally:
         os.close(fd)
-    return f"{label}/{name}", data, quick_facts(quick)
-
-
-def quick_facts(lines: list[str]) -> dict[str, list[list[str]]]:
-    """``q`` lines as the fast path reads them: fact name -> each line's tokens."""
-    out: dict[str, list[list[str]]] = {}
-    for line in lines:
-        tokens = line.split(" ")
-        out.setdefault(tokens[1], []).append(tokens[2:])
-    return out
+    return f"{label}/{name}"
 
 
 # --- the machine a rank plans from ---------------------------------------------------------------
@@ -710,16 +786,9 @@ def _live(sysroot: str) -> Source:
     return Machine.from_root(sysroot).source
 
 
-def from_file(
-    data: bytes,
-    sysroot: str,
-    environ: Mapping[str, str] | None = None,
-    quick: dict[str, list[list[str]]] | None = None,
-) -> Machine:
+def from_file(data: bytes, sysroot: str, environ: Mapping[str, str] | None = None) -> Machine:
     """The machine of a cache file's record (``ValueError`` when it is out of place);
-    with ``environ``, closing it writes back what it had to read (with the optional quick
-    facts the file had: ``quick``)."""
-    had = frozenset(n for n in ("cores", "kinds") if quick and n in quick)
+    with ``environ``, closing it writes back what it had to read."""
     from ._topology import Machine
 
     memo, extra = parse_record(data)
@@ -734,7 +803,7 @@ def from_file(
         def keep(source: Cached) -> None:
             from ._topology import Machine
 
-            write(process_env, sysroot, Machine(source), had)
+            write(process_env, sysroot, Machine(source))
 
     source = Cached(
         memo,
@@ -749,118 +818,91 @@ def from_file(
 
 class Opened(Record):
     """The machine a rank plans from, and where it came from (``origin``: ``cache``,
-    ``sysfs`` or ``sysfs (cache: why not)``; check and doctor say it)."""
+    ``sysfs`` or ``sysfs (cache: why not)``; the registry entry and verbose mode say it)."""
 
     machine: Machine
     origin: str
     path: str = ""
-    # its quick facts, where this opening has them at hand (a file read, a reading written)
-    quick: dict[str, list[list[str]]] | None = None
 
 
-def open_machine(
-    sysroot: str,
-    environ: Mapping[str, str],
-    want: frozenset[str] = frozenset(),
-    wait: float = WAIT,
-) -> Opened:
+def _from(found: Lookup, sysroot: str, environ: Mapping[str, str]) -> Opened | None:
+    if not found.data:
+        return None
+    try:
+        return Opened(
+            machine=from_file(found.data, sysroot, environ), origin="cache", path=found.path
+        )
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def open_machine(sysroot: str, environ: Mapping[str, str], wait: float = WAIT) -> Opened:
     """The machine under ``sysroot`` for a rank: from this process's cache file when it
-    holds what ``want`` asks for; else read, under the lock, and written for the others
-    (a rank that cannot take the lock waits at most ``wait`` seconds for the other's file,
-    then reads itself).  Never raises for a cache problem: the machine is then read."""
+    holds; else read, under the lock, and written for the others (a rank that cannot take
+    the lock waits at most ``wait`` seconds for the other's file, then reads itself).
+    Never raises for a cache problem: the machine is then read."""
     from ._topology import Machine
 
     if not enabled(environ):
         return Opened(machine=Machine.from_root(sysroot), origin="sysfs (NUMABIND_CACHE=0)")
     found = lookup(environ, sysroot)
-    if found.quick is not None and _quick_has(found.quick, want):
-        try:
-            machine = from_file(found.data, sysroot, environ, found.quick)
-            return Opened(machine=machine, origin="cache", path=found.path, quick=found.quick)
-        except (ValueError, TypeError, UnicodeDecodeError) as err:
-            found = Lookup(why=f"{found.path} refused: a damaged record ({err})")
-    elif found.quick is not None:
-        found = Lookup(why=f"{found.path} lacks {', '.join(sorted(want))}: read and added")
-    return _read_under_lock(sysroot, environ, want, wait, found.why)
-
-
-def _read_under_lock(
-    sysroot: str, environ: Mapping[str, str], want: frozenset[str], wait: float, why: str
-) -> Opened:
-    from ._topology import Machine
-
-    key, _ = fast.cache_key(sysroot)
-    fd, _label, bad = fast.open_cache_dir(environ, True, _base(environ))
+    opened = _from(found, sysroot, environ)
+    if opened is not None:
+        return opened
+    why = found.why or f"{found.path} refused: a damaged record"
+    key = base.machine_key(sysroot)
+    fd, _label, bad = base.open_cache_dir(environ, True, _base(environ))
     if fd is None:
         machine = Machine(Recording(Machine.from_root(sysroot).source))
         return Opened(machine=machine, origin=f"sysfs (cache: {bad})")
-    lock = _Lock(fd, fast.cache_name(key))
+    lock: _Lock | None = _Lock(fd, cache_name(key))
+    assert lock is not None
     try:
         deadline = _now() + wait
         while not lock.take():
-            found = lookup(environ, sysroot)
-            if found.quick is not None and _quick_has(found.quick, want):
-                try:
-                    machine = from_file(found.data, sysroot, environ, found.quick)
-                    return Opened(
-                        machine=machine, origin="cache", path=found.path, quick=found.quick
-                    )
-                except (ValueError, TypeError, UnicodeDecodeError):
-                    pass
+            opened = _from(lookup(environ, sysroot), sysroot, environ)
+            if opened is not None:
+                return opened
             if _now() >= deadline or lock.fd is None:
                 why = f"another rank held the lock for {wait:g} s" if lock.fd else why
                 machine = Machine(Recording(Machine.from_root(sysroot).source))
                 return Opened(machine=machine, origin=f"sysfs (cache: {why})")
             _sleep(0.002)
-        found = lookup(environ, sysroot)  # the rank before us may have written it meanwhile
-        if found.quick is not None and _quick_has(found.quick, want):
-            try:
-                machine = from_file(found.data, sysroot, environ, found.quick)
-                return Opened(machine=machine, origin="cache", path=found.path, quick=found.quick)
-            except (ValueError, TypeError, UnicodeDecodeError):
-                pass
-        machine = Machine(Recording(Machine.from_root(sysroot).source))
-        written = write(environ, sysroot, machine, want)
-        if written is None:
-            return Opened(machine=machine, origin=f"sysfs (cache: {why})")
-        return Opened(
-            machine=machine,
-            origin=f"sysfs (cache: {why}; written)",
-            path=written[0],
-            quick=written[2],
-        )
+        # the rank before us may have written it meanwhile
+        opened = _from(lookup(environ, sysroot), sysroot, environ)
+        if opened is not None:
+            return opened
+        writer = _Writer(Machine.from_root(sysroot).source, environ, sysroot, lock)
+        lock = None  # the machine's close() writes the file, then lets the lock go
+        return Opened(machine=Machine(writer), origin=f"sysfs (cache: {why}; written)")
     finally:
-        lock.close()
+        if lock is not None:
+            lock.close()
         os.close(fd)
 
 
-def here(environ: Mapping[str, str] | None = None, want: frozenset[str] = frozenset()) -> Machine:
-    """This machine as numabind's commands and API read it (``Machine.here()``: ``/``, or
-    NUMABIND_SYSROOT under its rules), through the cache: the slow files (the CPUs' kinds)
-    are read once per node, whoever asks first; what a reading adds is written back when
-    the machine is closed."""
-    env = os.environ if environ is None else environ
-    raw = env.get("NUMABIND_SYSROOT")
-    sysroot = _sysfs.redirect(
-        "NUMABIND_SYSROOT", raw, "/", own=env is os.environ, registry=False, notes=[]
-    )
-    return open_machine(sysroot, env, want).machine
+class _Writer(Recording):
+    """The reading of the rank that holds the lock: what planning asked is written for
+    the others when the machine is closed, and only then is the lock let go (the others
+    wait for the file rather than read the machine themselves)."""
 
+    def __init__(self, inner: Source, environ: Mapping[str, str], sysroot: str, lock: _Lock):
+        super().__init__(inner)
+        self._where = (environ, sysroot)
+        self._lock: _Lock | None = lock
 
-def fill(
-    environ: Mapping[str, str], sysroot: str, want: frozenset[str]
-) -> tuple[dict[str, list[list[str]]], str, str]:
-    """For the fast path of a rank that found no usable cache: read (or wait for) the
-    machine and its file, and hand back (its quick facts, the file's path or "", where the
-    machine came from).  Where no file could be written the quick facts are derived in
-    memory: the rank still plans from one reading of sysfs."""
-    opened = open_machine(sysroot, environ, want)
-    try:
-        if opened.quick is not None and _quick_has(opened.quick, want):
-            return opened.quick, opened.path, opened.origin
-        return quick_facts(derive(opened.machine, want)), "", opened.origin
-    finally:
-        opened.machine.close()
+    def close(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            try:
+                from ._topology import Machine
+
+                write(self._where[0], self._where[1], Machine(self))
+            except Exception:
+                pass  # the cache is an optimisation: a failure to write it is nothing
+            finally:
+                lock.close()
+        super().close()
 
 
 def _now() -> float:
@@ -876,12 +918,12 @@ def _sleep(seconds: float) -> None:
 
 
 def status(environ: Mapping[str, str], sysroot: str) -> str:
-    """One line for ``doctor``: where this process's machine would come from."""
+    """One line for ``doctor``: whether this process's cache file still holds, and why not."""
     if not enabled(environ):
         return "off (NUMABIND_CACHE=0): every rank reads sysfs"
     found = lookup(environ, sysroot)
-    if found.quick is not None:
-        return f"{found.path}: valid for this process (boot, kernel, cgroup and cpuset match)"
+    if found.data:
+        return f"{found.path}: valid for this process (key and every witness hold)"
     return found.why
 
 
@@ -891,9 +933,6 @@ __all__ = [
     "Fact",
     "Opened",
     "Recording",
-    "derive",
-    "fill",
-    "here",
     "lookup",
     "open_machine",
     "status",

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import os
 
+import _numabind_base
+
 from ._model import (
     MODE_NAMES,
     NIC_MODES,
@@ -343,8 +345,9 @@ KNOBS: tuple[Knob, ...] = (
     ),
 )
 BY_NAME = {k.name: k for k in KNOBS}
-# the variables that make the startup hook look further besides a rank variable
-SWITCHES = ("NUMABIND_TORCH", "NUMABIND_RAY", "NUMABIND_DEVICES")
+# the variables that make the startup hook look further besides a rank variable (their home
+# is the start path's: the hook tests them before numabind is loaded)
+SWITCHES = _numabind_base.SWITCHES
 
 
 def _invalid(message: str) -> ConfigError:
@@ -591,9 +594,9 @@ def sysroot(environ: Mapping[str, str]) -> str:
 # --- who am I ----------------------------------------------------------------------------------
 
 # Variables that make the startup hook look further: a rank variable, or a request to
-# hook a framework's own process starts.  The .pth line and _numabind_start spell this
-# list out (they must not import anything to decide); a test keeps them in step.
-TRIGGER_VARIABLES = (*RANK_VARIABLE_NAMES, *SWITCHES)
+# hook a framework's own process starts (the .pth line is this list rendered: a test
+# renders it from _numabind_base and compares).
+TRIGGER_VARIABLES = _numabind_base.TRIGGERS
 
 # No machine has a million local ranks: a value beyond this is a typo or an attack, and
 # no work numabind does may grow with it.

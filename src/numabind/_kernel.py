@@ -28,6 +28,8 @@ import errno
 import os
 import time
 
+import _numabind_base as base
+
 from . import _sysfs
 from ._model import POLICIES, POLICY_BY_CODE, Record, parse_numa_maps_policy
 from ._sysfs import MAX_NODES, format_cpulist
@@ -74,46 +76,50 @@ _POLICY_MEANINGS = (
     (errno.ENOMEM, "out of memory in the kernel"),
     (errno.EFAULT, "bad address"),
 )
+def _numbers(name: str) -> tuple[tuple[str, int], ...]:
+    return tuple(base.SYSCALL_NUMBERS[name].items())
+
+
 SYSCALLS: tuple[Syscall, ...] = (
     Syscall(
         name="mbind",
-        numbers=(("x86_64", 237), ("aarch64", 235)),
+        numbers=_numbers("mbind"),
         args=("P", "L", "i", "P", "L", "I"),
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
         name="set_mempolicy",
-        numbers=(("x86_64", 238), ("aarch64", 237)),
+        numbers=_numbers("set_mempolicy"),
         args=("i", "P", "L"),
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
         name="get_mempolicy",
-        numbers=(("x86_64", 239), ("aarch64", 236)),
+        numbers=_numbers("get_mempolicy"),
         args=("P", "P", "L", "P", "L"),
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
         name="migrate_pages",
-        numbers=(("x86_64", 256), ("aarch64", 238)),
+        numbers=_numbers("migrate_pages"),
         args=("i", "L", "P", "P"),
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
         name="move_pages",
-        numbers=(("x86_64", 279), ("aarch64", 239)),
+        numbers=_numbers("move_pages"),
         args=("i", "L", "P", "P", "P", "i"),
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
         name="set_mempolicy_home_node",  # not called; docker's profile refuses it too
-        numbers=(("x86_64", 450), ("aarch64", 450)),
+        numbers=_numbers("set_mempolicy_home_node"),
         args=("L", "L", "L", "L"),
         meanings=_POLICY_MEANINGS,
     ),
     Syscall(
         name="madvise",  # MADV_POPULATE_WRITE: host buffers are populated without the GIL
-        numbers=(("x86_64", 28), ("aarch64", 233)),
+        numbers=_numbers("madvise"),
         args=("P", "L", "i"),
         meanings=(
             (errno.EINVAL, "invalid: this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)"),
@@ -126,7 +132,7 @@ SYSCALLS: tuple[Syscall, ...] = (
     ),
     Syscall(
         name="sched_setaffinity",  # called through os.sched_setaffinity
-        numbers=(("x86_64", 203), ("aarch64", 122)),
+        numbers=_numbers("sched_setaffinity"),
         args=("i", "L", "P"),
         meanings=(
             (
@@ -177,51 +183,9 @@ def error(call: str, err: int, asked: str) -> KernelError:
     return KernelError(call, err, asked, meaning)
 
 
-class _CTypes:
-    """The few ctypes pieces the kernel layer needs, built on the ``_ctypes`` C module.
-
-    ``import ctypes`` costs ~2 ms (its package sets up dozens of types and imports struct);
-    the startup hook has 5 ms in all.  ``_ctypes`` is what ctypes itself is made of, so the
-    handful of scalar, array and function-pointer types below behave exactly like ctypes'
-    own.  If anything about it is unexpected, numabind falls back to the ctypes package.
-    """
-
-    def __init__(self) -> None:
-        _ctypes: Any = __import__("_ctypes")  # typeshed's stubs do not describe these uses
-
-        def scalar(name: str, code: str) -> Any:
-            return type(name, (_ctypes._SimpleCData,), {"_type_": code})
-
-        c_long, c_ulong, c_int = scalar("c_long", "l"), scalar("c_ulong", "L"), scalar("c_int", "i")
-        c_uint, c_void_p = scalar("c_uint", "I"), scalar("c_void_p", "P")
-        syscall_type: Any = type(
-            "Syscall",
-            (_ctypes.CFuncPtr,),
-            {"_flags_": _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, "_restype_": c_long},
-        )
-
-        class Handle:
-            _handle = _ctypes.dlopen(
-                None, getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2)
-            )
-
-        self.c_long, self.c_ulong, self.c_int = c_long, c_ulong, c_int
-        self.c_uint, self.c_void_p = c_uint, c_void_p
-        self.byref = _ctypes.byref
-        self.get_errno, self.set_errno = _ctypes.get_errno, _ctypes.set_errno
-        self._array_base = _ctypes.Array
-        self._arrays: dict[tuple[Any, int], Any] = {}
-        self.syscall = syscall_type(("syscall", Handle()))
-
-    def array(self, kind: Any, length: int) -> Any:
-        key = (kind, length)
-        if key not in self._arrays:
-            self._arrays[key] = type(
-                f"{kind.__name__}_Array_{length}",
-                (self._array_base,),
-                {"_type_": kind, "_length_": length},
-            )
-        return self._arrays[key]
+# the cheap ctypes pieces: the one copy is the startup applier's (numabind falls back to
+# the ctypes package below if anything about them is unexpected)
+_CTypes = base.CTypes
 
 
 class _CTypesPackage:

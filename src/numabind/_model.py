@@ -18,6 +18,8 @@ mypy the same, so constructor calls are checked field by field.
 
 from __future__ import annotations
 
+import _numabind_base
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -1027,26 +1029,24 @@ class RankVariable(Record):
     requires: str | None = None
 
 
-RANK_VARIABLES: tuple[RankVariable, ...] = (
-    RankVariable(
-        name="LOCAL_RANK",
-        sizes=("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
-        launcher="torchrun, accelerate, DeepSpeed, Ray Train",
-    ),
-    RankVariable(
-        name="OMPI_COMM_WORLD_LOCAL_RANK",
-        sizes=("OMPI_COMM_WORLD_LOCAL_SIZE",),
-        launcher="Open MPI",
-    ),
-    RankVariable(name="MPI_LOCALRANKID", sizes=("MPI_LOCALNRANKS",), launcher="MPICH (Hydra)"),
-    RankVariable(
-        name="MV2_COMM_WORLD_LOCAL_RANK",
-        sizes=("MV2_COMM_WORLD_LOCAL_SIZE",),
-        launcher="MVAPICH2",
-    ),
-    RankVariable(name="PALS_LOCAL_RANKID", sizes=("PALS_LOCAL_SIZE",), launcher="HPE PALS"),
-    RankVariable(name="SLURM_LOCALID", sizes=(), launcher="Slurm srun", requires="SLURM_STEP_ID"),
-)
+# one row per name of _numabind_base.RANK_NAMES (the names' home: the warm start tests them
+# before numabind is loaded), in its order
+RANK_VARIABLES: tuple[RankVariable, ...] = tuple(
+    RankVariable(name=name, **row)
+    for name, row in zip(
+        _numabind_base.RANK_NAMES,
+        (
+            {"sizes": ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
+             "launcher": "torchrun, accelerate, DeepSpeed, Ray Train"},
+            {"sizes": ("OMPI_COMM_WORLD_LOCAL_SIZE",), "launcher": "Open MPI"},
+            {"sizes": ("MPI_LOCALNRANKS",), "launcher": "MPICH (Hydra)"},
+            {"sizes": ("MV2_COMM_WORLD_LOCAL_SIZE",), "launcher": "MVAPICH2"},
+            {"sizes": ("PALS_LOCAL_SIZE",), "launcher": "HPE PALS"},
+            {"sizes": (), "launcher": "Slurm srun", "requires": "SLURM_STEP_ID"},
+        ),
+        strict=True,
+    )
+)  # fmt: skip
 RANK_VARIABLE_NAMES: tuple[str, ...] = tuple(v.name for v in RANK_VARIABLES)
 SIZE_VARIABLE_NAMES: tuple[str, ...] = tuple(s for v in RANK_VARIABLES for s in v.sizes)
 # a rank's global rank, first found wins (torchrun's RANK before the srun task id of an

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import sys
 
+import _numabind_base
+
 from ._sysfs import escape
 
 
@@ -37,7 +39,7 @@ def _identity(fd: int) -> tuple[int, int] | None:
 # numabind was first imported
 _START = sys.modules.get("_numabind_start")
 _STDERR_AT_START: tuple[int, int] | None = (
-    getattr(_START, "stderr_at_start", None)
+    _numabind_base.stderr_at_start
     if _START is not None and getattr(_START, "_done", None)
     else (_identity(2) if sys.__stderr__ is not None else None)
 )
@@ -67,7 +69,12 @@ def say(message: str) -> None:
     _write(f"numabind: {escape(message, 8000)}\n")
 
 
+said = 0  # lines written (numabind._replay keeps no answer of a process that said one)
+
+
 def _write(text: str) -> None:
+    global said
+    said += 1
     fd = _target()
     if fd is None or not text:
         return

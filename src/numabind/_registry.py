@@ -34,7 +34,7 @@ from __future__ import annotations
 import _thread
 import os
 
-import _numabind_fast as fast
+import _numabind_base as base
 
 from . import _sysfs
 from ._kernel import process_uids, start_time
@@ -419,25 +419,25 @@ def base_dir(environ: Mapping[str, str] | None = None) -> str:
 
 
 # The per-user directories and files follow one set of rules, shared with the machine cache
-# (numabind._cache): the one copy of that code is in _numabind_start, which the startup
+# (numabind._cache): the one copy of that code is in _numabind_base, which the startup
 # hook loads before numabind itself.
-base_ok = fast.base_ok
-private_dir = fast.private_dir
+base_ok = base.base_ok
+private_dir = base.private_dir
 
 
 def candidates(environ: Mapping[str, str], uid: int) -> Iterator[tuple[str, str, str]]:
     """(parent directory, name, label) where uid's registry may live, best first: the
     shared base, then the user's runtime directory ($XDG_RUNTIME_DIR for this process's
     own uid, /run/user/UID for others, as systemd makes it)."""
-    yield from fast.candidates(base_dir(environ), environ, uid, f"{PREFIX}{uid}", "numabind")
+    yield from base.candidates(base_dir(environ), environ, uid, f"{PREFIX}{uid}", "numabind")
 
 
 def _open_user_dir(
     environ: Mapping[str, str], uid: int, create: bool
 ) -> tuple[int | None, str | None, list[str]]:
     """The first usable registry directory of ``uid``: (fd, its path, why others failed)."""
-    base = base_dir(environ)
-    return fast.open_user_dir(list(candidates(environ, uid)), base, uid, create)
+    where = base_dir(environ)
+    return base.open_user_dir(list(candidates(environ, uid)), where, uid, create)
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -447,58 +447,28 @@ def register(
     entry: Entry, environ: Mapping[str, str] | None = None
 ) -> tuple[str | None, str | None]:
     """Record this process's plan.  Returns (the file written, None) or (None, why it was
-    not written); never raises (a read-only or absent /dev/shm must not matter to a rank)."""
+    not written); never raises (a read-only or absent /dev/shm must not matter to a rank).
+    Which directory is this module's rule; the writing, and the removal at exit, are the
+    one applier's (``_numabind_base.register``, which the warm start uses too)."""
     env = os.environ if environ is None else environ
-    pid = os.getpid()
-    uid = os.geteuid()
     try:
-        fd, label, why = _open_user_dir(env, uid, create=True)
+        fd, label, why = _open_user_dir(env, os.geteuid(), create=True)
     except OSError as err:
         return None, f"registry unusable ({err.strerror or err})"
-    if fd is None:
+    if fd is None or label is None:
         return None, "not registered for numabind check: " + "; ".join(why)
-    try:
-        why_not = fast.write_private(fd, str(pid), entry.encode(), "entry")
-    finally:
-        os.close(fd)
+    os.close(fd)
+    why_not = base.register(label, entry.encode())
     if why_not is not None:
         return None, f"registry entry {why_not}"
-    path = f"{label}/{pid}"
-    if not _registered:
-        import atexit
-
-        atexit.register(_unregister_at_exit)
-    _registered.update(path=path, pid=pid, label=label)
+    path = f"{label}/{os.getpid()}"
+    _registered.update(path=path, pid=os.getpid(), label=label)
     return path, None
-
-
-def _unregister_at_exit() -> None:
-    # a fork child that exits normally runs its parent's atexit handlers: not its entry
-    if _registered.get("pid") == os.getpid():
-        unregister()
 
 
 def unregister() -> None:
     """Remove this process's entry (at exit, or when its binding is restored)."""
-    label, pid = _registered.get("label"), _registered.get("pid")
-    if not isinstance(label, str) or pid != os.getpid():
-        return
-    parent, _, name = label.rpartition("/")
-    try:
-        pfd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fd, _ = private_dir(pfd, name, os.geteuid(), create=False)
-        if fd is not None:
-            try:
-                os.unlink(str(pid), dir_fd=fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    finally:
-        os.close(pfd)
+    base.unregister()
     _registered.clear()
 
 
@@ -520,7 +490,7 @@ class Scan:
 def _read_file(fd: int, name: str, owner: int) -> tuple[str | None, bytes, int]:
     """An entry file's bytes and owner, or why it is ignored (a link, a socket, gone, not
     the directory owner's or root's, larger than an entry)."""
-    why, data, uid = fast.read_private(fd, name, (owner, 0), ENTRY_CAP)
+    why, data, uid = base.read_private(fd, name, (owner, 0), ENTRY_CAP)
     if why is None:
         return None, data, uid
     return {"huge": "malformed", "missing": "special"}.get(why, why), b"", -1

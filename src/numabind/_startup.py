@@ -30,6 +30,9 @@ from ._output import say
 
 STATE_VARIABLE = "NUMABIND_STATE"
 _done = False
+# what the hook's full path saw (its configuration, the machine it planned from), for the
+# answer numabind._replay keeps
+_seen: dict[str, object] = {}
 # what the hook did in this process (numabind show, numabind run read it): set by the full
 # path below; where the start module's fast path bound the process, made from what it
 # recorded on first read (module __getattr__)
@@ -96,8 +99,8 @@ def __getattr__(name: str) -> object:
 
 
 def _decided_fast() -> bool:
-    """Whether the start module's fast path already decided this process (bound it, or
-    found it has nothing to bind): then the hook has nothing left to do."""
+    """Whether the start module replayed this process's answer (bound it, or found it
+    has nothing to bind): then the hook has nothing left to do."""
     start = sys.modules.get("_numabind_start")
     return bool(start is not None and getattr(start, "_done", None)) and not getattr(
         start, "handed_over", "x"
@@ -105,12 +108,39 @@ def _decided_fast() -> bool:
 
 
 def run(environ: Mapping[str, str] | None = None) -> Binding | None:
-    """Plan and bind this process if it is a rank.  Returns the binding (for tests)."""
+    """Plan and bind this process if it is a rank.  Returns the binding (for tests).
+
+    Run by the hook (``environ`` None), it reads ``os.environ`` through a recorder, and
+    writes what it read and did as an answer the warm start replays next time
+    (numabind._replay)."""
     global _done
     if _done or (environ is None and _decided_fast()):
         return None
     _done = True
-    env = os.environ if environ is None else environ
+    import _numabind_base
+
+    off = os.environ.get("NUMABIND_CACHE", "").strip().lower() in _numabind_base.CACHE_OFF
+    if environ is not None or off:
+        return _guarded(os.environ if environ is None else environ)
+    from . import _output, _replay
+
+    real = os.environ
+    rec = _replay.Recorder(real)
+    start_mask = frozenset(os.sched_getaffinity(0))
+    said = _output.said
+    os.environ = rec  # type: ignore[assignment]  # every read of the hook's path is seen
+    try:
+        binding = _guarded(rec)
+    finally:
+        os.environ = real
+    try:
+        _replay.keep(rec, binding, start_mask, _output.said - said, _seen)
+    except Exception:
+        pass  # an answer not kept is planned again next time: nothing to say
+    return binding
+
+
+def _guarded(env: Mapping[str, str]) -> Binding | None:
     from ._environ import TRUE
 
     # known before the configuration is read, so that a failure to read it obeys it too
@@ -134,6 +164,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
         return None
     if cfg.disabled:
         return None
+    _seen["cfg"] = cfg
     if cfg.torch:
         from .torch import install_when_imported
 
@@ -189,14 +220,13 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
 
     global last
     if cfg.cache:
-        from ._cache import open_machine, wants
+        from ._cache import open_machine
 
-        opened = open_machine(cfg.sysroot, env, wants(cfg.mode, cfg.smt, cfg.priority, cfg.reserve))
+        opened = open_machine(cfg.sysroot, env)
         machine, origin = opened.machine, opened.origin
     else:
-        from ._topology import Machine
-
         machine, origin = Machine.from_root(cfg.sysroot), "sysfs (NUMABIND_CACHE=0)"
+    _seen["machine"] = machine
     try:
         visible = None
         # a one-node machine has nothing to bind, but a rank that asks for NICs still

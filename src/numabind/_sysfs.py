@@ -25,6 +25,8 @@ import os
 import stat
 import sys
 
+import _numabind_base
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
 # 8192 CPUs (x86_64/powerpc MAXSMP; arm64 4096) and 1024 NUMA nodes (CONFIG_NODES_SHIFT
 # <= 10); twice the CPU limit leaves room without letting a value like 0-99999999 turn
 # into 10^8 integers.
-MAX_CPUS = 16384
-MAX_NODES = 1024
+MAX_CPUS = _numabind_base.MAX_CPUS  # the one home of both limits: the warm start reads too
+MAX_NODES = _numabind_base.MAX_NODES
 # Bytes read from one file.  sysfs attributes are < 4 KiB; /proc/self/status ~1.5 KiB;
 # /proc/self/mounts can be long on container hosts.  Callers that read bigger files
 # (numa_maps, environ, tarballs) pass their own cap.
@@ -376,9 +378,9 @@ _PSEUDO_FS = frozenset(
 )  # fmt: skip
 
 
-# The one copy of this rule is in _numabind_start (the startup hook's fast path applies it
-# before numabind is loaded): every directory on the path root's and nobody else's to write.
-from _numabind_start import root_owned_path  # noqa: E402
+# The one copy of this rule is in _numabind_base (the warm start checks it before numabind
+# is loaded): every directory on the path root's and nobody else's to write.
+from _numabind_base import root_owned_path  # noqa: E402
 
 
 def fs_type(path: str) -> str | None:

@@ -195,7 +195,7 @@ if found is not None:
     refuse(say(found) + ": numabind there is not run with these privileges")
 # the startup modules beside the package (numabind imports them), from their source: a
 # cached .pyc beside them is not looked at, so only the checked file runs
-for top in ("_numabind_start", "_numabind_fast", "_numabind_roles"):  # _numabind_start.MODULES
+for top in ("_numabind_base", "_numabind_start"):  # _numabind_base.MODULES
     path = _os.path.join(root, top + ".py")
     found = loose(path, uids)
     if found is not None:

@@ -107,7 +107,7 @@ def settings_of(args: argparse.Namespace) -> tuple[str, Mapping[str, str] | None
     the startup hook applies to ``NUMABIND_SYSROOT`` and ``NUMABIND_REGISTRY`` (for root:
     a path only root can change), else those variables as the hook reads them.  Returns
     (sysroot, the registry's settings for numabind._registry, None: this environment)."""
-    from _numabind_start import root_owned_path
+    from _numabind_base import root_owned_path
 
     from .._environ import Config
     from .._errors import UsageError
