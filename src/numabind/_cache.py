@@ -524,6 +524,8 @@ def witnesses(source: Recording, sysroot: str) -> list[tuple[str, str, str]] | N
     """(kind, path, what it says now) for every witnessed answer ``source`` gave, read
     under ``sysroot``; None when the machine cannot be witnessed (its cpuset unreadable)."""
     allowed = source.memo.get("allowed", {}).get("-")
+    if allowed is None:  # a plan that did not ask (one node): the cpuset is witnessed all the same
+        allowed = source.allowed(source.online_cpus())
     if not isinstance(allowed, Allowed):
         return None
     files = cpuset_files(allowed)
