@@ -38,10 +38,11 @@ def cpu_command(argv: list[str], env: dict[str, str]) -> float:
 
 
 def clear_caches(marker: str) -> None:
-    """Remove this user's numabind machine cache files whose key holds ``marker`` (a cold
+    """Remove this user's numabind machine and answers files whose key holds ``marker`` (a cold
     start for the variant that asks for one; the others' files stay)."""
     d = Path(f"/dev/shm/numabind-cache-{os.geteuid()}")
-    for f in d.glob("machine-*") if d.is_dir() else ():
+    found = [*d.glob("machine-*"), *d.glob("answers-*")] if d.is_dir() else []
+    for f in found:
         try:
             if f.suffix != ".lock" and marker in f.read_text(errors="replace").split("\n", 2)[1]:
                 f.unlink()

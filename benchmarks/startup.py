@@ -186,6 +186,7 @@ def _variants(
             variants[f"{name} cold"] = ([python, "-c", "pass"], env)
             cold[f"{name} cold"] = markers[name]
             variants[f"{name} full"] = ([python, "-c", "pass"], dict(env, NUMABIND_CACHE="0"))
+    _numpy_rows(variants, tmp, pythons, numactl, capture if not namespace else live)
     found = subprocess.run(
         [sys.executable, "-c", "import pynvml; print(pynvml.__file__)"],
         capture_output=True,
@@ -198,6 +199,62 @@ def _variants(
         code = "import pynvml\ntry:\n pynvml.nvmlInit()\nexcept Exception:\n pass"
         variants["nvml"] = ([str(tmp / "nvml" / "bin" / "python"), "-c", code], quiet)
     return variants, cold
+
+
+NUMPY = "import numpy"
+
+
+def _numpy_rows(
+    variants: Variants,
+    tmp: Path,
+    pythons: dict[str, str],
+    numactl: str | None,
+    rank: dict[str, str],
+) -> None:
+    """What users run: the same rank doing ``import numpy`` (its first import is where the
+    warm start's guards arm), against a bare ``import numpy`` and numactl's.  numpy is put
+    on PYTHONPATH (links to this interpreter's copy) for every row alike."""
+    import numpy
+
+    where = tmp / "numpy-path"
+    where.mkdir()
+    site = Path(numpy.__file__).resolve().parent.parent
+    for name in ("numpy", "numpy.libs"):
+        if (site / name).exists():
+            (where / name).symlink_to(site / name)
+    path = {"PYTHONPATH": str(where)}
+    quiet = clean_env(**path)
+    bare = [pythons["bare"], "-c", NUMPY]
+    variants["bare numpy"] = (bare, quiet)
+    if numactl:
+        variants["numactl numpy"] = ([numactl, "--cpunodebind=0", "--membind=0", *bare], quiet)
+    variants["rank numpy"] = ([pythons["numabind"], "-c", NUMPY], dict(rank, **path))
+    variants["rank numpy full"] = (
+        [pythons["numabind"], "-c", NUMPY],
+        dict(rank, NUMABIND_CACHE="0", **path),
+    )
+
+
+def _report_numpy(times: dict[str, list[float]]) -> None:
+    """The numpy rows, each over a bare ``import numpy`` (paired, same rounds)."""
+    if "bare numpy" not in times:
+        return
+    ref = times["bare numpy"]
+    bare = median_ms(ref)
+
+    def cost(name: str) -> float:
+        return (statistics.median(a / b for a, b in zip(times[name], ref)) - 1) * bare
+
+    line = f"  import numpy (over a bare import numpy, {bare:.2f} ms): "
+    line += f"warm {cost('rank numpy'):+.2f} ms"
+    line += f", full {cost('rank numpy full'):+.2f} ms"
+    if "numactl numpy" in times:
+        trampoline = cost("numactl numpy")
+        line += (
+            f"; numactl {trampoline:+.2f} ms: warm = {cost('rank numpy') / trampoline:.2f}x "
+            "numactl's (target: at most 2x)"
+        )
+    print(line)
 
 
 def _own_imports_ms(python: str, namespace: list[str], env: dict[str, str]) -> float:
@@ -228,6 +285,8 @@ def _report(
     bare, bare_count = times["bare"], counts.get("bare")
     rows = []
     for name, samples in times.items():
+        if "numpy" in name:
+            continue  # over a bare import numpy: _report_numpy
         paired = statistics.median(a / b for a, b in zip(samples, bare))
         count, inst = counts.get(name), ""
         if count and bare_count:
@@ -303,6 +362,7 @@ def main() -> int:
             "full": _own_imports_ms(pythons["numabind"], namespace, variants[f"{hook} full"][1]),
         }
     _report(args, times, counts, own_ms, why_not)
+    _report_numpy(times)
     _report_live_one(live_one)
     return 0
 

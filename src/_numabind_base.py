@@ -441,7 +441,7 @@ def machine_key(sysroot: str) -> str:
     """What decides a reading of the machine and every answer made from it, apart from
     what the witnesses check: the boot, the kernel release, the mount namespace (a
     container's /sys is its own), the user, the cgroup, the sysroot's identity, and the
-    code.  One line of text, compared whole."""
+    code.  One line of text without spaces, compared whole."""
     live = sysroot in ("", "/")
     cgroup = text(("" if live else sysroot.rstrip("/")) + "/proc/self/cgroup")
     try:
@@ -465,7 +465,7 @@ def machine_key(sysroot: str) -> str:
         f"cgroup={'-' if cgroup is None else cgroup}",
         f"version={FORMAT}|{_code_id()}",
     )
-    return escape("|".join(parts))
+    return "|".join(parts).replace("\n", ";").replace(" ", "_")
 
 
 # Witness kinds: what of a file or directory is compared (the package's _cache says which

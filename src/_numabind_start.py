@@ -31,6 +31,13 @@ import sys
 
 import _numabind_base as base
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
 # why this process went to the full path ("" when its answer was replayed)
 handed_over = ""
 # where the binding came from: "answer" (replayed), else the full path's machine origin
@@ -88,7 +95,7 @@ def _read_answers(env: "os._Environ[str]") -> "list[str]":
         raise Handover("NUMABIND_CACHE=0")
     if env.get("NUMABIND_REGISTRY"):
         raise Handover("NUMABIND_REGISTRY is set (where the cache is is the full path's rule)")
-    fd, label, _ = base.open_cache_dir(env, create=False)
+    fd, _, _ = base.open_cache_dir(env, create=False)
     if fd is None:
         raise Handover("no cache directory yet")
     try:
@@ -137,7 +144,7 @@ def _machine_holds(lines: "list[str]", env: "os._Environ[str]") -> int:
     return i
 
 
-def _input_holds(line: str, env: "os._Environ[str]", state: "dict[str, object]") -> bool:
+def _input_holds(line: str, env: "os._Environ[str]", state: "dict[str, Any]") -> bool:
     """Whether one input line of an answer says what this process has."""
     kind, _, rest = line.partition(" ")
     if kind == "i":
@@ -154,18 +161,25 @@ def _input_holds(line: str, env: "os._Environ[str]", state: "dict[str, object]")
     if kind == "mask":
         return rest == base.cpulist(state["mask"])
     if kind == "policy":
-        if "calls" not in state:
-            state["calls"] = base.Calls()
-            calls = state["calls"]
-            state["policy"] = calls.get()  # type: ignore[attr-defined]
-        mode, nodes = state["policy"]  # type: ignore[misc]
+        mode, nodes = _policy(state)
         return rest == f"{mode} {base.cpulist(nodes)}"
     return False  # an input of a kind this module does not know: not this answer
 
 
-def _find(lines: "list[str]", i: int, env: "os._Environ[str]") -> "tuple[list[str], dict]":
+def _policy(state: "dict[str, Any]") -> "tuple[int, frozenset[int]]":
+    """The memory policy the process started with (read once: it loads ``_ctypes``)."""
+    if "calls" not in state:
+        state["calls"] = base.Calls()
+        state["policy"] = state["calls"].get()
+    policy: tuple[int, frozenset[int]] = state["policy"]
+    return policy
+
+
+def _find(
+    lines: "list[str]", i: int, env: "os._Environ[str]"
+) -> "tuple[list[str], dict[str, Any]]":
     """The output lines of the first answer whose every input holds, and the state read."""
-    state: dict[str, object] = {"mask": frozenset(os.sched_getaffinity(0))}
+    state: dict[str, Any] = {"mask": frozenset(os.sched_getaffinity(0))}
     seen = 0
     while i < len(lines) and lines[i] == "a":
         seen += 1
@@ -207,7 +221,7 @@ def replay(env: "os._Environ[str]") -> str:
     return ""
 
 
-def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, object]") -> None:
+def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, Any]") -> None:
     """The answer's outputs, in the full path's order: CPUs, memory policy, pages, the
     variables, the registry entry, the guards.  A failed call undoes what was done and
     hands over (the full path then says what failed)."""
@@ -259,17 +273,15 @@ def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, object]"
     base.applied = record
 
 
-def _set_policy(rest: str, state: "dict[str, object]", done: "dict[str, object]") -> None:
+def _set_policy(rest: str, state: "dict[str, Any]", done: "dict[str, object]") -> None:
     mode, _, nodes = rest.partition(" ")
     parsed = base.parse_cpulist(nodes, base.MAX_NODES)
     if parsed is None or not mode.isdigit():
         raise Handover("a damaged answer (mempolicy)")
-    if "calls" not in state:
-        state["calls"] = base.Calls()
-        state["policy"] = state["calls"].get()  # type: ignore[attr-defined]
-    calls = state["calls"]
-    calls.set(int(mode), parsed)  # type: ignore[attr-defined]
-    done.update(calls=calls, previous_policy=state["policy"], policy_nodes=parsed)
+    previous = _policy(state)
+    calls: base.Calls = state["calls"]
+    calls.set(int(mode), parsed)
+    done.update(calls=calls, previous_policy=previous, policy_nodes=parsed)
 
 
 def _pages(args: "list[str]") -> None:
@@ -316,7 +328,9 @@ class _Armer:
     def __init__(self) -> None:
         self.done = False
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
         if self.done or name not in self.NAMES:
             return None
         self.done = True  # stays in sys.meta_path, answering nothing (removing it while the

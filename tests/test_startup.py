@@ -199,7 +199,7 @@ def _witnessed(root: str, live: bool) -> set[str]:
     try:
         for name in os.listdir(fd):
             if name.startswith("answers-"):
-                bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
+                _bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
                 for line in data.decode().split("\n"):
                     if line.startswith("w "):
                         path = base.unescape(line.split(" ")[2])

@@ -53,7 +53,6 @@ from . import _sysfs
 from ._dra import DraDevice
 from ._model import (
     BY_KEY,
-    POLICIES,
     VENDORS,
     Accelerator,
     Allowed,
@@ -162,32 +161,38 @@ def _w_nodes(answers: dict[str, object]) -> list[tuple[str, str]]:
     return out
 
 
-def _devices_of(answers: dict[str, object]) -> list[str]:
-    pcis: list[str] = []
+def _devices_of(answers: dict[str, object]) -> list[Accelerator]:
+    found: dict[str, Accelerator] = {}
     for value in answers.values():
         for acc in value if isinstance(value, tuple) else (value,):
-            if isinstance(acc, Accelerator) and acc.pci not in pcis:
-                pcis.append(acc.pci)
-    return pcis
+            if isinstance(acc, Accelerator):
+                found.setdefault(acc.pci, acc)
+    return list(found.values())
 
 
 def _w_devices(answers: dict[str, object]) -> list[tuple[str, str]]:
     """The PCI devices present, each GPU's node (root rewrites it: a firmware
-    workaround), its driver's memory-node file (a GH200's GPU memory is learned when the
-    driver loads) and its partition modes (amd-smi switches them)."""
+    workaround), its driver's directory (a GH200's GPU memory node is learned when the
+    driver loads: its numa_status file appears) and its partition modes (amd-smi switches
+    them): a few files per GPU, read by every warm rank."""
     out = [("l", SYS_PCI)]
-    for pci in _devices_of(answers):
-        out.append(("f", f"{SYS_PCI}/{pci}/numa_node"))
-        for vendor in VENDORS:
-            if vendor.driver_dir and vendor.driver_numa_file:
-                out.append(("f", f"{vendor.driver_dir}/{pci}/{vendor.driver_numa_file}"))
-            for name in vendor.partition_files or ():
-                out.append(("f", f"{SYS_PCI}/{pci}/{name}"))
+    for acc in _devices_of(answers):
+        out.append(("f", f"{SYS_PCI}/{acc.pci}/numa_node"))
+        vendor = BY_KEY.get(acc.vendor)
+        if vendor is None:
+            continue
+        if vendor.driver_dir:
+            out.append(("l", vendor.driver_dir))
+            if vendor.driver_numa_file:
+                out.append(("f", f"{vendor.driver_dir}/{acc.pci}/{vendor.driver_numa_file}"))
+        out += [("f", f"{SYS_PCI}/{acc.pci}/{n}") for n in vendor.partition_files or ()]
     return out
 
 
 def _w_driver(answers: dict[str, object]) -> list[tuple[str, str]]:
-    return [("l", v.driver_dir) for v in VENDORS if v.driver_dir and v.key in map(_unescape, answers)]
+    return [
+        ("l", v.driver_dir) for v in VENDORS if v.driver_dir and v.key in map(_unescape, answers)
+    ]
 
 
 def _w_modes(answers: dict[str, object]) -> list[tuple[str, str]]:
@@ -244,17 +249,28 @@ FACTS: tuple[Fact, ...] = (
         records=(Nic, NicPort),
         witness=lambda answers: [("l", SYS_INFINIBAND)],
     ),
-    Fact(method="ethernet", truth="witnessed", argkey=_sets_key, records=(Nic, NicPort),
-         witness=lambda answers: [("l", SYS_NET)]),  # fmt: skip
+    Fact(
+        method="ethernet",
+        truth="witnessed",
+        argkey=_sets_key,
+        records=(Nic, NicPort),
+        witness=lambda answers: [("l", SYS_NET)],
+    ),
     Fact(method="others", truth="boot", records=(OtherDevice,)),
     Fact(method="driver_gpus", truth="witnessed", argkey=_text_key, witness=_w_driver),
     Fact(method="dra_devices", truth="boot", records=(DraDevice,)),  # the pod's, in its mnt ns
     Fact(method="kernel_release", truth="boot"),
     Fact(method="numa_balancing", truth="live"),
     Fact(method="cpu_vendor", truth="boot"),
-    Fact(method="partition_nodes", truth="witnessed", argkey=_vendor_key, records=(KfdNode,),
-         witness=lambda answers: [("l", v.partition_topology) for v in VENDORS
-                                  if v.partition_topology]),  # fmt: skip
+    Fact(
+        method="partition_nodes",
+        truth="witnessed",
+        argkey=_vendor_key,
+        records=(KfdNode,),
+        witness=lambda answers: [
+            ("l", v.partition_topology) for v in VENDORS if v.partition_topology
+        ],
+    ),
     Fact(method="partition_modes", truth="witnessed", argkey=_vendor_key, witness=_w_modes),
 )
 BY_METHOD = {f.method: f for f in FACTS}
@@ -263,8 +279,8 @@ _RECORDS: dict[str, type[Record]] = {cls.__name__: cls for f in FACTS for cls in
 
 # --- values as text ------------------------------------------------------------------------------
 
-_escape = base.escape
-_unescape = base.unescape
+_escape: Callable[[str], str] = base.escape
+_unescape: Callable[[str], str] = base.unescape
 
 
 def encode(value: object, records: Mapping[str, type[Record]] | None = None) -> str:
@@ -618,32 +634,42 @@ def refusal(bad: str, path: str) -> str:
     }.get(bad, f"{path}: {bad}")
 
 
+def _header(data: bytes, kind: str) -> tuple[str, str]:
+    """The body of a cache file of ``kind`` whose header holds (format, length,
+    checksum), or ("", why not)."""
+    head, sep, body = data.partition(b"\n")
+    fields = head.split(b" ")
+    if not sep or len(fields) != 4 or fields[0] != f"numabind-{kind}".encode():
+        return "", f"not a numabind {kind} file"
+    if fields[1] != str(base.FORMAT).encode():
+        return "", f"format {fields[1].decode('ascii', 'replace')[:8]}, not {base.FORMAT}"
+    if not (fields[2].isdigit() and fields[3].isdigit()):
+        return "", "a damaged header"
+    if int(fields[2]) != len(body):
+        return "", f"truncated ({len(body)} of {int(fields[2])} bytes)"
+    if int(fields[3]) != base.checksum(body):
+        return "", "damaged (its checksum does not match)"
+    try:
+        return body.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        return "", "not UTF-8"
+
+
 def checked(data: bytes, kind: str, key: str, sysroot: str) -> tuple[str, list[str]]:
     """The body of a cache file of ``kind`` (``machine``, ``answers``) and its witness
     lines, or ("", [why it is refused]): another format, key, truncated, damaged, a
     witness that says otherwise."""
-    head, sep, body = data.partition(b"\n")
-    fields = head.split(b" ")
-    if not sep or len(fields) != 4 or fields[0] != f"numabind-{kind}".encode():
-        return "", [f"not a numabind {kind} file"]
-    if fields[1] != str(base.FORMAT).encode():
-        return "", [f"format {fields[1].decode('ascii', 'replace')[:8]}, not {base.FORMAT}"]
-    if not (fields[2].isdigit() and fields[3].isdigit()):
-        return "", ["a damaged header"]
-    if int(fields[2]) != len(body):
-        return "", [f"truncated ({len(body)} of {int(fields[2])} bytes)"]
-    if int(fields[3]) != base.checksum(body):
-        return "", ["damaged (its checksum does not match)"]
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return "", ["not UTF-8"]
+    text, why = _header(data, kind)
+    if not text:
+        return "", [why]
     lines = text.split("\n", 1 << 20)
     if lines[0] != f"key {key}":
         return "", ["made for another machine reading (boot, kernel, cgroup, sysroot or version)"]
     seen = []
     for line in lines[1:]:
         if not line.startswith("w "):
+            if line.startswith("sysroot "):
+                continue  # an answers file says which sysroot decision it was made under
             break
         seen.append(line)
     found = []

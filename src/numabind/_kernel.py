@@ -76,6 +76,8 @@ _POLICY_MEANINGS = (
     (errno.ENOMEM, "out of memory in the kernel"),
     (errno.EFAULT, "bad address"),
 )
+
+
 def _numbers(name: str) -> tuple[tuple[str, int], ...]:
     return tuple(base.SYSCALL_NUMBERS[name].items())
 

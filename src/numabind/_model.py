@@ -1032,21 +1032,24 @@ class RankVariable(Record):
 # one row per name of _numabind_base.RANK_NAMES (the names' home: the warm start tests them
 # before numabind is loaded), in its order
 RANK_VARIABLES: tuple[RankVariable, ...] = tuple(
-    RankVariable(name=name, **row)
-    for name, row in zip(
+    RankVariable(name=name, sizes=sizes, launcher=launcher, requires=requires)
+    for name, (sizes, launcher, requires) in zip(
         _numabind_base.RANK_NAMES,
         (
-            {"sizes": ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
-             "launcher": "torchrun, accelerate, DeepSpeed, Ray Train"},
-            {"sizes": ("OMPI_COMM_WORLD_LOCAL_SIZE",), "launcher": "Open MPI"},
-            {"sizes": ("MPI_LOCALNRANKS",), "launcher": "MPICH (Hydra)"},
-            {"sizes": ("MV2_COMM_WORLD_LOCAL_SIZE",), "launcher": "MVAPICH2"},
-            {"sizes": ("PALS_LOCAL_SIZE",), "launcher": "HPE PALS"},
-            {"sizes": (), "launcher": "Slurm srun", "requires": "SLURM_STEP_ID"},
+            (
+                ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"),
+                "torchrun, accelerate, DeepSpeed, Ray Train",
+                None,
+            ),
+            (("OMPI_COMM_WORLD_LOCAL_SIZE",), "Open MPI", None),
+            (("MPI_LOCALNRANKS",), "MPICH (Hydra)", None),
+            (("MV2_COMM_WORLD_LOCAL_SIZE",), "MVAPICH2", None),
+            (("PALS_LOCAL_SIZE",), "HPE PALS", None),
+            ((), "Slurm srun", "SLURM_STEP_ID"),
         ),
         strict=True,
     )
-)  # fmt: skip
+)
 RANK_VARIABLE_NAMES: tuple[str, ...] = tuple(v.name for v in RANK_VARIABLES)
 SIZE_VARIABLE_NAMES: tuple[str, ...] = tuple(s for v in RANK_VARIABLES for s in v.sizes)
 # a rank's global rank, first found wins (torchrun's RANK before the srun task id of an

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 import _numabind_base as base
 
 from . import _cache
-from ._model import POLICIES, Record
+from ._model import POLICIES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -134,8 +134,13 @@ def _code(policy: str) -> int | None:
     return POLICIES[policy].code
 
 
-def _lines_in(rec: Recorder, start_mask: frozenset[int], policy: tuple[int, frozenset[int]] | None) -> list[str]:
-    out = [f"i {base.escape(k)} {v if v[:1] != '=' else '=' + base.escape(v[1:])}" for k, v in rec.reads.items()]
+def _lines_in(
+    rec: Recorder, start_mask: frozenset[int], policy: tuple[int, frozenset[int]] | None
+) -> list[str]:
+    out = [
+        f"i {base.escape(k)} {v if v[:1] != '=' else '=' + base.escape(v[1:])}"
+        for k, v in rec.reads.items()
+    ]
     argv = getattr(sys, "orig_argv", None) or sys.argv
     out.append("argv " + " ".join(base.escape(a) for a in argv))
     out.append(f"mask {base.cpulist(start_mask)}")
@@ -145,7 +150,11 @@ def _lines_in(rec: Recorder, start_mask: frozenset[int], policy: tuple[int, froz
 
 
 def _lines_out(
-    rec: Recorder, b: Binding | None, cfg: Config, machine: Machine | None, start_mask: frozenset[int]
+    rec: Recorder,
+    b: Binding | None,
+    cfg: Config,
+    machine: Machine | None,
+    start_mask: frozenset[int],
 ) -> list[str] | None:
     out: list[str] = []
     if b is not None and b.plan.bound:
@@ -162,7 +171,9 @@ def _lines_out(
                 for n in plan.memory_nodes:
                     node = machine.node(n)
                     home |= node.cpus if node is not None else set()
-                if not started_inside(start_mask, b._previous_policy, frozenset(home), plan.memory_nodes):
+                if not started_inside(
+                    start_mask, b._previous_policy, frozenset(home), plan.memory_nodes
+                ):
                     move_as = POLICIES[b.policy_applied].migrate_as or "bind"
                     dest = min(plan.memory_nodes, key=lambda n: (n != plan.numa_node, n))
                     mask = base.cpulist(plan.memory_mask) or "-"
@@ -170,7 +181,9 @@ def _lines_out(
         out.append("plan " + _cache.encode(plan, _cache.all_records()))
         out.append(f"binding {int(bool(b.threads_rebound))} {b.policy_applied or '~'}")
     for name, value in rec.writes.items():
-        out.append(f"env {base.escape(name)} " + ("-" if value is None else "=" + base.escape(value)))
+        out.append(
+            f"env {base.escape(name)} " + ("-" if value is None else "=" + base.escape(value))
+        )
     if b is not None and b.registered:
         label = b.registered.rpartition("/")[0]
         entry = b.entry().replace(machine="answer").encode()
@@ -200,8 +213,13 @@ def replayable(rec: Recorder, b: Binding | None, cfg: Config | None, said: int) 
     if b is None:
         return True
     return not (
-        b.errors or b.refused or b.existing or b.kept_cpus or b.main_thread is not None
-        or b.warnings or (b.plan.bound and not b.cpus_applied)
+        b.errors
+        or b.refused
+        or b.existing
+        or b.kept_cpus
+        or b.main_thread is not None
+        or b.warnings
+        or (b.plan.bound and not b.cpus_applied)
     )
 
 
@@ -238,7 +256,10 @@ def keep(
 
 
 def _store(
-    environ: MutableMapping[str, str], sysroot: str, found: list[tuple[str, str, str]], answer: list[str]
+    environ: MutableMapping[str, str],
+    sysroot: str,
+    found: list[tuple[str, str, str]],
+    answer: list[str],
 ) -> str | None:
     raw = environ.get("NUMABIND_SYSROOT")
     key = base.machine_key(sysroot)

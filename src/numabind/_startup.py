@@ -128,11 +128,12 @@ def run(environ: Mapping[str, str] | None = None) -> Binding | None:
     rec = _replay.Recorder(real)
     start_mask = frozenset(os.sched_getaffinity(0))
     said = _output.said
-    os.environ = rec  # type: ignore[assignment]  # every read of the hook's path is seen
+    # every read of the hook's path is seen, os.environ's own and every module's alike
+    os.environ = rec  # type: ignore[assignment]  # noqa: B003
     try:
         binding = _guarded(rec)
     finally:
-        os.environ = real
+        os.environ = real  # noqa: B003
     try:
         _replay.keep(rec, binding, start_mask, _output.said - said, _seen)
     except Exception:

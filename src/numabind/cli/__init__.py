@@ -606,14 +606,14 @@ def console_main() -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .._topology import Machine
     from ._doctor import Finding, doctor, lines
 
     machine = None
     problem = None
-    try:  # where the machine is read from, whatever else the settings say (doctor names those)
-        from .._cache import here
-
-        machine = here()
+    try:  # where the machine is read from, whatever else the settings say (doctor names those);
+        # as it is now, never from the ranks' cache (doctor says whether that still holds)
+        machine = Machine.here()
     except (CaptureError, OSError) as err:
         problem = Finding(check="machine", status="fail", detail=f"cannot read it: {err}")
     try:

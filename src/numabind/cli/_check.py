@@ -160,10 +160,11 @@ def run_check(
                 "(numabind check --help)"
             )
         pids, own_env = [os.getpid()], os.environ
-    from .._cache import open_machine
+    from .._topology import Machine
 
-    # through the node's cache: the ranks' machine, read once
-    machine = open_machine(sysroot, os.environ).machine
+    # the machine as it is now, never the ranks' cache: a verifier that reports an earlier
+    # reading says OK about a machine that changed (the report says where they differ)
+    machine = Machine.from_root(sysroot)
     try:
         deadline = time.monotonic() + args.deadline if args.all else None
         report = check(

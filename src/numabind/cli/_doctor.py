@@ -930,9 +930,9 @@ def doctor(python: str | None, environ: Mapping[str, str], machine: Any) -> list
 
 
 def cores_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
-    """Which cores (their kinds: what NUMABIND_PRIORITY uses), and where the machine came
-    from: the node's cache (one reading per node and boot) or sysfs, and the cache's state
-    for this process (numabind._cache)."""
+    """Which cores (their kinds: what NUMABIND_PRIORITY uses), read now, and whether the
+    node's cache the ranks plan from still holds for this process (numabind._cache: a
+    witness that says otherwise names what changed)."""
     from .. import _cache
 
     kinds = machine.core_kinds
@@ -943,8 +943,6 @@ def cores_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
     else:
         detail = machine.describe_kinds(machine.online_cpus)
     out = [Finding(check="cores", status="info", detail=detail)]
-    source = machine.source
-    where = "the node's cache" if isinstance(source, _cache.Cached) else "sysfs"
     raw = environ.get("NUMABIND_SYSROOT")
     from .._sysfs import redirect
 
@@ -954,7 +952,8 @@ def cores_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
         Finding(
             check="machine cache",
             status="info",
-            detail=f"this reading came from {where}; {_cache.status(environ, sysroot)}",
+            detail="doctor read the machine as it is now; the ranks' cache: "
+            + _cache.status(environ, sysroot),
         )
     )
     return out

@@ -708,9 +708,9 @@ def _open_machine(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
                 return machine, os.environ, []
             environ, notes = _with_knobs(recorded, "the capture")
             return machine, environ, notes
-        from .._cache import here
-
-        return here(), os.environ, []  # through the node's cache (the CPUs' kinds are slow)
+        # the machine as it is now, never the ranks' cache: show is what an admin runs
+        # because something changed
+        return Machine.here(), os.environ, []
     except (CaptureError, ValueError) as err:
         raise UsageError(f"numabind show: {err}") from err
 
