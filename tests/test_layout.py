@@ -53,15 +53,22 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     )
     resolved = set()
     for name in out:
-        if name.split(".")[0] in local_top:  # benchmarks/_common, scripts' helpers
+        if name.split(".")[0] in START_MODULES:  # the top-level start modules, from anywhere
+            resolved.add(f"src/{name.split('.')[0]}")
+        elif name.split(".")[0] in local_top:  # benchmarks/_common, scripts' helpers
             resolved.add(f"{path.parent.name}/{name.split('.')[0]}")
         else:
             resolved.add(name)
     return resolved
 
 
+# the modules beside the package that the startup hook runs before numabind is loaded
+START_MODULES = frozenset(p.stem for p in (ROOT / "src").glob("*.py"))
+
+
 def _graph() -> dict[str, set[str]]:
     files = [
+        *(ROOT / "src").glob("*.py"),
         *PACKAGE.rglob("*.py"),
         *(ROOT / "benchmarks").glob("*.py"),
         *(ROOT / "scripts").glob("*.py"),
@@ -112,6 +119,27 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_start_modules_are_counted_and_a_circle_through_them_fails() -> None:
+    """The start modules are in the graph, edges into them from the package are seen, and
+    a package module importing the start module back (the circle of a50e42a) is found."""
+    g = _graph()
+    assert {"src/_numabind_base", "src/_numabind_start"} <= set(g)
+    assert "src/_numabind_base" in g["numabind._cache"], "imports of the start modules count"
+    assert "numabind._startup" in g["src/_numabind_start"], "its hand-over counts"
+    circled = {k: set(v) for k, v in g.items()}
+    circled["numabind._sysfs"].add("src/_numabind_start")  # what _sysfs did on a50e42a
+    assert _cycles(circled), "a circle through a start module must fail the layout test"
+
+
+def test_the_start_modules_keep_their_layers() -> None:
+    """``_numabind_base`` is a leaf (nothing of numabind's); no package module imports the
+    start module ``_numabind_start`` (it imports the package only to hand over)."""
+    g = _graph()
+    assert not {m for m in g["src/_numabind_base"] if m in g}, g["src/_numabind_base"]
+    importers = [m for m, deps in g.items() if "src/_numabind_start" in deps]
+    assert importers == ["numabind._site.sitecustomize"], importers  # a hook form of its own
+
+
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
 def test_every_module_says_why_it_exists(path: Path) -> None:
     doc = ast.get_docstring(ast.parse(path.read_text()))
@@ -122,10 +150,11 @@ def test_leaf_modules_stay_leaves() -> None:
     """_sysfs and _output are imported by everything, including the .pth's first steps:
     they import nothing of numabind's but each other."""
     g = _graph()
-    assert g["numabind._sysfs"] <= {"numabind._errors"}
+    base = "src/_numabind_base"  # the start path's leaf, which imports nothing at all
+    assert g["numabind._sysfs"] <= {"numabind._errors", base}
     assert g["numabind._errors"] == set()
-    assert g["numabind._output"] <= {"numabind._sysfs"}
-    assert g["numabind._model"] == set()
+    assert g["numabind._output"] <= {"numabind._sysfs", base}
+    assert g["numabind._model"] <= {base}
 
 
 def test_no_test_double_ships_in_src() -> None:

@@ -362,13 +362,11 @@ def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
 
 
 def _our_hook_line() -> str | None:
-    """This numabind's own ``.pth`` line (next to ``_numabind_start``), the reference the
+    """This numabind's own ``.pth`` line (next to its start modules), the reference the
     target's is compared with; None where it cannot be found."""
-    try:
-        import _numabind_start
-    except ImportError:
-        return None
-    here = os.path.dirname(os.path.abspath(_numabind_start.__file__ or ""))
+    import _numabind_base
+
+    here = os.path.dirname(os.path.abspath(_numabind_base.__file__ or ""))
     try:
         with open(os.path.join(here, "_numabind_hook.pth"), "rb") as f:
             return f.read(65536).decode("utf-8", "replace").strip()
