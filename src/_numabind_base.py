@@ -57,6 +57,9 @@ MAX_NODES = 1024  # node masks are this many bits (CONFIG_NODES_SHIFT <= 10)
 
 # what descriptor 2 was at start (numabind._output compares against it before it writes)
 stderr_at_start: "tuple[int, int] | None" = None
+# what the full path read that no answer records (another process's environment, NVML):
+# a process that did is planned again the next time rather than replayed (numabind._replay)
+unseen: "list[str]" = []
 # what the warm start applied to this process, for numabind to adopt when imported later
 # (numabind._apply makes a Binding of it); None when it applied nothing
 applied: "dict[str, Any] | None" = None

@@ -199,7 +199,9 @@ def _lines_out(
 
 def replayable(rec: Recorder, b: Binding | None, cfg: Config | None, said: int) -> bool:
     """Whether replaying what the full path did here is exactly what it did."""
-    if cfg is None or rec.whole or said or not cfg.cache:
+    if cfg is None or rec.whole or said or not cfg.cache or base.unseen:
+        return False
+    if "pynvml" in sys.modules:  # the driver answered: not an input the warm start can compare
         return False
     if cfg.verbose or cfg.torch or cfg.ray or cfg.report or cfg.omp_places != "off":
         return False

@@ -74,6 +74,9 @@ def owner_of(name: str, environ: Mapping[str, str], initial: Mapping[str, str] |
     if initial is not None and initial.get(name) != value:
         return "in-process"
     if name == "OMP_NUM_THREADS" and value.strip() == "1" and "TORCHELASTIC_RUN_ID" in environ:
+        import _numabind_base
+
+        _numabind_base.unseen.append("the agent's environment")  # not an answer's input
         agent = _initial_environ(os.getppid())
         if agent is not None and "OMP_NUM_THREADS" not in agent:
             return "torchrun"
