@@ -1,0 +1,169 @@
+"""The truth, now: no rank binds, and no verifier reports, from a machine that changed
+after it was read (issue 44).
+
+A machine read once per node is only as true as what can change under it.  Every cached
+fact says how long it stays true (``_cache.FACTS``'s ``truth``); the changeable ones are
+witnessed, and every rank compares the witnesses before it replays an answer.  Played on a
+capture (``NUMABIND_SYSROOT``: the same reader as the live tree, and this host's kernel for
+the binding): an answer is written, the capture is changed deep inside, and the next rank
+follows the capture; ``show`` reads it as it is now.  The same changes on a real kernel are
+in the VM tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import _numabind_base as base
+import synth
+from numabind import _cache
+from numabind._sources import SysfsSource
+from support import clean_env, two_cpus
+
+PROBE = (
+    "import json, os, sys\n"
+    "s = sys.modules['_numabind_start']\n"
+    "print(json.dumps({'handed_over': s.handed_over, 'cpus': sorted(os.sched_getaffinity(0)),"
+    " 'state': os.environ.get('NUMABIND_STATE')}))\n"
+)
+
+
+def _rank(root: str, **extra: str) -> dict[str, object]:
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", **extra)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    out: dict[str, object] = json.loads(r.stdout)
+    return out
+
+
+def _machine(tmp: Path) -> str:
+    # two nodes that are this host's CPUs 0 and 1: GPUs 0 and 2 on node 0, 1 and 3 on node 1
+    return synth.write(synth.two_nodes(4), str(tmp / "two"))
+
+
+def test_every_fact_says_how_long_it_stays_true() -> None:
+    """A fact with no class cannot be made (``truth`` has no default), and the classes are
+    the four the cache knows; every witnessed fact but the cpuset's names its witnesses."""
+    for fact in _cache.FACTS:
+        assert fact.truth in _cache.TRUTHS, fact
+        if fact.truth == "witnessed" and fact.method != "allowed":
+            assert fact.witness is not None, fact.method
+    with pytest.raises(TypeError, match="truth"):
+        _cache.Fact(method="new_fact")
+    methods = {m for m in dir(SysfsSource) if not m.startswith("_")}
+    asked = {f.method for f in _cache.FACTS}
+    assert asked <= methods
+
+
+def test_a_live_fact_is_never_kept(tmp_path: Path) -> None:
+    """numa_balancing is read every time: a machine file holds no answer of it, and a
+    reading from the file answers what the tree says now."""
+    root = _machine(tmp_path)
+    sysctl = Path(root, "proc/sys/kernel/numa_balancing")
+    sysctl.write_text("1\n")
+    env = {"NUMABIND_REGISTRY": str(tmp_path / "base")}
+    (tmp_path / "base").mkdir()
+    first = _cache.open_machine(root, env)
+    assert first.machine.numa_balancing == 1
+    first.machine.close()
+    found = _cache.lookup(env, root)
+    assert found.data and b"numa_balancing" not in found.data, found.why
+    sysctl.write_text("0\n")
+    again = _cache.open_machine(root, env)
+    assert again.origin == "cache" and again.machine.numa_balancing == 0
+    again.machine.close()
+
+
+@two_cpus
+def test_a_gpu_moved_to_another_node_inside_a_capture_is_followed(tmp_path: Path) -> None:
+    """Root rewrites a GPU's numa_node (a firmware workaround), deep inside the capture:
+    the next rank's answer is refused for the change it names and the rank binds to the
+    node the file says now (fails on a50e42a, whose capture key was its top directory)."""
+    root = _machine(tmp_path)
+    assert _rank(root, LOCAL_RANK="0")["cpus"] == [0]
+    warm = _rank(root, LOCAL_RANK="0")
+    assert warm["handed_over"] == "" and warm["cpus"] == [0], warm
+    node_file = Path(root, "sys/bus/pci/devices/0000:01:00.0/numa_node")
+    node_file.write_text("1\n")
+    moved = _rank(root, LOCAL_RANK="0")
+    assert "0000:01:00.0/numa_node" in str(moved["handed_over"]), moved
+    assert moved["cpus"] == [1], moved
+    assert _rank(root, LOCAL_RANK="0")["handed_over"] == "", "the new reading is kept"
+    node_file.write_text("0\n")
+    back = _rank(root, LOCAL_RANK="0")
+    assert "numa_node" in str(back["handed_over"]) and back["cpus"] == [0], back
+
+
+@two_cpus
+def test_a_gpu_removed_from_a_capture_is_followed(tmp_path: Path) -> None:
+    """A GPU gone from the PCI bus: rank 1 of two no longer goes to the node of a GPU that
+    is not there."""
+    root = _machine(tmp_path)
+    # rank 1 drives GPU 1 (0000:02:00.0, node 1)
+    assert _rank(root, LOCAL_RANK="1")["cpus"] == [1]
+    assert _rank(root, LOCAL_RANK="1")["handed_over"] == ""
+    for gone_dir in ("sys/bus/pci/devices/0000:02:00.0", "proc/driver/nvidia/gpus/0000:02:00.0"):
+        shutil.rmtree(Path(root, gone_dir))  # off the bus, and so out of the driver's list
+    gone = _rank(root, LOCAL_RANK="1")
+    assert "/sys/bus/pci/devices" in str(gone["handed_over"]), gone
+    # three GPUs left (0000:01, 03, 04 on nodes 0, 0, 1): rank 1 drives 0000:03:00.0
+    assert gone["cpus"] == [0], gone
+
+
+@two_cpus
+def test_a_new_job_of_the_same_shape_replays(tmp_path: Path) -> None:
+    """A step id is only tested for presence by the planner (SLURM_STEP_ID: SLURM_LOCALID
+    is a rank only inside a step), and a job id not read at all: a new job of the same shape
+    replays; the step's absence is another answer."""
+    root = _machine(tmp_path)
+    job = {"SLURM_LOCALID": "0", "SLURM_STEP_ID": "1", "SLURM_JOB_ID": "4711"}
+    first = _rank(root, **job)
+    assert first["handed_over"] == "no answer yet" and first["cpus"] == [0], first
+    again = _rank(root, **dict(job, SLURM_STEP_ID="2", SLURM_JOB_ID="4712"))
+    assert again["handed_over"] == "" and again["cpus"] == [0], again
+    other = _rank(root, SLURM_LOCALID="0", SLURM_JOB_ID="4712")
+    assert other["handed_over"] == "no answer for this process's inputs yet", other
+
+
+def test_the_code_is_in_the_key(tmp_path: Path) -> None:
+    """A module added to (or replaced in) the package is another key: no answer of another
+    numabind is replayed."""
+    import numabind
+
+    pkg = Path(numabind.__file__).parent
+    before = base.machine_key("/")
+    st = os.stat(pkg)
+    try:
+        os.utime(pkg, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        assert base.machine_key("/") != before
+    finally:
+        os.utime(pkg, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert base.machine_key("/") == before
+
+
+def test_show_reads_the_capture_as_it_is_now(tmp_path: Path) -> None:
+    """The verifiers never answer from the cache: show follows numa_balancing both ways
+    with a cache file in place (fails on a50e42a, whose show read through the cache)."""
+    root = _machine(tmp_path)
+    sysctl = Path(root, "proc/sys/kernel/numa_balancing")
+    seen = []
+    for value in ("1", "0", "1"):
+        sysctl.write_text(value + "\n")
+        r = subprocess.run(
+            [sys.executable, "-m", "numabind", "show", "--json"],
+            capture_output=True,
+            text=True,
+            env=clean_env(NUMABIND_SYSROOT=root),
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        seen.append(json.loads(r.stdout)["numa_balancing"])
+    assert seen == [1, 0, 1], seen
