@@ -746,7 +746,7 @@ def test_torchrun_ranks_stay_off_the_reserved_core(vm_roles: dict[str, Any]) -> 
 
 def _machine_openers(ranks: list[dict[str, Any]]) -> dict[str, int]:
     """How many of ``ranks`` opened each file of the machine (sysfs, the drivers' /proc
-    lists), the key's cpuset files aside (every rank reads those again)."""
+    lists), the witnessed files aside (every rank reads those again, by design)."""
     openers: dict[str, int] = {}
     for r in ranks:
         key = set(r["key_files"])

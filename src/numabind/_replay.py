@@ -270,6 +270,8 @@ def _store(
         f"sysroot {base.escape(sysroot)} {base.escape(raw) if raw is not None else '~'}",
         *_cache.witness_lines(found),
     ]
+    if base.no_replay(environ) is not None:
+        return None  # never read back: nothing is written
     fd, label, _ = base.open_cache_dir(environ, True)
     if fd is None:
         return None
@@ -289,6 +291,7 @@ def _store(
         data = f"numabind-answers {base.FORMAT} {len(body)} {base.checksum(body)}\n".encode()
         if base.write_private(fd, name, data + body, "answers") is not None:
             return None
+        _cache.prune(fd, name, "answers-")  # one file per sysroot value: the oldest go
     finally:
         os.close(fd)
     return f"{label}/{name}"
