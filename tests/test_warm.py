@@ -332,6 +332,12 @@ def test_a_replayed_rank_arms_the_guards_on_the_first_import_they_watch(tmp_path
         "assert not any(m.startswith('numabind') for m in sys.modules)\n"
         "import numpy\n"
         "print(sorted(os.sched_getaffinity(0)))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('numabind')))\n"
+        "seen = []\n"
+        "sys.addaudithook(lambda e, a: seen.append(str(a[0])) if e == 'open' else None)\n"
+        "from numabind import _apply; b = _apply.adopted()\n"  # the replayed binding, adopted
+        "print(sorted(p for p in seen if p.startswith(os.environ['NUMABIND_SYSROOT'])))\n"
+        "print(str(b), sorted(m for m in sys.modules if m.startswith('numabind')))\n"
     )
     runs = [
         subprocess.run(  # started on its node's CPU: no early pages to look for either
@@ -346,7 +352,31 @@ def test_a_replayed_rank_arms_the_guards_on_the_first_import_they_watch(tmp_path
     assert runs[0].returncode == 1 and "AssertionError" in runs[0].stderr  # the full path's modules
     r = runs[1]
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[0]" and "numabind put them back" in r.stderr
+    cpus, _, read, adopted = r.stdout.strip().split("\n")
+    assert read == "[]", f"adopting read the machine: {read}"
+    assert cpus == "[0]" and "numabind put them back" in r.stderr
+    benign = tmp_path / "benign"
+    benign.mkdir()
+    (benign / "numpy.py").write_text("")
+    for _ in range(2):  # PYTHONPATH is an input (the full path reads it): warmed first
+        quiet = subprocess.run(
+            ["taskset", "-c", "0", sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**env, "PYTHONPATH": str(benign)},
+            timeout=120,
+        )
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    at_numpy = quiet.stdout.split("\n")[1]  # (cpus, modules, files read, adopted)
+    # a numpy that moves nothing: the first import the guards watch loads them and what
+    # they look with, and no binder, planner, machine reader, device layer or cache
+    guards = ["numabind", "numabind._guard", "numabind._output", "numabind._sysfs"]
+    assert at_numpy == str(guards), at_numpy
+    # adopting the binding reads no machine and plans nothing
+    line, _, modules = adopted.partition(" [")
+    assert line.startswith("local rank 0") and "CPUs 0" in line, line
+    for reader in ("_topology", "_devices", "_startup"):
+        assert f"numabind.{reader}'" not in modules, (reader, modules)
 
 
 # --- the answers file: only this user's, only whole, only this machine's ----------------------
