@@ -497,3 +497,62 @@ def test_at_most_max_files_answers_files_are_kept(tmp_path: Path) -> None:
     for p in kept:
         if p.name not in before:
             p.unlink()
+
+
+@two_cpus
+def test_ranks_that_start_at_once_each_keep_their_answer(tmp_path: Path) -> None:
+    """Four ranks of a node start together, no cache: each keeps its answer (the file is
+    written under its lock: none is lost to another rank's write), and the next four all
+    replay."""
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none")
+
+    def together() -> list[dict[str, object]]:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", PROBE],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**env, "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "4"},
+            )
+            for r in range(4)
+        ]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+            outs.append(json.loads(out))
+        return outs
+
+    cold = together()
+    assert all(c["handed_over"] for c in cold)
+    warm = together()
+    assert [w["handed_over"] for w in warm] == [""] * 4
+    assert [w["cpus"] for w in warm] == [c["cpus"] for c in cold]
+    assert _answers(root).read_bytes().count(b"\na\n") == 4
+
+
+@two_cpus
+def test_an_answer_is_written_only_under_the_files_lock(tmp_path: Path) -> None:
+    """Another rank holds the answers file's lock (it is writing): a rank that finishes
+    meanwhile waits a bounded time, then keeps nothing rather than write over the other's
+    answers; with the lock free it keeps its own."""
+    from numabind import _cache
+
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none")
+    _run({**env, "LOCAL_RANK": "0"})  # the cache directory and the machine file
+    fd, _, _ = base.open_cache_dir(env, True)
+    assert fd is not None
+    holder = _cache._Lock(fd, base.answers_name(root))
+    assert holder.take()
+    try:
+        before = _answers(root).read_bytes()
+        _run({**env, "LOCAL_RANK": "1"})
+        assert _answers(root).read_bytes() == before, "written while another held the lock"
+    finally:
+        holder.close()
+        os.close(fd)
+    _run({**env, "LOCAL_RANK": "1"})
+    assert _answers(root).read_bytes().count(b"\na\n") == 2
