@@ -294,3 +294,62 @@ def test_contained_env_carries_only_numabinds_settings() -> None:
     assert contained_env(None, {}) == {"PATH": SAFE_PATH, "LANG": "C", "LC_ALL": "C", "HOME": "/"}
     with pytest.raises(ValueError, match="LD_PRELOAD"):
         contained_env("/home/u", {"LD_PRELOAD": "/tmp/x.so"})
+
+
+# --- also noticed: the isolated collector and a distribution's Python -------------------------
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(not os.path.exists(DEBIAN_PYTHON), reason="needs the system's python3")
+def test_the_collector_finds_numabind_in_a_system_python_venv(tmp_path: Path) -> None:
+    """On a50e42a, ``check --job --python V`` with V a venv made from Debian's or Ubuntu's
+    /usr/bin/python3 answered "numabind is not installed" on every node: under ``-S``
+    site never ran, sys.prefix stayed /usr, and the default scheme there (Debian's
+    posix_local) put the venv's packages under ``V/local/lib/python3.X/dist-packages``.
+    The collector now reads the venv's own scheme.  Played as the step runs on a node:
+    the node's /bin/sh check, then the isolated interpreter, a root-owned venv with
+    numabind by a path ``.pth`` (as an editable install has)."""
+    import sysconfig
+
+    from numabind.check import _job
+    from numabind.cli._job import Collector, collector_argv
+
+    venv = tmp_path / "venv"
+    tmp_path.chmod(0o755)
+    subprocess.run([DEBIAN_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "numabind-src.pth").write_text(f"{readable_src()}\n")
+    default = subprocess.run(
+        [python, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_default_scheme())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    print(f"\n{DEBIAN_PYTHON}'s default scheme under -I -S: {default} ({sysconfig.get_platform()})")
+    argv = collector_argv("4711", 0, 10, Collector(python=python))
+    env = clean_env(SLURMD_NODENAME="nodea", NUMABIND="off")
+    p = subprocess.run(argv, capture_output=True, text=True, cwd="/", env=env, timeout=120)
+    row = _job.parse_node(p.stdout, "nodea")
+    assert row.state == "answered", (row, p.stderr)
+    # and include-system-site-packages: the base's own directories, never the venv's "local"
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace("= false", "= true"))
+    boot = subprocess.run(
+        [python, "-I", "-S", "-c", _SITE_DIRS], capture_output=True, text=True, cwd="/", timeout=60
+    )
+    dirs = json.loads(boot.stdout)
+    assert dirs[0] == site and all(not d.startswith(f"{venv}/local") for d in dirs), dirs
+    assert any(d.startswith("/usr/") for d in dirs[1:]), dirs
+
+
+def _site_dirs_source() -> str:
+    from numabind.check._isolated import BOOT
+
+    body = BOOT[BOOT.index("def site_dirs():") : BOOT.index("def find(")]
+    return f"import os as _os, sys, json\n{body}\nprint(json.dumps(site_dirs()))\n"
+
+
+_SITE_DIRS = _site_dirs_source()

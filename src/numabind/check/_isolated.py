@@ -149,14 +149,34 @@ def refuse(why):
 
 
 def site_dirs():
+    # -S: site never ran, so sys.prefix is the base's, and a distribution's default
+    # scheme (Debian's posix_local: /usr/local/lib/python3.X/dist-packages) is not the
+    # venv's layout: a venv's directories are its own scheme's ("venv", 3.11+; the POSIX
+    # prefix layout before), and its base's only with include-system-site-packages
     import sysconfig
+    names = sysconfig.get_scheme_names()
     exe = _os.path.abspath(sys.executable)
     venv = _os.path.dirname(_os.path.dirname(exe))
-    if _os.path.isfile(_os.path.join(venv, "pyvenv.cfg")):
-        paths = sysconfig.get_paths(vars={"base": venv, "platbase": venv})
-    else:
+    cfg = _os.path.join(venv, "pyvenv.cfg")
+    out = []
+    base = True
+    if _os.path.isfile(cfg):
+        scheme = [n for n in ("venv", "posix_prefix") if n in names][:1]
+        paths = sysconfig.get_paths(*scheme, vars={"base": venv, "platbase": venv})
+        out += [paths["purelib"], paths["platlib"]]
+        base = False
+        with open(cfg, "rb") as f:
+            for line in f.read(65536).decode("utf-8", "replace").splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip().lower() == "include-system-site-packages":
+                    base = value.strip().lower() == "true"
+    if base:
         paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+        out += [paths["purelib"], paths["platlib"]]
+        if "deb_system" in names:  # Debian's own packages (apt), /usr/lib/python3/dist-packages
+            paths = sysconfig.get_paths("deb_system")
+            out += [paths["purelib"], paths["platlib"]]
+    return list(dict.fromkeys(out))
 
 
 def find(uids):
