@@ -381,6 +381,7 @@ def run_contained(
     another group of the session) is killed, before the leader is reaped, so that the
     session's id names nobody else's process.  OSError where it cannot be started."""
     import selectors
+    import signal
     import subprocess
 
     drop: dict[str, Any] = {}
@@ -427,6 +428,8 @@ def run_contained(
             killed = end_session(proc.pid)
         else:
             time.sleep(0.02)
+    if not ended:
+        os.kill(proc.pid, signal.SIGKILL)  # the leader itself, whatever the sweep found
     proc.stdout.close()
     proc.stderr.close()
     code = proc.wait()
