@@ -933,7 +933,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "U02",
         "src/numabind/cli/_doctor.py",
-        "        env = contained_env(runner.home, {PROBE_TRIGGER: \"0\"})",
+        '        env = contained_env(runner.home, {PROBE_TRIGGER: "0"})',
         "        env = probe_environ(environ)",
         "another user's probe gets the allow-listed environment, nothing else of root's",
         ("tests/test_probe_session.py",),
