@@ -478,6 +478,7 @@ def end_session(sid: int) -> int:
     other group in it, sweeping until none is left (one that forks meanwhile is caught
     by the next sweep); how many were killed.  Each is signalled through a pidfd opened
     before its session is read again, so a pid reused meanwhile is never signalled."""
+    import errno
     import signal
 
     seen: set[int] = set()
@@ -493,7 +494,12 @@ def end_session(sid: int) -> int:
         for pid in members:
             try:
                 fd = os.pidfd_open(pid)
-            except OSError:
+            except OSError as err:
+                if err.errno == errno.ENOSYS and _session_of(pid) == sid:  # Linux < 5.3
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
                 continue
             try:
                 if _session_of(pid) == sid:
