@@ -970,6 +970,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "a contained child's output is kept only up to its cap",
         ("tests/test_probe_session.py",),
     ),
+    # --- the warm start's answers and the truth of the cache (issues 43, 44) ---
+    M(
+        "M88",
+        "src/numabind/_cache.py",
+        '    if opened.origin != "cache" or not isinstance(source, Cached) or not source.misses:',
+        '    if True:',
+        "a rank whose machine file lacked a fact says it read sysfs for it",
+        ("tests/test_cache.py",),
+    ),
+    M(
+        "M89",
+        "src/numabind/_replay.py",
+        "        while not lock.take():",
+        "        while False:",
+        "an answer is written only under the answers file's lock",
+        ("tests/test_warm.py",),
+    ),
+    M(
+        "M90",
+        "src/numabind/_cache.py",
+        "    _for_every_device(machine)\n",
+        "",
+        "the rank that writes the machine file asks every device what it asked of its own",
+        ("tests/test_cache.py",),
+    ),
+    M(
+        "M91",
+        "src/numabind/_guard.py",
+        "    if not off and not strays:\n        return []\n",
+        "    from . import _kernel\n",
+        "a warm rank's first watched import loads the guards and not the binder",
+        ("tests/test_warm.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the
