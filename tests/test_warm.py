@@ -556,3 +556,25 @@ def test_an_answer_is_written_only_under_the_files_lock(tmp_path: Path) -> None:
         os.close(fd)
     _run({**env, "LOCAL_RANK": "1"})
     assert _answers(root).read_bytes().count(b"\na\n") == 2
+
+
+@two_cpus
+def test_a_narrowed_cpuset_is_followed_by_the_warm_start(tmp_path: Path) -> None:
+    """The cpuset of the rank's cgroup narrowed after its answer was kept (a Slurm step's
+    resize, the kubelet's CPU manager): the warm start finds its witness changed, hands
+    over, and the full path binds inside the cpuset as it is now."""
+    spec = synth.two_nodes(4)
+    spec.cgroup_cpus = [0, 1]
+    root = synth.write(spec, str(tmp_path / "cg"))
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, LOCAL_RANK="0", NUMABIND_MEMORY="none")
+    _run(env)
+    assert _run(env)["handed_over"] == ""
+    for name in ("cpuset.cpus.effective", "cpuset.cpus"):
+        f = Path(root, "sys/fs/cgroup/job/step", name)
+        if f.exists():
+            f.write_text("1\n")
+    narrowed = _run(env)
+    assert "the machine changed since it was read" in str(narrowed["handed_over"]), narrowed
+    assert "cpuset" in str(narrowed["handed_over"]), narrowed
+    alone = _run({**env, "NUMABIND_CACHE": "0"})
+    assert narrowed["cpus"] == alone["cpus"] and narrowed["state"] == alone["state"]
