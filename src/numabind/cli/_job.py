@@ -113,11 +113,23 @@ def _from_store(args: argparse.Namespace) -> int:
         report = _report.read_report(store, prefix, int(m.group(3)), None, budget=budget)
     finally:
         store.close()
-    if args.json:
+    _write_report(args, report)
+    return _job.exit_status(report)
+
+
+def _write_report(args: argparse.Namespace, report: _job.JobReport) -> None:
+    """The job report as ``--format`` asks: the table, JSON, or OpenMetrics text."""
+    from ._check import output_format
+
+    fmt = output_format(args)
+    if fmt == "openmetrics":
+        from ..check._metrics import render_job, write
+
+        write(render_job(report))
+    elif fmt == "json":
         write_json(report.to_dict())
     else:
         write_lines(_job.report_lines(report))
-    return _job.exit_status(report)
 
 
 def _collector(args: argparse.Namespace) -> int:
@@ -457,8 +469,5 @@ def run_job(args: argparse.Namespace) -> int:
         write_lines([f"numabind check --job: {err}"], stream=sys.stderr)
         return USAGE
     report = _job.merge(job, nodes, answered, tuple(notes), budget=budget)
-    if args.json:
-        write_json(report.to_dict())
-    else:
-        write_lines(_job.report_lines(report))
+    _write_report(args, report)
     return _job.exit_status(report)
