@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families as classic_families
 
 import synth
 from numabind import _kernel
@@ -47,13 +49,15 @@ def gpus2(tmp_path_factory: pytest.TempPathFactory) -> str:
     return synth.write(spec, str(tmp_path_factory.mktemp("gpus2")))
 
 
-def _rank(root: str, registry: Path, rank: int, memory: str) -> subprocess.Popen[str]:
+def _rank(
+    root: str, registry: Path, rank: int, memory: str, job: str = HOSTILE_JOB
+) -> subprocess.Popen[str]:
     """A rank the startup hook binds (local rank ``rank`` of 2, global rank 10 + rank)."""
     env = clean_env(
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE="2",
         RANK=str(10 + rank),
-        SLURM_JOB_ID=HOSTILE_JOB,
+        SLURM_JOB_ID=job,
         NUMABIND_SYSROOT=root,
         NUMABIND_REGISTRY=str(registry),
         NUMABIND_MEMORY=memory,
@@ -242,6 +246,9 @@ def test_a_hostile_label_value_is_parsed_back_exactly(
     found = _parse(text)
     hosts = {labels["Hostname"] for samples in found.values() for labels, _ in samples}
     assert hosts == {value}
+    # node_exporter's textfile collector reads the classic text format: it parses too
+    classic = {s.labels["Hostname"] for f in classic_families(text) for s in f.samples}
+    assert classic == {value}
     assert _one(found, "numabind_rank_on_plan", rank.pid) == 1
     job = {labels.get("job_id") for labels, _ in _of(found, "numabind_rank_up", rank.pid)}
     assert job == {clean_line(HOSTILE_JOB, 40)}
@@ -284,12 +291,29 @@ def test_the_job_report_is_exposed_per_node_and_rank(gpus2: str, tmp_path: Path)
     assert invalid or nodes["node-c"][1] == 0
 
 
+def test_one_job_s_ranks_here_as_series(gpus2: str, tmp_path: Path) -> None:
+    """``check --all --job-id J --format openmetrics`` (a Slurm epilog's or a per-job
+    timer's scrape): the job's rank on this node, by the job owner's uid, and no rank of
+    another job."""
+    job = str(7_000_000 + os.getpid() % 1_000_000)
+    mine = _rank(gpus2, tmp_path, 0, "preferred", job=job)
+    other = _rank(gpus2, tmp_path, 1, "none", job=f"{job}9")
+    try:
+        argv = ("--all", "--job-id", job, "--job-uid", str(os.geteuid()))
+        status, found = _scrape(gpus2, tmp_path, *argv)
+    finally:
+        _stop([mine, other])
+    assert status == 0, found
+    ((labels, on),) = _of(found, "numabind_rank_on_plan", mine.pid)
+    assert on == 1 and labels["job_id"] == job
+    assert not _of(found, "numabind_rank_up", other.pid)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ["--all", "--json", "--format", "openmetrics"],
         ["--ray", "127.0.0.1:1", "--format", "openmetrics"],
-        ["--all", "--job-id", "5", "--format", "openmetrics"],
         ["--all", "--format", "yaml"],
     ],
 )

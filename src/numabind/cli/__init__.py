@@ -565,10 +565,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from ._check import output_format
 
     args.json = output_format(args) == "json"
-    if args.format == "openmetrics" and (args.ray is not None or args.job_id is not None):
+    if args.format == "openmetrics" and args.ray is not None:
         raise UsageError(
             "numabind check: --format openmetrics writes --all, --pid, --job or --store; "
-            "not --ray or a collector's node record (--job-id)"
+            "not --ray"
         )
     if args.ray is not None:
         from ._ray import run_ray

@@ -134,16 +134,22 @@ def _write_report(args: argparse.Namespace, report: _job.JobReport) -> None:
 
 def _collector(args: argparse.Namespace) -> int:
     """``check --all --job-id J``: the job's processes as the kernel or Slurm says, each a
-    rank only if it also claims to be one of J's on this node; at most
+    rank only if it also claims to be one of J's on this node, written as the node record
+    ``check --job`` merges (or, ``--format openmetrics``, as series); at most
     :data:`numabind.check._job.MAX_RANKS` checked (the rest counted in a note)."""
     from ..check._inspect import job_members
-    from ._check import run_check
+    from ._check import output_format, run_check
 
     members = job_members(args.job_id, args.job_uid, timeout=min(args.deadline / 4, 10.0))
     notes = [f"job {args.job_id}'s processes here, as told by {members.source}"]
 
     def emit(report: CheckReport) -> None:
-        write_json_line(node_record(report, args.job_id, tuple(notes)))
+        if output_format(args) == "openmetrics":  # the job's ranks here, for a textfile
+            from ..check._metrics import render, write
+
+            write(render(report))
+        else:
+            write_json_line(node_record(report, args.job_id, tuple(notes)))
 
     def cap(pids: list[int]) -> list[int]:
         if len(pids) > _job.MAX_RANKS:
