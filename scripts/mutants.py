@@ -921,6 +921,55 @@ MUTANTS: tuple[Mutant, ...] = (
         "check --ray takes a record only for a node the dashboard says holds a GPU",
         ("tests/test_shared_cluster.py",),
     ),
+    # --- issue 45: the binding exporter (check --format openmetrics) ----------------------
+    M(
+        "E01",
+        "src/numabind/check/_metrics.py",
+        'e.add("numabind_rank_on_plan", labels, r.ok)',
+        'e.add("numabind_rank_on_plan", labels, r.status == "bound")',
+        "a rank's on_plan series is check's verdict (a bound rank moved off plan says 0)",
+        ("tests/test_metrics.py",),
+    ),
+    M(
+        "E02",
+        "src/numabind/check/_metrics.py",
+        r""".replace('"', '\\"').replace("\n", "\\n")""",
+        r""".replace("\n", "\\n")""",
+        "a double quote in a label value is escaped",
+        ("tests/test_metrics.py",),
+    ),
+    M(
+        "E03",
+        "src/numabind/check/_metrics.py",
+        r""".replace('"', '\\"').replace("\n", "\\n")""",
+        r""".replace('"', '\\"')""",
+        "a newline in a label value is escaped",
+        ("tests/test_metrics.py",),
+    ),
+    M(
+        "E04",
+        "src/numabind/check/_metrics.py",
+        r"""return value.replace("\\", "\\\\").replace('"', '\\"')""",
+        r"""return value.replace('"', '\\"').replace("\\", "\\\\")""",
+        "a backslash in a label value is escaped before the escapes are added",
+        ("tests/test_metrics.py",),
+    ),
+    M(
+        "E05",
+        "src/numabind/check/_inspect.py",
+        "        off.extend(sorted(escaped))",
+        "        off.extend(sorted(threads))",
+        "threads_off_plan counts only the threads the CPU rule judged off the plan",
+        ("tests/test_metrics.py",),
+    ),
+    M(
+        "E06",
+        "src/numabind/check/_metrics.py",
+        'return f"{domain.upper():0>8}:{rest.upper()}"',
+        'return f"{domain:0>8}:{rest}"',
+        "pci_bus_id is NVML's spelling (upper case), so that it joins dcgm-exporter's",
+        ("tests/test_metrics.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

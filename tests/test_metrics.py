@@ -25,7 +25,14 @@ from numabind._sysfs import clean_line
 from numabind._topology import Machine
 from numabind.check import _job
 from numabind.check._inspect import check
-from numabind.check._metrics import BOUND_REASONS, UP_REASONS, escape_label, render, render_job
+from numabind.check._metrics import (
+    BOUND_REASONS,
+    UP_REASONS,
+    dcgm_bus_id,
+    escape_label,
+    render,
+    render_job,
+)
 from support import clean_env, two_cpus
 
 HOSTILE_JOB = 'job "7" \\ x\nnext'  # a quote, a backslash and a newline, from the environment
@@ -252,6 +259,17 @@ def test_a_hostile_label_value_is_parsed_back_exactly(
     assert _one(found, "numabind_rank_on_plan", rank.pid) == 1
     job = {labels.get("job_id") for labels, _ in _of(found, "numabind_rank_up", rank.pid)}
     assert job == {clean_line(HOSTILE_JOB, 40)}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "nvml"),
+    [("0000:3b:00.0", "00000000:3B:00.0"), ("0001:c1:00.1", "00000001:C1:00.1"), ("", None)],
+)
+def test_pci_bus_id_is_spelled_as_nvml_and_dcgm_exporter_spell_it(
+    kernel: str, nvml: str | None
+) -> None:
+    """dcgm-exporter's ``pci_bus_id`` is NVML's ``busId``: an 8-digit domain, upper case."""
+    assert dcgm_bus_id(kernel) == nvml
 
 
 def test_escape_label_replaces_what_utf8_cannot_carry() -> None:
