@@ -89,15 +89,18 @@ def _stop(children: list[subprocess.Popen[str]]) -> None:
 
 
 def _scrape(
-    root: str, registry: Path, *argv: str
+    root: str, registry: Path, *argv: str, **extra: str
 ) -> tuple[int, dict[str, list[tuple[dict[str, str], float]]]]:
     """``numabind check ARGV --format openmetrics``: its exit status and, parsed by
     prometheus_client, each family's samples as (labels, value)."""
+    env = clean_env(NUMABIND_SYSROOT=root, NUMABIND_REGISTRY=str(registry), **extra)
+    if "NODE_NAME" not in extra:
+        env.pop("NODE_NAME", None)
     p = subprocess.run(
         [sys.executable, "-m", "numabind", "check", *argv, "--format", "openmetrics"],
         capture_output=True,
         text=True,
-        env=clean_env(NUMABIND_SYSROOT=root, NUMABIND_REGISTRY=str(registry)),
+        env=env,
         timeout=120,
     )
     assert p.stdout.endswith("# EOF\n"), (p.stdout[-200:], p.stderr)
@@ -199,6 +202,14 @@ def test_a_dead_pid_is_a_series_not_a_crash(gpus2: str, tmp_path: Path) -> None:
         ((labels, up),) = _of(found, "numabind_rank_up", pid)
         assert up == 0 and labels["reason"] == "exited"
         assert not _of(found, "numabind_rank_on_plan", pid)
+
+
+def test_hostname_is_dcgm_exporter_s_node_name_where_set(gpus2: str, tmp_path: Path) -> None:
+    """dcgm-exporter names a node by ``NODE_NAME`` where set (its Kubernetes DaemonSet),
+    else by the host name: so does the exporter, so that ``on (Hostname, UUID)`` joins."""
+    _, found = _scrape(gpus2, tmp_path, "--pid", "999999", NODE_NAME="gpu-node-07")
+    ((labels, _),) = _of(found, "numabind_rank_up", 999999)
+    assert labels["Hostname"] == "gpu-node-07"
 
 
 def test_a_process_without_a_plan_is_up_0_no_plan(gpus2: str, tmp_path: Path) -> None:

@@ -21,15 +21,17 @@ plan are series too (``numabind_rank_up 0`` with a ``reason``), never a missing 
 
 from __future__ import annotations
 
+import os
 import socket
 
 from .._model import NODE_KINDS
 from .._nics import rank_of
 from .._plan import SKIP_KINDS
+from .._sysfs import clean_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
     from ._inspect import CheckReport, ProcessCheck
     from ._job import JobReport, RankRow
@@ -214,10 +216,17 @@ def _rank(e: Exposition, r: ProcessCheck, host: str) -> None:
         e.add("numabind_rank_pages_far_bytes", {**labels, "kind": kind}, r.tiers.get(kind, 0))
 
 
+def dcgm_hostname(environ: Mapping[str, str] | None = None) -> str:
+    """The ``Hostname`` dcgm-exporter gives this machine's series: ``NODE_NAME`` where set
+    (its Kubernetes DaemonSet sets it), else the host name (its hostname.GetHostname)."""
+    env = os.environ if environ is None else environ
+    return clean_line(env.get("NODE_NAME") or socket.gethostname(), 255)
+
+
 def render(report: CheckReport, hostname: str | None = None) -> str:
     """``check --all`` / ``--pid`` as OpenMetrics text; ``hostname`` is the ``Hostname``
-    label (default: this machine's, as dcgm-exporter reads it)."""
-    host = hostname if hostname is not None else socket.gethostname()
+    label (default: this machine's, as dcgm-exporter names it: :func:`dcgm_hostname`)."""
+    host = hostname if hostname is not None else dcgm_hostname()
     e = Exposition()
     for r in report.processes:
         _rank(e, r, host)
