@@ -970,6 +970,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "pci_bus_id is NVML's spelling (upper case), so that it joins dcgm-exporter's",
         ("tests/test_metrics.py",),
     ),
+    M(
+        "E07",
+        "src/numabind/check/_metrics.py",
+        'e.add("numabind_rank_main_thread_priority_core", labels, r.main_on_priority)',
+        'e.add("numabind_rank_main_thread_priority_core", labels, True)',
+        "the priority-core series says whether the main thread is on a priority core",
+        ("tests/test_metrics.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

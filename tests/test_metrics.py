@@ -158,6 +158,7 @@ def test_bound_rank_and_rank_moved_by_taskset(gpus2: str, tmp_path: Path) -> Non
                 lab["kind"]: v for lab, v in _of(found, "numabind_rank_pages_far_bytes", child.pid)
             }
             assert kinds == {"gpu": 0, "far": 0}
+            assert not _of(found, "numabind_rank_main_thread_priority_core", child.pid)
         assert _one(found, "numabind_rank_pages_on_plan_ratio", ranks[0].pid) > 0.9
         taskset = shutil.which("taskset")
         assert taskset is not None, "taskset (util-linux) is needed"
@@ -184,6 +185,42 @@ def test_bound_rank_and_rank_moved_by_taskset(gpus2: str, tmp_path: Path) -> Non
         assert status == 1
     finally:
         _stop(ranks)
+
+
+@two_cpus
+@pytest.mark.parametrize(("role", "on"), [("main", 1), ("off", 0)])
+def test_main_thread_on_a_priority_core(tmp_path: Path, role: str, on: int) -> None:
+    """Node 0 is this host's CPUs 0-1, CPU 1 the faster kind (ACPI CPPC): under
+    NUMABIND_PRIORITY=main the rank's main thread is put there (1); with the role off it
+    runs on both (0).  Where the node has one kind of core the series is absent."""
+    spec = synth.Spec(
+        nodes=[[0, 1], [2, 3]], package_of_node=[0, 1], gpus=[synth.Gpu("0000:01:00.0", 0)]
+    )
+    spec.cpu_files = {"acpi_cppc/highest_perf": {0: 30, 1: 40, 2: 30, 3: 30}}
+    root = synth.write(spec, str(tmp_path / "m"))
+    registry = tmp_path / "registry"
+    env = clean_env(
+        LOCAL_RANK="0",
+        NUMABIND="force",
+        NUMABIND_SYSROOT=root,
+        NUMABIND_MEMORY="none",
+        NUMABIND_REGISTRY=str(registry),
+        NUMABIND_PRIORITY=role,
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        status, found = _scrape(root, registry, "--pid", str(child.pid))
+    finally:
+        _stop([child])
+    assert status == 0, found
+    assert _one(found, "numabind_rank_main_thread_priority_core", child.pid) == on
 
 
 def test_a_dead_pid_is_a_series_not_a_crash(gpus2: str, tmp_path: Path) -> None:
