@@ -978,6 +978,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the priority-core series says whether the main thread is on a priority core",
         ("tests/test_metrics.py",),
     ),
+    M(
+        "E08",
+        "src/numabind/check/_metrics.py",
+        'return "unreadable" if r.plan_source.startswith("cannot read") else "no_plan"',
+        'return "no_plan"',
+        "another user's rank, which this user cannot read, is up 0 with reason unreadable",
+        ("tests/test_metrics.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

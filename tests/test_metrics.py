@@ -33,7 +33,7 @@ from numabind.check._metrics import (
     render,
     render_job,
 )
-from support import clean_env, two_cpus
+from support import clean_env, python_for, readable_src, two_cpus
 
 HOSTILE_JOB = 'job "7" \\ x\nnext'  # a quote, a backslash and a newline, from the environment
 UUIDS = (synth._uuid(0), synth._uuid(1))
@@ -247,6 +247,50 @@ def test_hostname_is_dcgm_exporter_s_node_name_where_set(gpus2: str, tmp_path: P
     _, found = _scrape(gpus2, tmp_path, "--pid", "999999", NODE_NAME="gpu-node-07")
     ((labels, _),) = _of(found, "numabind_rank_up", 999999)
     assert labels["Hostname"] == "gpu-node-07"
+
+
+FOREIGN = 43212  # an unprivileged uid the test plays (setpriv)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="plays another uid (root only)"
+)
+def test_another_user_s_rank_is_up_0_unreadable(gpus2: str, tmp_path: Path) -> None:
+    """An unprivileged user's scrape of root's rank: its environment and memory maps are
+    not that user's to read, so the rank is ``numabind_rank_up 0`` with reason
+    ``unreadable`` (and exit status 3), never a traceback or a missing exposition."""
+    rank = _rank(gpus2, tmp_path, 0, "preferred")
+    try:
+        env = clean_env(PYTHONPATH=readable_src())
+        env.pop("NODE_NAME", None)
+        p = subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={FOREIGN}",
+                f"--regid={FOREIGN}",
+                "--clear-groups",
+                python_for(FOREIGN),
+                "-m",
+                "numabind",
+                "check",
+                "--pid",
+                str(rank.pid),
+                "--format",
+                "openmetrics",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd="/",
+            timeout=120,
+        )
+    finally:
+        _stop([rank])
+    assert p.returncode == 3 and "Traceback" not in p.stderr, (p.stdout, p.stderr)
+    found = _parse(p.stdout)
+    ((labels, up),) = _of(found, "numabind_rank_up", rank.pid)
+    assert up == 0 and labels["reason"] == "unreadable"
+    assert not _of(found, "numabind_rank_on_plan", rank.pid)
 
 
 def test_a_process_without_a_plan_is_up_0_no_plan(gpus2: str, tmp_path: Path) -> None:
