@@ -26,8 +26,8 @@ from numabind._topology import Machine
 from numabind.check import _job
 from numabind.check._inspect import check
 from numabind.check._metrics import (
-    BOUND_REASONS,
     UP_REASONS,
+    bound_reasons,
     dcgm_bus_id,
     escape_label,
     render,
@@ -249,6 +249,30 @@ def test_hostname_is_dcgm_exporter_s_node_name_where_set(gpus2: str, tmp_path: P
     assert labels["Hostname"] == "gpu-node-07"
 
 
+def test_a_rank_with_nothing_to_bind_is_on_plan_and_says_why_not_bound(tmp_path: Path) -> None:
+    """A rank on a one-node machine: its plan does not bind (nothing to choose), which is
+    on plan; numabind_rank_bound 0 with the planner's reason, ``one-node``."""
+    root = synth.write(synth.one_node(), str(tmp_path / "one"))
+    registry = tmp_path / "registry"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+        env=clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=root, NUMABIND_REGISTRY=str(registry)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        status, found = _scrape(root, registry, "--pid", str(child.pid))
+    finally:
+        _stop([child])
+    assert status == 0, found
+    assert _one(found, "numabind_rank_on_plan", child.pid) == 1
+    ((labels, bound),) = _of(found, "numabind_rank_bound", child.pid)
+    assert bound == 0 and labels["reason"] == "one-node"
+    assert not _of(found, "numabind_rank_threads_off_plan", child.pid)
+
+
 FOREIGN = 43212  # an unprivileged uid the test plays (setpriv)
 
 
@@ -309,7 +333,7 @@ def test_a_process_without_a_plan_is_up_0_no_plan(gpus2: str, tmp_path: Path) ->
     assert status == 3
     ((labels, up),) = _of(found, "numabind_rank_up", child.pid)
     assert up == 0 and labels["reason"] == "no_plan"
-    assert set(UP_REASONS) >= {"checked", "no_plan", "exited"} and "bound" in BOUND_REASONS
+    assert set(UP_REASONS) >= {"checked", "no_plan", "exited"} and "bound" in bound_reasons()
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,6 @@ import socket
 
 from .._model import NODE_KINDS
 from .._nics import rank_of
-from .._plan import SKIP_KINDS
 from .._sysfs import clean_line
 
 TYPE_CHECKING = False
@@ -48,9 +47,18 @@ UP_REASONS: tuple[str, ...] = (
     "not_reached",  # --all's deadline passed first
     "invalid_record",  # --job: its node's record for it did not parse
 )
-# why a rank is bound or not (numabind_rank_bound's ``reason``): ``bound``, else the
-# planner's own words for a plan that does not bind (numabind._plan.SKIP_KINDS)
-BOUND_REASONS: tuple[str, ...] = ("bound", *SKIP_KINDS, "not-bound")
+
+
+def bound_reasons() -> tuple[str, ...]:
+    """Why a rank is bound or not (numabind_rank_bound's ``reason``): ``bound``, else the
+    planner's own words for a plan that does not bind (numabind._plan.SKIP_KINDS), else
+    ``not-bound``.  The planner is imported when this is asked, not with the module (the
+    renderer is imported by the CLI only for ``--format openmetrics``)."""
+    from .._plan import SKIP_KINDS
+
+    return ("bound", *SKIP_KINDS, "not-bound")
+
+
 WRONG_TIER = tuple(name for name, kind in NODE_KINDS.items() if kind.wrong_tier)
 
 # name -> (help, unit); the order families are written in
@@ -182,7 +190,7 @@ def _bound_reason(r: ProcessCheck) -> str:
     if r.status == "bound":
         return "bound"
     skip = r.plan.skip if r.plan is not None else None
-    return skip if skip in BOUND_REASONS else "not-bound"
+    return skip if skip is not None and skip in bound_reasons() else "not-bound"
 
 
 def _rank(e: Exposition, r: ProcessCheck, host: str) -> None:
