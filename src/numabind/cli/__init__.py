@@ -567,8 +567,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     args.json = output_format(args) == "json"
     if args.format == "openmetrics" and args.ray is not None:
         raise UsageError(
-            "numabind check: --format openmetrics writes --all, --pid, --job or --store; "
-            "not --ray"
+            "numabind check: --format openmetrics writes --all, --pid, --job or --store; not --ray"
         )
     if args.ray is not None:
         from ._ray import run_ray
