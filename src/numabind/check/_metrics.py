@@ -30,12 +30,10 @@ from .._sysfs import clean_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
 
     from ._inspect import CheckReport, ProcessCheck
     from ._job import JobReport, RankRow
-
-CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 # why a rank has no verdict (numabind_rank_up 0): a fixed vocabulary, so that a label
 # never carries free text and an alert can match it
@@ -305,8 +303,3 @@ def write(text: str) -> None:
     else:
         buffer.write(text.encode("utf-8"))
         buffer.flush()
-
-
-def families() -> Iterable[str]:
-    """The family names this exporter may write (the docs page lists each)."""
-    return iter(FAMILIES)
