@@ -162,3 +162,64 @@ def test_the_plan_json_keys_are_on_the_cli_page() -> None:
     plan = numabind.plan_for(local_rank=0, environ={})
     missing = [k for k in plan.to_dict() if f"``{k}``" not in CLI]
     assert not missing, missing
+
+
+def _doc_commands() -> list[tuple[str, str]]:
+    """Every ``numabind SUBCOMMAND ...`` a reader may copy: the inline literals of the
+    pages and the README, and the lines of every code block (run or not)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import doc_examples
+
+    out: list[tuple[str, str]] = []
+    texts = [(str(p.relative_to(ROOT)), p.read_text()) for p in (ROOT / "docs").rglob("*.rst")]
+    texts.append(("README.md", (ROOT / "README.md").read_text()))
+    for where, text in texts:
+        flat = " ".join(text.split())
+        out += [(where, c) for c in re.findall(r"``(numabind [a-z][^`]*)``", flat)]
+        out += [(where, c) for c in re.findall(r"(?<!`)`(numabind [a-z][^`]*)`(?!`)", flat)]
+    for b in doc_examples.all_blocks():
+        for line in b.text.splitlines():
+            for m in re.finditer(r"(?:^|[\s;&|(/])numabind ([a-z][\w-]*(?: [^#;&|)]*)?)", line):
+                out.append((b.where, "numabind " + m.group(1).strip()))
+    return out
+
+
+def test_every_numabind_command_in_the_docs_gives_each_option_its_argument() -> None:
+    """Issue 46: memory-tiers.rst said ``numabind show --spill`` "shows either", and the
+    CLI answers that line with a usage error (``--spill`` takes cpu, any or nodes);
+    cores.rst named ``--priority`` bare the same way.  Every command the docs show uses
+    options its subcommand has, and gives each one that takes a value its value."""
+    import argparse
+    import shlex
+
+    from numabind.cli import build_parser
+
+    subs = next(
+        a.choices for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    bad = []
+    for where, command in _doc_commands():
+        try:
+            words = shlex.split(re.sub(r"[\[\]|{}]", " ", command), comments=True)[1:]
+        except ValueError:
+            continue  # a quoted fragment spanning lines: not a command line
+        if not words or words[0] not in subs:
+            continue  # numabind --help, numabind COMMAND, a word of prose
+        options = {o: a for a in subs[words[0]]._actions for o in a.option_strings}
+        for i, word in enumerate(words[1:], 1):
+            if word == "--":
+                break
+            if not word.startswith("--"):
+                continue
+            action = options.get(word.split("=")[0])
+            if action is None:
+                bad.append(f"{where}: {command}: numabind {words[0]} has no {word}")
+            elif (
+                action.nargs not in (0, "?", "*")
+                and "=" not in word
+                and (i + 1 >= len(words) or words[i + 1].startswith("-"))
+            ):
+                bad.append(f"{where}: {command}: {word} needs its value")
+    assert not bad, "\n".join(bad)
