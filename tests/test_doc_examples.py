@@ -280,3 +280,28 @@ def test_try_it_lines_are_visible_in_the_built_pages(tmp_path: Path) -> None:
             line = doc_examples.try_it(b) or "?"
             assert any(line in s and s.startswith("Try it") for s in text), (b.where, text)
         assert "example: run" not in built, f"{page}: a marker left as a comment only"
+
+
+def test_the_readme_try_it_writes_nothing_into_the_checkout(tmp_path: Path) -> None:
+    """Issue 46: the README's "try it" wrote ``dgx.svg`` and ``dgx/`` into the checkout,
+    untracked files a reader then has to find and remove.  Run as written in a folder laid
+    out as the checkout, it leaves that folder as it was, and what it writes (the picture,
+    the gathered DGX) is under the temp folder it says."""
+    (block,) = [
+        b for b in BLOCKS if b.where.startswith("README.md") and "--svg" in b.text and b.kind
+    ]
+    (tmp_path / "checkout").mkdir()
+    cwd = _folder(tmp_path / "checkout")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    before = sorted(p.name for p in cwd.iterdir())
+    env = _env(cwd) | {"TMPDIR": str(temp)}
+    r = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", block.text],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in cwd.iterdir()) == before, "the try-it wrote into the checkout"
+    (made,) = temp.iterdir()  # the one mktemp -d folder
+    assert "<svg" in (made / "dgx.svg").read_text()[:500]
+    assert (made / "dgx" / "sys").is_dir()

@@ -223,3 +223,35 @@ def test_every_numabind_command_in_the_docs_gives_each_option_its_argument() -> 
             ):
                 bad.append(f"{where}: {command}: {word} needs its value")
     assert not bad, "\n".join(bad)
+
+
+def _readme_blocks() -> list[object]:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import doc_examples
+
+    return list(doc_examples.markdown_blocks((ROOT / "README.md").read_text(), "README.md"))
+
+
+def test_readme_names_the_one_minute_test_and_what_the_docs_build_needs() -> None:
+    """Issue 46: the README named no quick test (only the 25-minute ``./scripts/test``) and
+    did not say that building the docs needs Sphinx.  It names the one-minute test, run
+    with the venv its first command made, with the extra that brings pytest; and the docs
+    build with the extra that brings Sphinx; both extras are the project's."""
+    project = (ROOT / "pyproject.toml").read_text()  # no tomllib on 3.10
+    extras = {
+        m.group(1): re.findall(r'"([^"]+)"', m.group(2))
+        for m in re.finditer(r"^(test|docs) = \[(.*)\]$", project, re.MULTILINE)
+    }
+    lines = [ln for b in _readme_blocks() for ln in b.text.splitlines()]  # type: ignore[attr-defined]
+    quick = [ln for ln in lines if "tests/test_first_hour.py" in ln]
+    assert quick, "the README names no one-minute test"
+    assert (ROOT / "tests" / "test_first_hour.py").is_file()
+    assert ".venv/bin/python -m pytest" in quick[0] and "'.[test]'" in quick[0], quick
+    assert any(x.startswith("pytest") for x in extras["test"])
+    build = [ln for ln in lines if "sphinx" in ln and "-b html docs" in ln]
+    assert build and "pip install '.[docs]'" in build[0], build
+    assert any(x.startswith("sphinx") for x in extras["docs"])
+    first = _readme_blocks()[0].text  # type: ignore[attr-defined]
+    assert len([ln for ln in first.splitlines() if ln.strip()]) == 2, "set-up: two commands"
