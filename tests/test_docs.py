@@ -255,3 +255,69 @@ def test_readme_names_the_one_minute_test_and_what_the_docs_build_needs() -> Non
     assert any(x.startswith("sphinx") for x in extras["docs"])
     first = _readme_blocks()[0].text  # type: ignore[attr-defined]
     assert len([ln for ln in first.splitlines() if ln.strip()]) == 2, "set-up: two commands"
+
+
+def _rendered() -> list[tuple[str, object]]:
+    """What the API page renders, as autodoc does: the docstring objects of the docs'
+    finder, less the members api.rst excludes."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import doc_examples
+
+    excluded = {
+        f"{cls}.{m.strip()}"
+        for cls, members in re.findall(
+            r"\.\. autoclass:: ([\w.]+)\n(?:   :.*\n)*?   :exclude-members: (.*)", API
+        )
+        for m in members.split(",")
+    }
+    return [(n, o) for n, o in doc_examples.docstring_objects() if n not in excluded]
+
+
+def test_every_record_a_documented_signature_names_has_an_entry() -> None:
+    """Issue 46: ``Binding.entry() -> Entry`` and ``Request(visible: Visible)`` named
+    records the API page had no entry for (the build was told to ignore them).  Every
+    numabind record that a signature on the page names is on the page, or the member
+    that names it is left off."""
+    import importlib
+    import pkgutil
+    import sys
+
+    from numabind._model import Record
+
+    for info in pkgutil.iter_modules(numabind.__path__, "numabind."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)  # every record, not only those loaded so far
+    documented = {t.rsplit(".", 1)[-1] for t in re.findall(r"\.\. auto\w+:: ([\w.]+)", API)}
+    records = {
+        name
+        for module_name, module in list(sys.modules.items())
+        if module_name.startswith("numabind") and module is not None
+        for name, value in vars(module).items()
+        if isinstance(value, type) and issubclass(value, Record) and value is not Record
+    }
+    missing = []
+    for name, obj in _rendered():
+        try:
+            signature = str(inspect.signature(obj))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        for word in set(re.findall(r"\b([A-Z]\w+)\b", signature)):
+            if word in records and word not in documented:
+                missing.append(f"{name}: {word}")
+    assert not missing, missing
+    conf = (ROOT / "docs" / "conf.py").read_text()
+    ignored = set(re.findall(r'\("py:class", "(\w+)"\)', conf))
+    assert not ignored & records, f"conf.py hides records from the build: {ignored & records}"
+
+
+def test_no_rendered_docstring_links_into_a_private_module() -> None:
+    """Issue 46: ``Machine.core_kinds`` linked ``numabind._model.CoreKinds``; a public
+    name's docstring links only public names (the records are on the page by name)."""
+    links = []
+    for name, obj in _rendered():
+        target = obj.fget if isinstance(obj, property) else obj
+        doc = inspect.getdoc(target) or ""
+        links += [f"{name}: {m}" for m in re.findall(r":\w+:`~?([\w.]*\._\w[\w.]*)`", doc)]
+    assert not links, links
