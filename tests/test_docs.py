@@ -321,3 +321,20 @@ def test_no_rendered_docstring_links_into_a_private_module() -> None:
         doc = inspect.getdoc(target) or ""
         links += [f"{name}: {m}" for m in re.findall(r":\w+:`~?([\w.]*\._\w[\w.]*)`", doc)]
     assert not links, links
+
+
+def test_no_page_speaks_of_its_own_release_in_the_past() -> None:
+    """Issue 46: memory-tiers.rst, in 0.3.0's documentation, said "0.3.0 did what any
+    does": the release a reader runs, described as a past it is not.  No page (the
+    changelog aside) says the version it documents did, was or had something."""
+    version = re.escape(numabind.__version__)
+    found = [
+        f"{p.relative_to(ROOT)}: {m.group(0)}"
+        for p in (ROOT / "docs").rglob("*.rst")
+        if p.name != "changelog.rst"
+        for m in re.finditer(
+            rf"\b{version}(?:'s \w+)?\s+(?:did|was|were|had|used to)\b",
+            " ".join(p.read_text().split()),
+        )
+    ]
+    assert not found, found
