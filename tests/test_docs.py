@@ -338,3 +338,52 @@ def test_no_page_speaks_of_its_own_release_in_the_past() -> None:
         )
     ]
     assert not found, found
+
+
+def _show(*args: str) -> str:
+    """``numabind show ARGS`` as a reader runs it: a fresh interpreter, no rank variables."""
+    import subprocess
+    import sys
+
+    from support import clean_env
+
+    r = subprocess.run(
+        [sys.executable, "-m", "numabind", "show", *args],
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_reading_explains_every_column_and_line_show_prints() -> None:
+    """Issue 46: reading.rst, the page that "explains every column", left out the kind
+    and tier columns, the "cores: one kind" line, the adapters table and the "(46)" after
+    the priority cores, and said NVLink is in no file while ``--matrix`` of the DGX-2
+    export it shows reads NVLinkBandwidth.  Every column header of every table ``show``
+    prints for the examples (a DGX with NICs, a B300 with priority cores, a CXL host with
+    tiers, a GB200) is explained there, and so are both lines about cores and what the
+    matrix says of NVLink."""
+    import itertools
+
+    page = " ".join((ROOT / "docs" / "reading.rst").read_text().split())
+    missing = []
+    for example in ("dgx-h100", "dgx-b300", "cxl", "gb200"):
+        lines = _show("--example", example).splitlines()
+        for title, header in itertools.pairwise(lines):
+            if title[:1].isupper() and header.startswith("  "):
+                for column in re.split(r"\s{2,}", header.strip()):
+                    if f"``{column}``" not in page:
+                        missing.append(f"{example}: {title.split(' (')[0]}: {column}")
+    assert not missing, missing
+    one = _show("--example", "dgx-h100")
+    assert "cores: one kind: no file tells them apart" in one
+    assert "``cores: one kind: no file tells them apart (...)``" in page
+    (kinds,) = [ln for ln in _show("--example", "dgx-b300").splitlines() if "of node 0:" in ln]
+    source = re.search(r"kinds by (\S+):", kinds)
+    assert source and f"``{source.group(1)}``" in page, kinds
+    values = re.findall(r"\((\d+)\)", kinds)
+    assert len(values) == 2, kinds
+    assert f"a ``highest_perf`` of {values[0]}, the standard ones {values[1]}" in page
+    matrix = _show("--input", str(ROOT / "tests" / "data" / "hwloc" / "nvidiaDGX2.xml"), "--matrix")
+    assert "NVLinkBandwidth" in matrix
+    assert "``NVLinkBandwidth``" in page and "does not appear in any file" not in page
