@@ -153,13 +153,22 @@ def _run_json(b: doc_examples.Block) -> None:
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in RUN])
-def test_the_block_runs_as_written(block: doc_examples.Block, tmp_path: Path) -> None:
+def test_the_block_runs_as_written(
+    block: doc_examples.Block, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if block.torch:
         pytest.importorskip("torch")
     if block.ray:
         pytest.importorskip("ray")
     cwd = _folder(tmp_path)
     env = _env(cwd)
+    if block.ray:  # Ray's socket paths under TMPDIR must stay under 107 bytes
+        import shutil
+        import tempfile
+
+        short = tempfile.mkdtemp(prefix="nbray-")
+        env["TMPDIR"] = short
+        request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
     if block.language == "include":
         pytest.fail(f"{block.where}: an include marked run is run by the gallery, not here")
     if block.language == "json":

@@ -387,3 +387,27 @@ def test_reading_explains_every_column_and_line_show_prints() -> None:
     matrix = _show("--input", str(ROOT / "tests" / "data" / "hwloc" / "nvidiaDGX2.xml"), "--matrix")
     assert "NVLinkBandwidth" in matrix
     assert "``NVLinkBandwidth``" in page and "does not appear in any file" not in page
+
+
+def test_the_torchrun_and_ray_pages_show_the_whole_job_and_how_ray_is_bound() -> None:
+    """Issue 46: torchrun.rst had no "see the whole job" block and ray.rst was one
+    sentence.  torchrun.rst shows the report from inside (``NUMABIND_REPORT=1``) and from
+    outside (``check --store``, ``check --all``); ray.rst has an example the Ray stage runs
+    (``ray.init(num_gpus=...)``, actors bound to their GPU's node, checked by the example's
+    own assert) and ``check --ray``.  The commands' flags are checked above, against the
+    CLI."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import doc_examples
+
+    blocks = doc_examples.all_blocks()
+    torchrun = "\n".join(b.text for b in blocks if "launchers/torchrun.rst" in b.where)
+    for needed in ("NUMABIND_REPORT=1 torchrun", "numabind check --store", "numabind check --all"):
+        assert needed in torchrun, needed
+    assert "See the whole job" in (ROOT / "docs" / "launchers" / "torchrun.rst").read_text()
+    ray = [b for b in blocks if "launchers/ray.rst" in b.where]
+    (run,) = [b for b in ray if b.kind == "run"]
+    assert run.ray and run.env.get("NUMABIND_RAY") == "1" and run.on == "two-nodes"
+    assert "ray.init(num_gpus=" in run.text and "assert cpus == [gpu]" in run.text
+    assert any("numabind check --ray" in b.text for b in ray)
