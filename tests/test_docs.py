@@ -411,3 +411,36 @@ def test_the_torchrun_and_ray_pages_show_the_whole_job_and_how_ray_is_bound() ->
     assert run.ray and run.env.get("NUMABIND_RAY") == "1" and run.on == "two-nodes"
     assert "ray.init(num_gpus=" in run.text and "assert cpus == [gpu]" in run.text
     assert any("numabind check --ray" in b.text for b in ray)
+
+
+def test_the_comparison_has_the_new_features_and_the_engines_with_sources() -> None:
+    """Issue 46: comparison.rst had no row for the NIC, memory tiers, priority cores or
+    the job report, and no column for rrun, vLLM, SGLang or TRT-LLM.  The feature table
+    has them; every numabind cell names test files that exist, and every other tool's
+    cell names its source (a file of its code, a pull request or issue) or says that none
+    was found."""
+    page = (ROOT / "docs" / "comparison.rst").read_text()
+    assert "Feature by feature\n" in page, "no table of features by tool"
+    table = page.split("Feature by feature\n", 1)[1].split("\nWhere numabind", 1)[0]
+    rows: list[list[str]] = []
+    for line in table.split(".. list-table::", 1)[1].splitlines():
+        if line.startswith("   * - "):
+            rows.append([line[len("   * - ") :]])
+        elif line.startswith("     - "):
+            rows[-1].append(line[len("     - ") :])
+        elif line.startswith("       ") and rows:
+            rows[-1][-1] += " " + line.strip()
+    header, *body = rows
+    assert header[:2] == ["feature", "numabind"], header
+    for tool in ("rrun", "torchrun", "vLLM", "SGLang", "TRT-LLM"):
+        assert any(h.startswith(tool) for h in header), tool
+    features = " / ".join(r[0] for r in body)
+    for feature in ("NIC", "memory tiers", "priority cores", "job"):
+        assert feature in features, feature
+    for row in body:
+        assert len(row) == len(header), row
+        tests = re.findall(r"``(tests/[\w/]+\.py)``", row[1])
+        assert tests and all((ROOT / t).is_file() for t in tests), row[1]
+        for cell in row[2:]:
+            cited = re.search(r"[\w-]+#\d+|``[\w/.-]+\.(?:py|cpp|md)``", cell)
+            assert cited or cell.startswith("none found"), f"{row[0]}: {cell}"
