@@ -153,7 +153,7 @@ def try_it_words(block: Block) -> str | None:
     if block.env:
         parts.append("with " + ", ".join(f"{k}={v}" for k, v in block.env.items()))
     needs = " (needs torch)" if block.torch else " (needs Ray)" if block.ray else ""
-    return " ".join(parts) + needs + ": run this first, then the example:"
+    return ", ".join(parts) + needs + ": run this first, then the example:"
 
 
 def _indent(line: str) -> int:
