@@ -23,9 +23,7 @@ nitpicky = True
 nitpick_ignore = [
     ("py:class", "F"),  # numa_bound's TypeVar
     ("py:class", "Source"),
-    ("py:class", "Entry"),
     ("py:class", "BaseContext"),
-    ("py:class", "Visible"),  # numabind._devices' record of the visible devices
     ("py:class", "SkipKind"),  # the Literal aliases of numabind._plan and _model
     ("py:class", "NodeHow"),
     ("py:class", "AllowedKind"),

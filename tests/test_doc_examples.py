@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ RUN = [b for b in BLOCKS if b.kind == "run" and b.by is None]
 
 def _param(b: doc_examples.Block) -> object:
     marks = [pytest.mark.torch] if b.torch else []
+    marks += [pytest.mark.ray] if b.ray else []
     return pytest.param(b, id=b.where, marks=marks)
 
 
@@ -48,22 +50,6 @@ def test_every_block_is_run_or_marked() -> None:
     print(doc_examples.summary(BLOCKS))
 
 
-@pytest.fixture(scope="session")
-def machines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The example machines the blocks run on, gathered once as sysroots."""
-    out: dict[str, str] = {}
-    for name in sorted({b.on for b in BLOCKS if b.on}):
-        where = tmp_path_factory.mktemp("machines") / name
-        subprocess.run(
-            [sys.executable, "-m", "numabind", "gather", "--example", name, str(where)],
-            check=True,
-            capture_output=True,
-            env=clean_env(),
-        )
-        out[name] = str(where)
-    return out
-
-
 def _folder(tmp_path: Path) -> Path:
     """A fresh folder laid out as a checkout a reader works in."""
     (tmp_path / "tests").symlink_to(HERE)
@@ -71,12 +57,18 @@ def _folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _env(b: doc_examples.Block, machines: dict[str, str]) -> dict[str, str]:
+def _env(cwd: Path) -> dict[str, str]:
+    """No rank or device variables, this venv's scripts first; what the block's marker
+    asks for (its example machine, its variables) is set by its "Try it" line, run before
+    it as the page shows it (``doc_examples.try_it``)."""
     bin_dir = os.path.dirname(sys.executable)
-    env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **b.env)
-    if b.on:
-        env["NUMABIND_SYSROOT"] = machines[b.on]
-    return env
+    return clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TMPDIR=str(cwd))
+
+
+def _first(b: doc_examples.Block, command: str) -> str:
+    """``command`` after the block's visible "Try it" line, in one shell."""
+    line = doc_examples.try_it(b)
+    return command if line is None else f"{line}\n{command}"
 
 
 def _transcript(text: str) -> list[tuple[str, list[str]]]:
@@ -113,14 +105,14 @@ def _run_shell(b: doc_examples.Block, cwd: Path, env: dict[str, str]) -> None:
     steps = _transcript(b.text)
     if not steps:
         r = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", b.text],
+            ["bash", "-e", "-o", "pipefail", "-c", _first(b, b.text)],
             cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert r.returncode == b.exit, f"{b.where}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
         return
     for command, expected in steps:
         r = subprocess.run(
-            ["bash", "-o", "pipefail", "-c", command],
+            ["bash", "-o", "pipefail", "-c", _first(b, command)],
             cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert r.returncode == b.exit, f"{b.where}: {command}: exit {r.returncode}\n{r.stderr}"
@@ -142,7 +134,11 @@ def _run_python(b: doc_examples.Block, cwd: Path, env: dict[str, str]) -> None:
         script = cwd / "example.py"
         script.write_text(b.text + "\n")
         argv = [sys.executable, str(script)]
-    r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    command = _first(b, shlex.join(argv))
+    r = subprocess.run(
+        ["bash", "-e", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
     assert r.returncode == b.exit, f"{b.where}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert "Traceback" not in r.stderr or b.exit, r.stderr
 
@@ -158,12 +154,21 @@ def _run_json(b: doc_examples.Block) -> None:
 
 @pytest.mark.parametrize("block", [_param(b) for b in RUN])
 def test_the_block_runs_as_written(
-    block: doc_examples.Block, machines: dict[str, str], tmp_path: Path
+    block: doc_examples.Block, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     if block.torch:
         pytest.importorskip("torch")
+    if block.ray:
+        pytest.importorskip("ray")
     cwd = _folder(tmp_path)
-    env = _env(block, machines)
+    env = _env(cwd)
+    if block.ray:  # Ray's socket paths under TMPDIR must stay under 107 bytes
+        import shutil
+        import tempfile
+
+        short = tempfile.mkdtemp(prefix="nbray-")
+        env["TMPDIR"] = short
+        request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
     if block.language == "include":
         pytest.fail(f"{block.where}: an include marked run is run by the gallery, not here")
     if block.language == "json":
@@ -234,3 +239,78 @@ def test_item_8_the_host_memory_recipes_run_and_register_once() -> None:
     assert not any("cudaHostRegister" in b.text for b in page)
     shared = next(b for b in page if "shared=True" in b.text)
     assert "mmap.mmap(fd" in shared.text and "address" in shared.text.split("bind_range")[0]
+
+
+def test_try_it_lines_are_visible_in_the_built_pages(tmp_path: Path) -> None:
+    """Issue 46: the markers are RST comments, which HTML drops, so a reader of the built
+    page never learnt that a block runs on the two-nodes example (and prints nothing like
+    what it shows on a laptop).  Every block with a machine or a variable in its marker
+    has its "Try it" line, the very command the tests run before it, visible in the HTML
+    of its page (the pages and the API page's docstrings, built by the docs' own
+    extension)."""
+    import html
+
+    wanted = [b for b in BLOCKS if doc_examples.try_it(b)]
+    pages = sorted({b.where.split(":")[0] for b in wanted if b.where.startswith("docs/")})
+    assert pages, "no block runs on an example machine: nothing to check"
+    if any("(docstring)" in b.where for b in wanted):
+        pages.append("docs/api.rst")
+    src = tmp_path / "src"
+    for page in pages:
+        target = src / page[len("docs/") :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((ROOT / page).read_text())
+    docnames = [p[len("docs/") : -len(".rst")] for p in pages]
+    (src / "index.rst").write_text(
+        "Pages\n=====\n\n.. toctree::\n\n" + "".join(f"   {d}\n" for d in docnames)
+    )
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'docs' / '_ext')!r})\n"
+        'extensions = ["sphinx.ext.autodoc", "numabind_examples"]\n'
+        'autodoc_typehints = "description"\nexclude_patterns = ["_build"]\n'
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-q", "-b", "html", str(src), str(tmp_path / "html")],
+        capture_output=True, text=True, timeout=600, env=clean_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for page in pages:
+        built = (tmp_path / "html" / (page[len("docs/") : -len(".rst")] + ".html")).read_text()
+        here = [
+            b
+            for b in wanted
+            if b.where.startswith(page + ":")
+            or (page == "docs/api.rst" and "(docstring)" in b.where)
+        ]
+        shown = re.findall(r'<p class="numabind-try-it">(.*?)</p>', built, re.DOTALL)
+        assert len(shown) == len(here), f"{page}: {len(here)} try-it markers, {len(shown)} shown"
+        text = [html.unescape(re.sub(r"<[^>]+>", "", s)) for s in shown]
+        for b in here:
+            line = doc_examples.try_it(b) or "?"
+            assert any(line in s and s.startswith("Try it") for s in text), (b.where, text)
+        assert "example: run" not in built, f"{page}: a marker left as a comment only"
+
+
+def test_the_readme_try_it_writes_nothing_into_the_checkout(tmp_path: Path) -> None:
+    """Issue 46: the README's "try it" wrote ``dgx.svg`` and ``dgx/`` into the checkout,
+    untracked files a reader then has to find and remove.  Run as written in a folder laid
+    out as the checkout, it leaves that folder as it was, and what it writes (the picture,
+    the gathered DGX) is under the temp folder it says."""
+    (block,) = [
+        b for b in BLOCKS if b.where.startswith("README.md") and "--svg" in b.text and b.kind
+    ]
+    (tmp_path / "checkout").mkdir()
+    cwd = _folder(tmp_path / "checkout")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    before = sorted(p.name for p in cwd.iterdir())
+    env = _env(cwd) | {"TMPDIR": str(temp)}
+    r = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", block.text],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in cwd.iterdir()) == before, "the try-it wrote into the checkout"
+    (made,) = temp.iterdir()  # the one mktemp -d folder
+    assert "<svg" in (made / "dgx.svg").read_text()[:500]
+    assert (made / "dgx" / "sys").is_dir()

@@ -11,6 +11,7 @@ it, an RST comment (``<!-- ... -->`` in the README)::
     .. example: run                         (a shell or Python block, run as written)
     .. example: run on dgx-h100             (on that example machine, gathered as a sysroot)
     .. example: run with torch, exit 1      (in the torch stage; the exit status expected)
+    .. example: run on two-nodes, with ray, env NUMABIND_RAY=1   (in the Ray stage)
     .. example: run by scripts/readme-first-command
     .. example: measured by benchmarks/startup_cost.py
     .. example: not run: needs srun (a Slurm cluster)
@@ -19,8 +20,11 @@ it, an RST comment (``<!-- ... -->`` in the README)::
 ``bash -e``, ``$ `` lines as a transcript whose output is compared, ``...`` matching any
 lines; a Python block as a script, or with doctest where it has ``>>>``); the Sphinx
 extension ``numabind_examples`` fails the docs build on a block without a marker and
-prints how many are marked.  This module imports nothing but the standard library (and
-numabind, for the docstrings): both use it.
+prints how many are marked.  A block that runs on an example machine or with a variable
+set gets a visible "Try it" line in the built pages (:func:`try_it`, rendered by
+``numabind_examples`` in place of the comment, which HTML does not show): the commands that
+set up what the block runs on, which are the ones the tests run before it.  This module
+imports nothing but the standard library (and numabind, for the docstrings): both use it.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Block:
     kind: str | None = None  # run, measured, not run (None: no marker)
     on: str | None = None  # the example machine to run on
     torch: bool = False
+    ray: bool = False
     exit: int = 0
     by: str | None = None  # run by another stage's script
     reason: str | None = None  # not run: why
@@ -96,6 +101,8 @@ def parse_marker(block: Block) -> Block:
             block.on = clause[3:].strip()
         elif clause == "with torch":
             block.torch = True
+        elif clause == "with ray":
+            block.ray = True
         elif clause.startswith("exit ") and clause[5:].strip().isdigit():
             block.exit = int(clause[5:])
         elif clause.startswith("env ") and "=" in clause:
@@ -105,6 +112,48 @@ def parse_marker(block: Block) -> Block:
             return block  # an unknown clause: not a marker numabind reads
     block.kind = "run"
     return block
+
+
+def marker_of_comment(text: str) -> str | None:
+    """The marker an RST comment's text carries (``example: run on two-nodes``), or None
+    for any other comment: what the docs build sees where the page has ``.. example:``."""
+    m = MARKER.match(".. " + text.strip().splitlines()[0]) if text.strip() else None
+    return m.group(1) if m else None
+
+
+def try_it(block: Block) -> str | None:
+    """The shell line a reader runs first to try ``block`` as the tests run it: gather its
+    example machine into a fresh folder and make numabind read it as this one, and set the
+    variables its marker names; None for a block that needs neither."""
+    if block.kind != "run" or block.by is not None or not (block.on or block.env):
+        return None
+    steps = []
+    exports = []
+    if block.on:
+        steps.append(
+            f'd=$(mktemp -d)/{block.on} && numabind gather --example {block.on} "$d" >/dev/null'
+        )
+        exports.append('NUMABIND_SYSROOT="$d"')
+    exports += [f"{k}={v}" for k, v in block.env.items()]
+    steps.append("export " + " ".join(exports))
+    return " && ".join(steps)
+
+
+def try_it_words(block: Block) -> str | None:
+    """The visible line's words after "Try it" and before its command (plain text: the
+    extension renders them, then the command as code)."""
+    if try_it(block) is None:
+        return None
+    parts = []
+    if block.on:
+        parts.append(
+            f"on the {block.on} example machine (numabind reads it as this one; the binding "
+            "itself is this kernel's)"
+        )
+    if block.env:
+        parts.append("with " + ", ".join(f"{k}={v}" for k, v in block.env.items()))
+    needs = " (needs torch)" if block.torch else " (needs Ray)" if block.ray else ""
+    return ", ".join(parts) + needs + ": run this first, then the example:"
 
 
 def _indent(line: str) -> int:

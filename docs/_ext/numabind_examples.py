@@ -66,7 +66,27 @@ def count(app: Any, doctree: Any) -> None:
         )
 
 
+def visible_markers(app: Any, doctree: Any) -> None:
+    """Replace each marker comment that names an example machine or a variable with a
+    paragraph a reader sees (class ``numabind-try-it``): "Try it on the two-nodes example
+    machine ...: ``d=$(mktemp -d)/two-nodes && numabind gather ...``"."""
+    from docutils import nodes
+
+    for comment in list(doctree.findall(nodes.comment)):
+        marker = doc_examples.marker_of_comment(comment.astext())
+        if marker is None:
+            continue
+        block = doc_examples.parse_marker(doc_examples.Block("", "", "", marker))
+        line, words = doc_examples.try_it(block), doc_examples.try_it_words(block)
+        if line is None or words is None:
+            continue
+        para = nodes.paragraph(classes=["numabind-try-it"])
+        para += [nodes.strong(text="Try it"), nodes.Text(f" {words} "), nodes.literal(text=line)]
+        comment.replace_self(para)
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", check)
     app.connect("doctree-read", count)
+    app.connect("doctree-read", visible_markers)
     return {"version": "1", "parallel_read_safe": True}

@@ -41,8 +41,11 @@ _TOKEN_CAP = 128  # longest list entry looked at (a MIG UUID is 40 characters)
 class Visible(Record):
     """The devices this process's runtime will number 0..n-1, in that order.
 
-    ``problem`` is set when the environment named devices numabind cannot find; the plan
-    then skips with that message rather than bind next to some other GPU.
+    What ``Request.visible`` holds (``plan_for`` finds it from ``CUDA_VISIBLE_DEVICES``
+    and its kin): ``devices`` in the runtime's order, their ``vendor``, the ``source``
+    that said so (a variable's name, or all the devices), and ``notes`` on what was
+    resolved how.  ``problem`` is set when the environment named devices numabind cannot
+    find; the plan then skips with that message rather than bind next to some other GPU.
     """
 
     devices: tuple[Accelerator, ...]

@@ -335,8 +335,9 @@ class Machine:
 
     @property
     def core_kinds(self) -> CoreKinds:
-        """How the online CPUs differ in speed, and which file said so
-        (:class:`~numabind._model.CoreKinds`): one kind where nothing tells them apart."""
+        """How the online CPUs differ in speed, and which file said so (a ``CoreKinds``
+        record, with the machine's other records below): one kind where nothing tells
+        them apart."""
         if self._kinds is None:
             self._kinds = self.source.core_kinds(self.online_cpus)
         return self._kinds
