@@ -128,7 +128,7 @@ def _collector(args: argparse.Namespace) -> int:
     from ._check import run_check
 
     members = job_members(args.job_id, args.job_uid, timeout=min(args.deadline / 4, 10.0))
-    notes = [f"job {args.job_id}'s processes here, as told by {members.source}"]
+    notes = [f"job {args.job_id}'s processes here, as told by {members.source}", *members.notes]
 
     def emit(report: CheckReport) -> None:
         write_json_line(node_record(report, args.job_id, tuple(notes)))
