@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -163,3 +165,186 @@ def test_slurm_paths_are_fixed_at_the_top_of_the_hierarchy() -> None:
         "/slurm/uid_x/job_1",
     ):
         assert slurm_path(forged) is None, forged
+
+
+# --- bounded decoding: the worst shape of each answer -------------------------------------------
+
+
+class Answers:
+    """An HTTP server on 127.0.0.1 that answers each path with prepared bytes (a whole
+    answer, status line and all, sent at once) or, for a path in ``drip``, one byte of
+    it every ``drip[path]`` seconds; any other path is a 404.  Each connection is read up
+    to the end of its request's headers (and its body, by Content-Length) first."""
+
+    def __init__(self, answers: dict[str, bytes], drip: dict[str, float] | None = None) -> None:
+        self.answers, self.drip = answers, drip or {}
+        self.asked: list[str] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+
+    def _talk(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    data += got
+                head = data.split(b"\r\n", 1)[0].decode()
+                path = head.split(" ")[1].split("?")[0]
+                self.asked.append(path)
+                answer = self.answers.get(path, http_answer(b'{"error": "no such page"}', 404))
+                if path in self.drip:
+                    for i in range(len(answer)):
+                        conn.sendall(answer[i : i + 1])
+                        time.sleep(self.drip[path])
+                else:
+                    conn.sendall(answer)
+            except OSError:
+                pass  # the client hung up: what a deadline does
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def http_answer(body: bytes, status: int = 200) -> bytes:
+    return (
+        f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+def chunked_answer(body: bytes, size: int = 1) -> bytes:
+    """``body`` in chunks of ``size`` bytes (1: the worst shape, six bytes on the wire for
+    each byte of the body)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    if size == 1:
+        wire = b"".join(b"1\r\n" + body[i : i + 1] + b"\r\n" for i in range(len(body)))
+    else:
+        wire = b"".join(
+            b"%x\r\n" % len(body[i : i + size]) + body[i : i + size] + b"\r\n"
+            for i in range(0, len(body), size)
+        )
+    return head + b"Connection: close\r\n\r\n" + wire + b"0\r\n\r\n"
+
+
+VERSION = http_answer(b'{"version": "4", "ray_version": "2.60.0"}')
+
+
+def _listing(rows: list[object]) -> bytes:
+    data = {"result": True, "msg": "", "data": {"result": {"total": len(rows), "result": rows}}}
+    return json.dumps(data).encode()
+
+
+def test_one_byte_chunks_decode_in_time_linear_in_the_bytes() -> None:
+    """Round four: ``_unchunk`` copied the rest of the body for every chunk; 4 MiB of
+    1-byte chunks took 323 s.  Decoded in one pass, it is seconds, and the body is the
+    one sent."""
+    from numabind.cli._ray import Http
+
+    body = _listing([{"pad": "x" * ((4 << 20) - 100)}])
+    answers = Answers({"/api/v0/actors": chunked_answer(body)})
+    try:
+        began = time.monotonic()
+        status, got = Http("http", "127.0.0.1", answers.port, time.monotonic() + 120).request(
+            "GET", "/api/v0/actors"
+        )
+        took = time.monotonic() - began
+    finally:
+        answers.close()
+    print(f"\n{len(body) >> 10} KiB in {len(body):,} chunks of 1 byte: {took:.2f} s")
+    assert status == 200 and got == body
+    assert took < 60, f"{took:.0f} s for {len(body):,} chunks: not linear"
+
+
+def test_check_ray_stops_decoding_at_its_deadline() -> None:
+    """``check --ray --deadline 8`` was still at full CPU at 30 s on a chunked answer: the
+    decoder never looked at the clock.  8 MiB of 1-byte chunks now stop at the deadline
+    with one line, and exit status 3."""
+    body = _listing([{"pad": "x" * (8 << 20)}])
+    answers = Answers({"/api/version": VERSION, "/api/v0/actors": chunked_answer(body)})
+    try:
+        began = time.monotonic()
+        p = subprocess.run(
+            [sys.executable, "-m", "numabind", "check", "--ray", f"127.0.0.1:{answers.port}",
+             "--deadline", "2"],
+            capture_output=True, text=True, timeout=120, env=clean_env(), cwd="/",
+        )  # fmt: skip
+        took = time.monotonic() - began
+    finally:
+        answers.close()
+    print(f"\ncheck --ray --deadline 2 on 8 MiB of 1-byte chunks: {took:.1f} s")
+    assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
+    assert "no answer from the dashboard before the deadline" in p.stderr, p.stderr
+    assert took < 12, took
+
+
+def test_check_ray_honours_its_deadline_on_a_drip() -> None:
+    """A dashboard that sends one byte of a chunked answer every 20 ms: ``--deadline 2``
+    returns at about two seconds."""
+    body = _listing([])
+    answers = Answers(
+        {"/api/version": VERSION, "/api/v0/actors": chunked_answer(body * 50)},
+        drip={"/api/v0/actors": 0.02},
+    )
+    try:
+        began = time.monotonic()
+        p = subprocess.run(
+            [sys.executable, "-m", "numabind", "check", "--ray", f"127.0.0.1:{answers.port}",
+             "--deadline", "2"],
+            capture_output=True, text=True, timeout=120, env=clean_env(), cwd="/",
+        )  # fmt: skip
+        took = time.monotonic() - began
+    finally:
+        answers.close()
+    print(f"\ncheck --ray --deadline 2 on a drip: {took:.1f} s")
+    assert p.returncode == 3 and "before the deadline" in p.stderr, p.stderr
+    assert took < 8, took
+
+
+SHAPES = {
+    # 100,000 brackets: refused by the C decoder's recursion bound, at once
+    "deep": (b"[" * 100_000 + b"]" * 100_000, "did not answer JSON"),
+    # 500,000 keys, one object: parsed (it is JSON), in one linear pass
+    "keys": (
+        b"{" + b",".join(b'"k%d":%d' % (i, i) for i in range(500_000)) + b"}",
+        "is not Ray's state API",
+    ),
+    # a 4 MiB number: refused, not converted digit by digit
+    "number": (b"[" + b"7" * (4 << 20) + b"]", "did not answer JSON"),
+    # a million values: refused by their count before the decoder runs
+    "values": (b"[" + b"0," * (1 << 20) + b"0]", "more than 1,048,576 JSON values"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+def test_the_worst_json_shapes_are_one_bounded_answer(shape: str, chunked: bool) -> None:
+    """Deep nesting, many keys, a huge number, too many values: each is one line about
+    the answer, in seconds, whether sent whole or chunked (64 KiB chunks)."""
+    from numabind.cli._ray import Http, HttpError, _rows
+
+    body, says = SHAPES[shape]
+    wire = chunked_answer(body, 1 << 16) if chunked else http_answer(body)
+    answers = Answers({"/api/v0/nodes": wire})
+    try:
+        began = time.monotonic()
+        http = Http("http", "127.0.0.1", answers.port, time.monotonic() + 60)
+        with pytest.raises(HttpError) as err:
+            _rows(http, "nodes", "")
+        took = time.monotonic() - began
+    finally:
+        answers.close()
+    print(f"\n{shape} ({len(body):,} bytes, {'chunked' if chunked else 'whole'}): {took:.2f} s")
+    assert says in str(err.value), err.value
+    assert took < 30, took
