@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -241,7 +244,7 @@ def chunked_answer(body: bytes, size: int = 1) -> bytes:
 VERSION = http_answer(b'{"version": "4", "ray_version": "2.60.0"}')
 
 
-def _listing(rows: list[object]) -> bytes:
+def _listing_bytes(rows: list[object]) -> bytes:
     data = {"result": True, "msg": "", "data": {"result": {"total": len(rows), "result": rows}}}
     return json.dumps(data).encode()
 
@@ -252,7 +255,7 @@ def test_one_byte_chunks_decode_in_time_linear_in_the_bytes() -> None:
     one sent."""
     from numabind.cli._ray import Http
 
-    body = _listing([{"pad": "x" * ((4 << 20) - 100)}])
+    body = _listing_bytes([{"pad": "x" * ((4 << 20) - 100)}])
     answers = Answers({"/api/v0/actors": chunked_answer(body)})
     try:
         began = time.monotonic()
@@ -271,7 +274,7 @@ def test_check_ray_stops_decoding_at_its_deadline() -> None:
     """``check --ray --deadline 8`` was still at full CPU at 30 s on a chunked answer: the
     decoder never looked at the clock.  8 MiB of 1-byte chunks now stop at the deadline
     with one line, and exit status 3."""
-    body = _listing([{"pad": "x" * (8 << 20)}])
+    body = _listing_bytes([{"pad": "x" * (8 << 20)}])
     answers = Answers({"/api/version": VERSION, "/api/v0/actors": chunked_answer(body)})
     try:
         began = time.monotonic()
@@ -292,7 +295,7 @@ def test_check_ray_stops_decoding_at_its_deadline() -> None:
 def test_check_ray_honours_its_deadline_on_a_drip() -> None:
     """A dashboard that sends one byte of a chunked answer every 20 ms: ``--deadline 2``
     returns at about two seconds."""
-    body = _listing([])
+    body = _listing_bytes([])
     answers = Answers(
         {"/api/version": VERSION, "/api/v0/actors": chunked_answer(body * 50)},
         drip={"/api/v0/actors": 0.02},
@@ -348,3 +351,198 @@ def test_the_worst_json_shapes_are_one_bounded_answer(shape: str, chunked: bool)
     print(f"\n{shape} ({len(body):,} bytes, {'chunked' if chunked else 'whole'}): {took:.2f} s")
     assert says in str(err.value), err.value
     assert took < 30, took
+
+
+# --- know who answers: a dashboard and a store squatted by another uid ---------------------------
+
+NODE = "a" * 56
+
+# Ray's dashboard as check --ray asks it (its version, the state API, the job API), in the
+# stdlib alone, run by the attacker; argv: a JSON file of {path: answer}, where the port
+# is written
+DASHBOARD = r"""
+import http.server, json, sys
+answers = json.load(open(sys.argv[1]))
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self):
+        path = self.path.split("?")[0]
+        if self.command == "POST":
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        key = "/api/jobs/ID/logs" if path.endswith("/logs") else (
+            "/api/jobs/ID" if path.startswith("/api/jobs/") and path != "/api/jobs/" else path)
+        body = json.dumps(answers.get(key, {"ok": True})).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = do_DELETE = reply
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+# a torch.distributed store as check --store reads it (VALIDATE, CHECK, GET), run by the
+# attacker; argv: a JSON file of {key: value}
+STORE = r"""
+import json, socket, struct, sys, threading
+values = {k: v.encode() for k, v in json.load(open(sys.argv[1])).items()}
+def exactly(c, n):
+    b = b""
+    while len(b) < n:
+        got = c.recv(n - len(b))
+        if not got:
+            raise EOFError
+        b += got
+    return b
+def key(c):
+    (n,) = struct.unpack("=Q", exactly(c, 8))
+    return exactly(c, n).decode()[1:]
+def talk(c):
+    try:
+        exactly(c, 5)
+        while True:
+            q = exactly(c, 1)[0]
+            if q == 5:
+                (n,) = struct.unpack("=Q", exactly(c, 8))
+                keys = [key(c) for _ in range(n)]
+                c.sendall(bytes([0 if all(k in values for k in keys) else 1]))
+            elif q == 3:
+                v = values[key(c)]
+                c.sendall(struct.pack("=Q", len(v)) + v)
+    except (EOFError, OSError, KeyError):
+        c.close()
+s = socket.create_server(("127.0.0.1", 0))
+print(s.getsockname()[1], flush=True)
+while True:
+    threading.Thread(target=talk, args=(s.accept()[0],), daemon=True).start()
+"""
+
+
+def _record(host: str, pid: int) -> str:
+    rank = {
+        "pid": pid, "rank": 0, "local_rank": 0, "status": "ok",
+        "plan": {"cpus": "0-1", "bound": True},
+        "threads": [{"cpus": "0-1", "tids": [pid], "names": ["python"]}],
+        "memory_policy": "default",
+    }  # fmt: skip
+    record = {"schema": "numabind-node/1", "host": host, "facts": {}, "ranks": [rank]}
+    return json.dumps(record, separators=(",", ":"))
+
+
+@pytest.fixture
+def squat() -> Iterator[Callable[[str, dict[str, object]], int]]:
+    """Start a server of the attacker's (:data:`DASHBOARD` or :data:`STORE`) on
+    127.0.0.1 with these answers; returns its port.  Stopped after the test."""
+    from support import python_for
+
+    started: list[subprocess.Popen[str]] = []
+    top = Path(tempfile.mkdtemp(prefix="numabind-squat-", dir="/var/tmp"))
+    top.chmod(0o755)
+
+    def start(code: str, answers: dict[str, object]) -> int:
+        script, data = top / f"s{len(started)}.py", top / f"a{len(started)}.json"
+        script.write_text(code)
+        data.write_text(json.dumps(answers))
+        for f in (script, data):
+            f.chmod(0o644)
+        drop = ["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups"]
+        proc = subprocess.Popen(
+            [*drop, python_for(ATTACKER), str(script), str(data)],
+            stdout=subprocess.PIPE, text=True, cwd="/", env=clean_env(),
+        )  # fmt: skip
+        started.append(proc)
+        assert proc.stdout is not None
+        return int(proc.stdout.readline())
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _listing(rows: list[object]) -> dict[str, object]:
+    return {"result": True, "msg": "", "data": {"result": {"total": len(rows), "result": rows}}}
+
+
+DASHBOARD_ANSWERS: dict[str, object] = {
+    "/api/version": {"version": "4", "ray_version": "2.60.0"},
+    "/api/v0/nodes": _listing([{"node_id": NODE, "node_ip": "10.0.0.1"}]),
+    "/api/v0/actors": _listing(
+        [{"pid": 4242, "node_id": NODE, "state": "ALIVE", "required_resources": {"GPU": 1}}]
+    ),
+    "/api/v0/tasks": _listing([]),
+    "/api/jobs/": {"submission_id": "x"},
+    "/api/jobs/ID": {"status": "SUCCEEDED", "message": "Job finished."},
+    "/api/jobs/ID/logs": {
+        "logs": "numabind-driver uid=0 ray=2.60.0\n"
+        f"numabind-record {NODE} {_record('10.0.0.1', 4242)}\n"
+    },
+}
+
+
+@needs_root
+def test_root_asks_no_dashboard_another_user_serves(
+    squat: Callable[[str, dict[str, object]], int],
+) -> None:
+    """Round four: a stand-in on the dashboard's port, run by another user with no Ray at
+    all, made root's ``check --ray`` HEALTHY, exit 0, crediting "a Ray job of the
+    cluster's own".  Now root looks up who listens there (/proc/net/tcp, the socket's
+    inode in /proc/PID/fd), refuses a uid it does not expect before a byte is sent, and
+    names it; with ``--json`` the listener is a key of its own.  Naming the cluster's
+    user (``--job-uid``) is what lets root ask it."""
+    port = squat(DASHBOARD, DASHBOARD_ANSWERS)
+    argv = [sys.executable, "-m", "numabind", "check", "--ray", f"127.0.0.1:{port}"]
+    run = {"capture_output": True, "text": True, "timeout": 120, "env": clean_env(), "cwd": "/"}
+    p = subprocess.run([*argv, "--deadline", "20"], **run)  # type: ignore[call-overload]
+    assert p.returncode == 3 and "HEALTHY" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert f"the dashboard at 127.0.0.1:{port} is served by uid {ATTACKER}" in p.stderr, p.stderr
+    assert "root asks it nothing" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    j = subprocess.run([*argv, "--deadline", "20", "--json"], **run)  # type: ignore[call-overload]
+    data = json.loads(j.stdout)
+    assert data["listener"]["uid"] == ATTACKER and data["listener"]["pids"], data
+    assert "served by uid" in data["refused"]
+    named = subprocess.run(  # type: ignore[call-overload]
+        [*argv, "--deadline", "20", "--json", "--job-uid", str(ATTACKER)], **run
+    )
+    report = json.loads(named.stdout)
+    assert report["listener"]["uid"] == ATTACKER, report
+    assert named.returncode == 0, named.stdout + named.stderr
+
+
+@needs_root
+def test_root_reads_no_store_another_user_serves(
+    squat: Callable[[str, dict[str, object]], int],
+) -> None:
+    """The same for ``check --store``: a store on this machine that another user serves
+    (here with a record that would make the report HEALTHY) is refused by root, and
+    named."""
+    values = {"numabind/latest": "run/0/1", "numabind/run/0/0": _record("hosta", 4242)}
+    port = squat(STORE, values)
+    argv = [sys.executable, "-m", "numabind", "check", "--store", f"127.0.0.1:{port}"]
+    run = {"capture_output": True, "text": True, "timeout": 120, "env": clean_env(), "cwd": "/"}
+    p = subprocess.run([*argv, "--deadline", "20"], **run)  # type: ignore[call-overload]
+    assert p.returncode == 3 and "HEALTHY" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert f"the store at 127.0.0.1:{port} is served by uid {ATTACKER}" in p.stderr, p.stderr
+    named = subprocess.run(  # type: ignore[call-overload]
+        [*argv, "--deadline", "20", "--job-uid", str(ATTACKER)], **run
+    )
+    assert named.returncode == 0 and "HEALTHY" in named.stdout, named.stdout + named.stderr
+
+
+def test_a_server_of_ones_own_is_named_and_not_refused() -> None:
+    """The listener of a server this user runs is found in the kernel's tables, with the
+    process that holds it; judged as expected (no line)."""
+    from numabind.check._peer import expected_owners, judge, listener
+
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        found = listener("127.0.0.1", server.getsockname()[1], time.monotonic() + 30)
+    finally:
+        server.close()
+    assert found.uid == os.geteuid() and os.getpid() in found.pids, found
+    assert judge(found, expected_owners(None), "store") is None

@@ -33,11 +33,13 @@ from typing import Any
 
 from .. import _sysfs
 from ..check import _job, _raydriver
+from ..check._peer import Listener, of_socket, vetting
 from ._common import UNREACHABLE, USAGE, write_json, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
 DEFAULT_PORT = 8265  # the dashboard's
 ANSWER_CAP = 64 << 20  # bytes of one HTTP answer (10,000 actors in detail are ~20 MiB)
@@ -53,6 +55,11 @@ class HttpError(OSError):
     """The dashboard could not be asked, or its answer is not one (one line)."""
 
 
+class Refused(HttpError):
+    """The dashboard's address is served by a user the check does not expect (root asks
+    nothing of it: :mod:`numabind.check._peer`)."""
+
+
 class Http:
     """A minimal HTTP/1.1 client for one host, bounded by its caller: one connection per
     request (``Connection: close``), every ``recv`` given the time left before
@@ -63,6 +70,11 @@ class Http:
 
     def __init__(self, scheme: str, host: str, port: int, deadline: float) -> None:
         self.scheme, self.host, self.port, self.deadline = scheme, host, port, deadline
+        # who listens where the first connection went, when that is this machine; ``vet``
+        # is shown it before a byte is sent (it raises Refused to stop there)
+        self.listener: Listener | None = None
+        self.vet: Callable[[Listener], str | None] | None = None
+        self._looked = False
 
     def _left(self) -> float:
         left = self.deadline - time.monotonic()
@@ -85,6 +97,12 @@ class Http:
         except OSError as err:
             raise HttpError(f"cannot connect: {err.strerror or err}") from None
         try:
+            if not self._looked:
+                self._looked = True
+                self.listener = of_socket(sock, self.deadline)
+                refused = self.vet(self.listener) if self.listener and self.vet else None
+                if refused is not None:
+                    raise Refused(refused)
             if self.scheme == "https":
                 import ssl
 
@@ -358,6 +376,8 @@ def run_ray(args: argparse.Namespace) -> int:
     budget = _job.Budget(started + args.deadline)
     http = Http(scheme, host, port, started + min(args.deadline, 30.0))
     where = f"{said} {_sysfs.clean_line(args.ray, 80)}"
+    warned: list[str] = []
+    http.vet = vetting(args.job_uid, "dashboard", warned)
     try:
         version, holders, names = cluster_state(http)
         if not holders:
@@ -367,9 +387,13 @@ def run_ray(args: argparse.Namespace) -> int:
         left = max(args.deadline - (time.monotonic() - started) - 3.0, 2.0)
         status, message, log = run_job(http, args.python or "python", left)
     except HttpError as err:
-        write_lines([f"{where}: {_sysfs.clean_line(str(err), 300)}"], sys.stderr)
+        line = f"{where}: {_sysfs.clean_line(str(err), 300)}"
+        if args.json and isinstance(err, Refused) and http.listener is not None:
+            write_json({"title": said, "refused": line, "listener": http.listener.to_dict()})
+        write_lines([line], sys.stderr)
         return UNREACHABLE
     rows, notes = parse_log(log, holders, names, budget)
+    notes = [*warned, *notes]
     for node in holders:
         host = names.get(node, node[:12])
         if host not in rows:
@@ -379,7 +403,10 @@ def run_ray(args: argparse.Namespace) -> int:
     hosts = [names.get(n, n[:12]) for n in holders]
     report = _job.merge(None, hosts, rows, tuple(notes), budget=budget).replace(title=said)
     if args.json:
-        write_json(report.to_dict())
+        data = report.to_dict()
+        if http.listener is not None:
+            data["listener"] = http.listener.to_dict()
+        write_json(data)
     else:
         write_lines(_job.report_lines(report))
     return _job.exit_status(report)
