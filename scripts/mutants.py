@@ -921,6 +921,99 @@ MUTANTS: tuple[Mutant, ...] = (
         "check --ray takes a record only for a node the dashboard says holds a GPU",
         ("tests/test_shared_cluster.py",),
     ),
+    # --- issue 42 (safety4b): membership, bounded decoding, who answers, DRA bounds ----------
+    M(
+        "R01",
+        "src/numabind/check/_inspect.py",
+        "            found = slurm_path(path)\n            if found is None:\n",
+        "            found = slurm_path(path)\n"
+        "            if found is None and _claims(path, job):\n"
+        "                found = (job, path, None)\n"
+        "            if found is None:\n",
+        "a job_N cgroup off Slurm's own path (under user@UID.service) is not the job's",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R02",
+        "src/numabind/check/_inspect.py",
+        'seen[path] = None if st.st_uid == 0 else f"is owned by uid {st.st_uid}"',
+        'seen[path] = None if st.st_uid >= 0 else f"is owned by uid {st.st_uid}"',
+        "a job cgroup counts only when root owns it and every folder above it",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R03",
+        "src/numabind/check/_inspect.py",
+        "            if owner is not None and (uids != {owner} or found[2] not in (None, owner)):",
+        "            if owner is not None and found[2] not in (None, owner):",
+        "a process of another uid in the job's cgroup is not one of its ranks",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R04",
+        "src/numabind/cli/_ray.py",
+        "        out += view[eol + 2 : eol + 2 + n]\n",
+        "        out += bytes(view[eol + 2 :])[:n]\n",
+        "a chunked answer is decoded in time linear in its bytes (no copy of the rest per chunk)",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R05",
+        "src/numabind/cli/_ray.py",
+        "        if not count & 0x3FF and time.monotonic() > deadline:  # every 1,024 chunks",
+        "        if False:",
+        "decoding a chunked answer stops at the deadline",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R06",
+        "src/numabind/_dra.py",
+        "        if used >= TOTAL_FILES or spent >= TOTAL_BYTES:\n            break\n"
+        "        left = TOTAL_BYTES - spent\n",
+        "        left = FILE_CAP << 10\n",
+        "DRA metadata: the work is bounded (files and bytes in all), not the answer",
+        ("tests/test_kubernetes.py",),
+    ),
+    M(
+        "R07",
+        "src/numabind/_dra.py",
+        "    if used < len(listed):",
+        "    if False:",
+        "DRA metadata files left unread are said",
+        ("tests/test_kubernetes.py",),
+    ),
+    M(
+        "R08",
+        "src/numabind/check/_peer.py",
+        '        if os.geteuid() == 0:\n            return f"{why}; root asks it nothing',
+        '        if False:\n            return f"{why}; root asks it nothing',
+        "root asks nothing of a local dashboard or store another user serves",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R09",
+        "src/numabind/check/_peer.py",
+        '    if sys.byteorder == "little":  # each 32-bit word is written in host order',
+        "    if False:",
+        "the listener is found in /proc/net/tcp (addresses in host order)",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R10",
+        "src/numabind/check/_store.py",
+        "            refused = self._vet(self.listener) if self.listener and self._vet else None",
+        "            refused = None",
+        "check --store asks who serves a local store before a byte is sent",
+        ("tests/test_round4.py",),
+    ),
+    M(
+        "R11",
+        "src/numabind/cli/_doctor.py",
+        "    except RecursionError:\n        raise ValueError(\"the probe's answer is nested",
+        "    except MemoryError:\n        raise ValueError(\"the probe's answer is nested",
+        "doctor's probe answer nested too deep is a finding, not a traceback",
+        ("tests/test_round4.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -227,18 +227,15 @@ def http_answer(body: bytes, status: int = 200) -> bytes:
     ).encode() + body
 
 
-def chunked_answer(body: bytes, size: int = 1) -> bytes:
-    """``body`` in chunks of ``size`` bytes (1: the worst shape, six bytes on the wire for
-    each byte of the body)."""
+def chunked_answer(body: bytes) -> bytes:
+    """``body`` in chunks of 1 byte, the worst shape: six bytes on the wire for each byte
+    of the body (built by strided slices: no object per chunk)."""
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-    if size == 1:
-        wire = b"".join(b"1\r\n" + body[i : i + 1] + b"\r\n" for i in range(len(body)))
-    else:
-        wire = b"".join(
-            b"%x\r\n" % len(body[i : i + size]) + body[i : i + size] + b"\r\n"
-            for i in range(0, len(body), size)
-        )
-    return head + b"Connection: close\r\n\r\n" + wire + b"0\r\n\r\n"
+    n = len(body)
+    wire = bytearray(6 * n)
+    for i, part in enumerate((b"1" * n, b"\r" * n, b"\n" * n, body, b"\r" * n, b"\n" * n)):
+        wire[i::6] = part
+    return head + b"Connection: close\r\n\r\n" + bytes(wire) + b"0\r\n\r\n"
 
 
 VERSION = http_answer(b'{"version": "4", "ray_version": "2.60.0"}')
@@ -272,9 +269,9 @@ def test_one_byte_chunks_decode_in_time_linear_in_the_bytes() -> None:
 
 def test_check_ray_stops_decoding_at_its_deadline() -> None:
     """``check --ray --deadline 8`` was still at full CPU at 30 s on a chunked answer: the
-    decoder never looked at the clock.  8 MiB of 1-byte chunks now stop at the deadline
-    with one line, and exit status 3."""
-    body = _listing_bytes([{"pad": "x" * (8 << 20)}])
+    decoder never looked at the clock.  10 MiB of 1-byte chunks (seconds more to decode
+    than the deadline gives) now stop at the deadline with one line, and exit status 3."""
+    body = _listing_bytes([{"pad": "x" * (10 << 20)}])
     answers = Answers({"/api/version": VERSION, "/api/v0/actors": chunked_answer(body)})
     try:
         began = time.monotonic()
@@ -286,71 +283,48 @@ def test_check_ray_stops_decoding_at_its_deadline() -> None:
         took = time.monotonic() - began
     finally:
         answers.close()
-    print(f"\ncheck --ray --deadline 2 on 8 MiB of 1-byte chunks: {took:.1f} s")
+    print(f"\ncheck --ray --deadline 2 on 10 MiB of 1-byte chunks: {took:.1f} s")
     assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
     assert "no answer from the dashboard before the deadline" in p.stderr, p.stderr
-    assert took < 12, took
-
-
-def test_check_ray_honours_its_deadline_on_a_drip() -> None:
-    """A dashboard that sends one byte of a chunked answer every 20 ms: ``--deadline 2``
-    returns at about two seconds."""
-    body = _listing_bytes([])
-    answers = Answers(
-        {"/api/version": VERSION, "/api/v0/actors": chunked_answer(body * 50)},
-        drip={"/api/v0/actors": 0.02},
-    )
-    try:
-        began = time.monotonic()
-        p = subprocess.run(
-            [sys.executable, "-m", "numabind", "check", "--ray", f"127.0.0.1:{answers.port}",
-             "--deadline", "2"],
-            capture_output=True, text=True, timeout=120, env=clean_env(), cwd="/",
-        )  # fmt: skip
-        took = time.monotonic() - began
-    finally:
-        answers.close()
-    print(f"\ncheck --ray --deadline 2 on a drip: {took:.1f} s")
-    assert p.returncode == 3 and "before the deadline" in p.stderr, p.stderr
     assert took < 8, took
 
 
 SHAPES = {
-    # 100,000 brackets: refused by the C decoder's recursion bound, at once
-    "deep": (b"[" * 100_000 + b"]" * 100_000, "did not answer JSON"),
-    # 500,000 keys, one object: parsed (it is JSON), in one linear pass
+    # a million brackets: refused by the C decoder's recursion bound, at once
+    "deep": (b"[" * 1_000_000 + b"]" * 1_000_000, "did not answer JSON"),
+    # 200,000 keys, one object: parsed (it is JSON), in one linear pass
     "keys": (
-        b"{" + b",".join(b'"k%d":%d' % (i, i) for i in range(500_000)) + b"}",
+        b"{" + b",".join(b'"k%d":%d' % (i, i) for i in range(200_000)) + b"}",
         "is not Ray's state API",
     ),
-    # a 4 MiB number: refused, not converted digit by digit
-    "number": (b"[" + b"7" * (4 << 20) + b"]", "did not answer JSON"),
+    # a 2 MiB number: refused, not converted digit by digit
+    "number": (b"[" + b"7" * (2 << 20) + b"]", "did not answer JSON"),
     # a million values: refused by their count before the decoder runs
     "values": (b"[" + b"0," * (1 << 20) + b"0]", "more than 1,048,576 JSON values"),
 }
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
-def test_the_worst_json_shapes_are_one_bounded_answer(shape: str, chunked: bool) -> None:
-    """Deep nesting, many keys, a huge number, too many values: each is one line about
-    the answer, in seconds, whether sent whole or chunked (64 KiB chunks)."""
+def test_the_worst_json_shapes_in_one_byte_chunks_are_one_bounded_answer(shape: str) -> None:
+    """Deep nesting, many keys, a huge number, too many values, each sent in 1-byte
+    chunks (the worst shape twice over): each is one line about the answer, in seconds
+    (0.3's decoder spent minutes to hours on the chunks before the JSON was looked at;
+    sent whole, round three's tests already bound them)."""
     from numabind.cli._ray import Http, HttpError, _rows
 
     body, says = SHAPES[shape]
-    wire = chunked_answer(body, 1 << 16) if chunked else http_answer(body)
-    answers = Answers({"/api/v0/nodes": wire})
+    answers = Answers({"/api/v0/nodes": chunked_answer(body)})
     try:
         began = time.monotonic()
-        http = Http("http", "127.0.0.1", answers.port, time.monotonic() + 60)
+        http = Http("http", "127.0.0.1", answers.port, time.monotonic() + 120)
         with pytest.raises(HttpError) as err:
             _rows(http, "nodes", "")
         took = time.monotonic() - began
     finally:
         answers.close()
-    print(f"\n{shape} ({len(body):,} bytes, {'chunked' if chunked else 'whole'}): {took:.2f} s")
+    print(f"\n{shape}: {len(body):,} bytes in 1-byte chunks: {took:.2f} s")
     assert says in str(err.value), err.value
-    assert took < 30, took
+    assert took < 60, took
 
 
 # --- know who answers: a dashboard and a store squatted by another uid ---------------------------
@@ -546,3 +520,18 @@ def test_a_server_of_ones_own_is_named_and_not_refused() -> None:
         server.close()
     assert found.uid == os.geteuid() and os.getpid() in found.pids, found
     assert judge(found, expected_owners(None), "store") is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"pth": ' + b"[" * (1 << 20)],
+    ids=["deep", "unclosed"],
+)
+def test_the_probes_answer_nested_too_deep_is_one_finding(answer: bytes) -> None:
+    """``doctor --python``'s probe answers as another user's interpreter: nesting too
+    deep for the decoder was a RecursionError out of ``doctor`` (a traceback); now it is
+    the ValueError ``doctor`` turns into one finding."""
+    from numabind.cli._doctor import parse_probe
+
+    with pytest.raises(ValueError, match="nested too deeply"):
+        parse_probe(answer)
