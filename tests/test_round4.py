@@ -535,3 +535,25 @@ def test_the_probes_answer_nested_too_deep_is_one_finding(answer: bytes) -> None
 
     with pytest.raises(ValueError, match="nested too deeply"):
         parse_probe(answer)
+
+
+@needs_root
+def test_a_user_is_warned_of_a_dashboard_another_user_serves(
+    squat: Callable[[str, dict[str, object]], int],
+) -> None:
+    """Not root: the user's own ``check --ray`` still asks (it is their report to make),
+    and the report says, in a line and in its ``listener`` key, that another uid
+    answered."""
+    from support import python_for, readable_src
+
+    port = squat(DASHBOARD, DASHBOARD_ANSWERS)
+    drop = ["setpriv", f"--reuid={VICTIM}", f"--regid={VICTIM}", "--clear-groups"]
+    argv = [*drop, python_for(VICTIM), "-m", "numabind", "check", "--ray", f"127.0.0.1:{port}"]
+    env = clean_env(PYTHONPATH=readable_src(), HOME="/")
+    run = {"capture_output": True, "text": True, "timeout": 120, "env": env, "cwd": "/"}
+    p = subprocess.run([*argv, "--deadline", "20"], **run)  # type: ignore[call-overload]
+    said = f"warning: the dashboard at 127.0.0.1:{port} is served by uid {ATTACKER}"
+    assert f"note: {said}" in p.stdout, p.stdout + p.stderr
+    j = subprocess.run([*argv, "--deadline", "20", "--json"], **run)  # type: ignore[call-overload]
+    report = json.loads(j.stdout)
+    assert report["listener"]["uid"] == ATTACKER and any(said in n for n in report["notes"])
