@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,42 @@ def test_gather_keeps_the_metadata_for_show_elsewhere(tmp_path: Path) -> None:
     data = json.loads(cli("show", "--input", str(out), "--json").stdout)
     assert [d["pci"] for d in data["devices"] if d["visible"]] == [GPU4, GPU5]
     assert any("says NUMA node 0, sysfs numa_node 1" in w for w in data["warnings"])
+
+
+def test_two_thousand_metadata_files_bound_the_work_not_the_answer(tmp_path: Path) -> None:
+    """Round four (issue 42): 2,048 metadata files of 130 KiB passed the whole machine's
+    reading budget, so reading the machine refused and the pod's ranks went unbound.
+    Now the first :data:`TOTAL_FILES` files (:data:`TOTAL_BYTES` in all) are read and
+    used, the pod's GPUs are found in them, and one line says what was left."""
+    from numabind._dra import TOTAL_BYTES, TOTAL_FILES
+
+    spec = synth.dgx_h100(filler_pci=8)
+    for g in spec.gpus[:8]:
+        g.driver = False
+    path, text = dra_metadata(
+        "gpu.nvidia.com", "gpus", "gpu", [("gpu-4", GPU4, 1), ("gpu-5", GPU5, 1)],
+        kind="resourceclaims",
+    )  # fmt: skip
+    pad = json.dumps({
+        "kind": "DeviceMetadata", "apiVersion": "metadata.resource.k8s.io/v1alpha1",
+        "requests": [{"name": "r", "devices": []}], "pad": "x" * (130 << 10),
+    })  # fmt: skip
+    files = {path: text}
+    for i in range(2047):
+        claim, request, driver = divmod(i, 16 * 16)[0], (i // 16) % 16, i % 16
+        files[f"{ROOT}/resourceclaims/x{claim}/r{request}/d{driver:02}-metadata.json"] = pad
+    assert len(files) == 2048 and sum(map(len, files.values())) > 256 << 20
+    spec.files = files
+    root = synth.write(spec, str(tmp_path / "pod"))
+    began = time.monotonic()
+    m = Machine.from_root(root)
+    devices = [(d.pci, d.numa_node) for d in m.dra_devices]
+    took = time.monotonic() - began
+    print(f"\na pod with 2,048 DRA metadata files of 130 KiB: read in {took:.1f} s")
+    assert devices == [(GPU4, 1), (GPU5, 1)]
+    read_files = min(TOTAL_FILES, 1 + (TOTAL_BYTES - len(text)) // len(pad))
+    assert (
+        f"DRA device metadata: read {read_files} of 2048 files (at most {TOTAL_FILES}, "
+        f"{TOTAL_BYTES >> 20} MiB in all); the rest ignored"
+    ) in m.warnings, m.warnings
+    assert "limits this process to 2 of the nvidia GPUs" in resolve(m, {}).notes[0]

@@ -62,6 +62,8 @@ FILE_CAP = 1 << 20  # bytes of one metadata file
 MAX_OBJECTS = 8  # DeviceMetadata objects in one stream (one per API version)
 MAX_DEVICES = 128  # per request
 MAX_ATTRIBUTES = 256  # per device
+TOTAL_FILES = 256  # metadata files read in all (a pod has one per driver and request)
+TOTAL_BYTES = 16 << 20  # bytes read of them in all
 SUFFIX = "-metadata.json"
 PCI_NAMES = ("pciBusID", "pcieBusID", "pciAddress", "pciAddr")
 NUMA_NAMES = ("numaNode", "numa", "numaNodeID", "numaNodeId")
@@ -201,28 +203,41 @@ def parse(text: str, where: str, warn: list[str]) -> list[DraDevice]:
 
 def read(root: Root) -> tuple[tuple[DraDevice, ...], list[str]]:
     """Every device the metadata under ``root`` lists (one per PCI address: the first
-    file in name order wins), and the lines about files that were ignored."""
+    file in name order wins), and the lines about files that were ignored.  The work is
+    bounded, not the answer: the first :data:`TOTAL_FILES` files, :data:`TOTAL_BYTES` in
+    all, are read and used, and a line says how many were left (2,048 files of 128 KiB
+    once passed the whole machine's reading budget, and the pod's ranks went unbound)."""
     warn: list[str] = []
     found: dict[str, DraDevice] = {}
-    if not root.isdir(ROOT):
-        return (), warn
-    for kind in KINDS:
-        base = f"{ROOT}/{kind}"
-        for claim in sorted(_names(root, base, MAX_CLAIMS)):
-            for request in sorted(_names(root, f"{base}/{claim}", MAX_REQUESTS)):
-                folder = f"{base}/{claim}/{request}"
-                files = [n for n in _names(root, folder, MAX_FILES * 4) if n.endswith(SUFFIX)]
-                for name in sorted(files)[:MAX_FILES]:
-                    where = f"{kind}/{claim}/{request}/{name}"
-                    try:
-                        text = root.read(f"{folder}/{name}", FILE_CAP)
-                    except OSError as err:
-                        warn.append(f"DRA device metadata {where}: unreadable ({err}); ignored")
-                        continue
-                    lines: list[str] = []
-                    for dev in parse(text, f"DRA device metadata {where}", lines):
-                        found.setdefault(dev.pci, dev.replace(where=f"{kind}/{claim}/{request}"))
-                    warn += lines
+    spent = used = 0
+    listed = paths(root)
+    for path in listed:
+        where = path.removeprefix(ROOT + "/")
+        kind, claim, request, _ = where.split("/", 3)
+        if used >= TOTAL_FILES or spent >= TOTAL_BYTES:
+            break
+        left = TOTAL_BYTES - spent
+        try:
+            text = root.read(path, min(FILE_CAP, left))
+        except OSError as err:
+            if left < FILE_CAP:
+                break  # larger than what is left of the whole (refused at its cap): the last
+            warn.append(f"DRA device metadata {where}: unreadable ({err}); ignored")
+            used += 1
+            continue
+        if left < FILE_CAP and len(text) >= left:
+            break  # cut at what was left of the whole: not used, and the last one read
+        spent += len(text)
+        used += 1
+        lines: list[str] = []
+        for dev in parse(text, f"DRA device metadata {where}", lines):
+            found.setdefault(dev.pci, dev.replace(where=f"{kind}/{claim}/{request}"))
+        warn += lines
+    if used < len(listed):
+        warn.append(
+            f"DRA device metadata: read {used} of {len(listed)} files (at most {TOTAL_FILES}, "
+            f"{TOTAL_BYTES >> 20} MiB in all); the rest ignored"
+        )
     return tuple(sorted(found.values(), key=lambda d: _sysfs.pci_sort_key(d.pci))), warn
 
 

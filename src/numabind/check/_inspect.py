@@ -1147,13 +1147,15 @@ class Membership(Record):
     """Which processes of this node belong to a job, and who said so (``source``): Slurm's
     own process tracking, the job's cgroup, or, failing both, the job owner's uid.  Never
     what a process's environment claims: anyone can start a process with
-    ``SLURM_JOB_ID=J``."""
+    ``SLURM_JOB_ID=J``; nor a cgroup's name alone (``notes``: what was not counted)."""
 
     pids: frozenset[int]
     source: str
+    notes: tuple[str, ...] = ()
 
 
 LISTPIDS_CAP = 4 << 20  # bytes of ``scontrol listpids`` read
+MAX_MEMBER_NOTES = 8  # processes named in the notes on cgroups not counted (the rest counted)
 
 
 def job_members(job: str, owner: int | None, timeout: float = 10.0) -> Membership:
@@ -1161,8 +1163,9 @@ def job_members(job: str, owner: int | None, timeout: float = 10.0) -> Membershi
 
     1. ``scontrol listpids JOB`` (slurmstepd's own list of the processes of each step,
        whatever the process tracking plugin);
-    2. the cgroup the kernel puts each process in (``.../slurm.../job_J/...``, v1 or v2:
-       a process can be moved there only by who may write the job's cgroup);
+    2. the cgroup the kernel puts each process in, counted only where no user could
+       have made it (:func:`_cgroup_members`: on Slurm's own path, owned by root, a
+       process of ``owner``);
     3. ``owner``, the uid the job runs as (from ``scontrol show job``): a process of
        another uid is never a rank of the job, whatever its environment says.
     """
@@ -1170,9 +1173,11 @@ def job_members(job: str, owner: int | None, timeout: float = 10.0) -> Membershi
     listed = _listpids(base, timeout)
     if listed is not None:
         return Membership(pids=listed, source="Slurm's process tracking (scontrol listpids)")
-    in_cgroup = _cgroup_members(base)
+    in_cgroup, notes = _cgroup_members(base, owner)
     if in_cgroup is not None:
-        return Membership(pids=in_cgroup, source=f"the kernel's cgroup of the job (job_{base})")
+        return Membership(
+            pids=in_cgroup, source=f"the kernel's cgroup of the job (job_{base})", notes=notes
+        )
     if owner is not None:
         pids = []
         for name in _sysfs.listdir("/proc", 1 << 22):
@@ -1183,11 +1188,13 @@ def job_members(job: str, owner: int | None, timeout: float = 10.0) -> Membershi
         return Membership(
             pids=frozenset(pids),
             source=f"the job owner's uid {owner} (no Slurm process tracking or job cgroup here)",
+            notes=notes,
         )
     return Membership(
         pids=frozenset(),
         source="unknown: no Slurm process tracking, no job cgroup and no owner uid "
         "(--job-uid): no process counted",
+        notes=notes,
     )
 
 
@@ -1222,35 +1229,172 @@ def _listpids(job: str, timeout: float) -> frozenset[int] | None:
 
 
 def slurm_jobs(cgroup: str) -> set[str]:
-    """The Slurm jobs a ``/proc/PID/cgroup`` text puts a process in: a ``job_N``
-    component below one whose name starts with ``slurm`` (v1 ``/slurm/uid_U/job_N/...``,
-    v2 ``/system.slice/slurmstepd.scope/job_N/...``, ``slurm_NODE`` with several slurmd).
-    Linear in the text: components are compared, no pattern backtracks."""
+    """The Slurm jobs a ``/proc/PID/cgroup`` text puts a process in, by the path alone
+    (:func:`slurm_path`).  Linear in the text: components are compared, no pattern
+    backtracks."""
     out = set()
     for line in cgroup.splitlines()[:64]:
-        parts = line.split(":", 2)[-1].split("/")
-        under = False
-        for part in parts:
-            if part.startswith("slurm"):
-                under = True
-            elif under and part.startswith("job_") and part[4:].isascii() and part[4:].isdigit():
-                out.add(part[4:])
+        found = slurm_path(line.split(":", 2)[-1])
+        if found is not None:
+            out.add(found[0])
     return out
 
 
-def _cgroup_members(job: str) -> frozenset[int] | None:
+def slurm_path(path: str) -> tuple[str, str, int | None] | None:
+    """Where a cgroup path is a Slurm job's on Slurm's own path: (the job, the job's
+    directory, the uid the path names or None), else None.  Slurm's paths are fixed at
+    the top of the hierarchy: v1 ``/slurm[_NODE]/uid_U/job_N/...``, v2
+    ``/system.slice/[NODE_]slurmstepd.scope/job_N/...`` (or ``/slurmstepd.scope/...``
+    seen from a cgroup namespace).  A ``job_N`` anywhere else (below a user's delegated
+    ``user@UID.service``, which that user may fill with any names) is not one."""
+    parts = path.split("/", 5)[1:5]
+    if len(parts) >= 3 and parts[0].startswith("slurm") and parts[1].startswith("uid_"):
+        uid, job = parts[1][4:], parts[2]
+        if not (uid.isascii() and uid.isdigit() and len(uid) < 11):
+            return None
+        at, named = 3, int(uid)
+    elif len(parts) >= 3 and parts[0] == "system.slice" and parts[1].endswith("slurmstepd.scope"):
+        job, at, named = parts[2], 3, None
+    elif len(parts) >= 2 and parts[0].endswith("slurmstepd.scope"):
+        job, at, named = parts[1], 2, None
+    else:
+        return None
+    number = job[4:]
+    if not (job.startswith("job_") and number.isascii() and number.isdigit() and len(number) < 20):
+        return None
+    return number, "/" + "/".join(parts[:at]), named
+
+
+def _claims(path: str, job: str) -> bool:
+    """Whether a cgroup path names job ``job`` anywhere (``.../job_J/...``): a claim,
+    counted only on Slurm's own path.  Linear: one split, components compared."""
+    return f"job_{job}" in path.split("/")[: 1 << 12]
+
+
+def _cgroup_mounts() -> list[tuple[frozenset[str] | None, str, str]]:
+    """Where each cgroup hierarchy is mounted here: (None for the v2 one, else its mount
+    options, which hold its controllers as ``/proc/PID/cgroup`` names them: ``cpu``,
+    ``name=systemd``; the mount point; the hierarchy's path there)."""
+    out: list[tuple[frozenset[str] | None, str, str]] = []
+    text = _sysfs.read_opt("/proc/self/mountinfo", 1 << 22) or ""
+    for line in text.splitlines()[: 1 << 16]:
+        fields = line.split(" ", 64)
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        if len(fields) < sep + 4 or fields[sep + 1] not in ("cgroup", "cgroup2"):
+            continue
+        options = None if fields[sep + 1] == "cgroup2" else frozenset(fields[sep + 3].split(","))
+        out.append((options, _unescape(fields[4]), _unescape(fields[3])))
+    return out
+
+
+def _mount_of(
+    mounts: list[tuple[frozenset[str] | None, str, str]], controllers: str
+) -> tuple[str, str] | None:
+    """The mount (point, its path in the hierarchy) of the hierarchy a
+    ``/proc/PID/cgroup`` line names by its controllers (``""``: the v2 one)."""
+    wanted = frozenset(controllers.split(",")) if controllers else None
+    for options, point, root in mounts:
+        if (wanted is None and options is None) or (
+            wanted is not None and options is not None and wanted <= options
+        ):
+            return point, root
+    return None
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as a path (the kernel writes a space, tab, newline or
+    backslash as an octal escape)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def _root_owned(mount: tuple[str, str], directory: str, seen: dict[str, str | None]) -> str | None:
+    """None where ``directory`` (a hierarchy's path) and every folder above it in its
+    mount are owned by root, else why not (``seen``: the answers so far, by path)."""
+    point, root = mount
+    if root != "/" and not (directory == root or directory.startswith(root.rstrip("/") + "/")):
+        return "is not in this machine's mount of its hierarchy"
+    rel = directory[len(root.rstrip("/")) :].strip("/")
+    path = point
+    for part in ["", *rel.split("/")] if rel else [""]:
+        path = f"{path}/{part}" if part else path
+        if path not in seen:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                seen[path] = "cannot be looked at"
+            else:
+                seen[path] = None if st.st_uid == 0 else f"is owned by uid {st.st_uid}"
+        why = seen[path]
+        if why is not None:
+            return f"{_sysfs.short(path, 160)} {why}"
+    return None
+
+
+def _cgroup_members(job: str, owner: int | None) -> tuple[frozenset[int] | None, tuple[str, ...]]:
     """Processes whose cgroup (any hierarchy) is job ``job``'s, or None when no process
-    here, this one included, is in a Slurm job cgroup at all (no cgroup tracking)."""
+    here, this one included, is in a Slurm job cgroup at all (no cgroup tracking); and
+    what was not counted.  A cgroup counts only if nobody but root could have made it:
+    on Slurm's own path (:func:`slurm_path`), with the job's folder and every folder
+    above it owned by root, and its process of the job's uid ``owner`` (where known; the
+    uid a v1 path names too).  A process that names the job otherwise is said, not
+    counted: any logged-in user may create ``.../user@UID.service/slurm/job_J``."""
     tracked = False
-    pids = set()
+    pids: set[int] = set()
+    refused: dict[str, list[int]] = {}
+    mounts: list[tuple[frozenset[str] | None, str, str]] | None = None
+    seen: dict[str, str | None] = {}
     for name in _sysfs.listdir("/proc", 1 << 22):
         if not (name.isascii() and name.isdigit()):
             continue
-        jobs = slurm_jobs(_sysfs.read_opt(f"/proc/{name}/cgroup", 1 << 16) or "")
-        tracked = tracked or bool(jobs)
-        if job in jobs:
-            pids.add(int(name))
-    return frozenset(pids) if tracked else None
+        pid = int(name)
+        text = _sysfs.read_opt(f"/proc/{name}/cgroup", 1 << 16) or ""
+        for line in text.splitlines()[:64]:
+            _, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            found = slurm_path(path)
+            if found is None:
+                if _claims(path, job):
+                    why = f"a cgroup not on Slurm's own path ({_sysfs.short(path, 120)})"
+                    refused.setdefault(why, []).append(pid)
+                continue
+            if mounts is None:
+                mounts = _cgroup_mounts()
+            mount = _mount_of(mounts, controllers)
+            unsafe = (
+                "is in a cgroup hierarchy not mounted here"
+                if mount is None
+                else _root_owned(mount, found[1], seen)
+            )
+            if unsafe is not None:
+                if found[0] == job:
+                    refused.setdefault(f"a cgroup that {unsafe}", []).append(pid)
+                continue
+            tracked = True
+            if found[0] != job:
+                continue
+            uids = _kernel.process_uids(pid)
+            if uids == {0} and owner != 0:
+                continue  # slurmstepd, Slurm's own process in the job's cgroup: not a rank
+            if owner is not None and (uids != {owner} or found[2] not in (None, owner)):
+                refused.setdefault(f"its cgroup, but it runs as uid {sorted(uids or [])[:2]} "
+                                   f"and the job as {owner}", []).append(pid)  # fmt: skip
+                continue
+            pids.add(pid)
+            break
+    pids -= {p for ps in refused.values() for p in ps}
+    notes = []
+    for why, who in sorted(refused.items())[:MAX_MEMBER_NOTES]:
+        shown = ", ".join(str(p) for p in sorted(set(who))[:MAX_MEMBER_NOTES])
+        more = len(set(who)) - MAX_MEMBER_NOTES
+        notes.append(
+            f"pid {shown}{f' and {more} more' if more > 0 else ''} claim(s) job {job} "
+            f"through {_sysfs.clean_line(why, 300)}: not counted"
+        )
+    return (frozenset(pids) if tracked else None), tuple(notes)
 
 
 def node_facts(machine: Machine) -> NodeFacts:

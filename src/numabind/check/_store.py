@@ -21,6 +21,12 @@ import socket
 import struct
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._peer import Listener
+
 QUERIES = {"validate": 0, "get": 3, "check": 5}  # c10d::detail::QueryType
 MAGIC = 0x3C85F7CE  # c10d::detail::validationMagicNumber
 KEY_PREFIX = "/"  # TCPStore's keyPrefix_: every key on the wire starts with it
@@ -33,17 +39,36 @@ class StoreError(OSError):
     """The store could not be read: refused, closed, too slow, or a value too long."""
 
 
+class Refused(StoreError):
+    """The store's address is served by a user the check does not expect (root asks
+    nothing of it: :mod:`numabind.check._peer`); ``listener`` is who serves it."""
+
+    listener: Listener | None = None
+
+
 class StoreClient:
     """One connection to a TCPStore, read only: :meth:`check` and :meth:`get`, each
     ending by ``deadline`` (a ``time.monotonic()`` value).  A value longer than ``limit``
     is refused (:class:`StoreError`) and the connection made anew, since its unread bytes
     would otherwise be taken for the next answer."""
 
-    def __init__(self, host: str, port: int, deadline: float, limit: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        deadline: float,
+        limit: int,
+        vet: Callable[[Listener], str | None] | None = None,
+    ) -> None:
         self.address = (host, port)
         self.deadline = deadline
         self.limit = limit
         self._sock: socket.socket | None = None
+        # who listens where the first connection went, when that is this machine; ``vet``
+        # is shown it before a byte is sent (a line it returns refuses the store)
+        self.listener: Listener | None = None
+        self._vet = vet
+        self._looked = False
         self._connect()
 
     def _left(self) -> float:
@@ -58,6 +83,17 @@ class StoreClient:
         except OSError as err:
             raise StoreError(f"cannot connect: {err.strerror or err}") from None
         self._sock = sock
+        if not self._looked:
+            from ._peer import of_socket
+
+            self._looked = True
+            self.listener = of_socket(sock, self.deadline)
+            refused = self._vet(self.listener) if self.listener and self._vet else None
+            if refused is not None:
+                self.close()
+                refusal = Refused(refused)
+                refusal.listener = self.listener
+                raise refusal
         self._send(struct.pack("=BI", QUERIES["validate"], MAGIC))
 
     def close(self) -> None:

@@ -244,7 +244,8 @@ def _add_check(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         default=None,
         metavar="UID",
         help="with --job-id: the uid the job runs as, where the node has no Slurm process "
-        "tracking or job cgroup (check --job passes it)",
+        "tracking or job cgroup (check --job passes it); with --ray or --store: the user "
+        "a dashboard or store on this machine may be served by, besides the caller",
     )
     check.add_argument(
         "--sysroot",
@@ -558,8 +559,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "numabind check: --python names the interpreter --job runs on each node "
             "(or --ray's job in the cluster); not with --store or --all"
         )
-    if args.job_uid is not None and args.job_id is None:
-        raise UsageError("numabind check: --job-uid goes with --all --job-id JOBID")
+    if args.job_uid is not None and args.job_id is None and args.ray is None and args.store is None:
+        raise UsageError(
+            "numabind check: --job-uid goes with --all --job-id JOBID, --ray or --store"
+        )
     if args.ray is not None and (args.job is not None or args.store is not None):
         raise UsageError("numabind check: --ray, --job and --store are three reports; give one")
     from ._check import output_format

@@ -147,8 +147,12 @@ def _texts(value: Any, limit: int = 500) -> tuple[str, ...]:
 
 
 def parse_probe(raw: bytes) -> Probe:
-    """The probe's answer, or ValueError naming what was wrong with it."""
-    data = json.loads(raw.decode("utf-8", "replace"))
+    """The probe's answer, or ValueError naming what was wrong with it (nesting too deep
+    for the decoder too: the answer is another user's interpreter's word)."""
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except RecursionError:
+        raise ValueError("the probe's answer is nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError("the probe's answer is not a JSON object")
     pth: list[dict[str, Any]] = []

@@ -84,10 +84,13 @@ def _from_store(args: argparse.Namespace) -> int:
     if why is not None:
         write_lines([f"{said}: cannot reach the store ({why})"], stream=sys.stderr)
         return UNREACHABLE
-    from ..check._store import StoreClient, StoreError
+    from ..check._peer import vetting
+    from ..check._store import Refused, StoreClient, StoreError
 
+    warned: list[str] = []
+    vet = vetting(args.job_uid, "store", warned)
     try:
-        store = StoreClient(host, int(port), started + wait, _job.STORE_RECORD_BYTES)
+        store = StoreClient(host, int(port), started + wait, _job.STORE_RECORD_BYTES, vet)
         if not store.check([_report.LATEST]):
             write_lines(
                 [
@@ -98,6 +101,12 @@ def _from_store(args: argparse.Namespace) -> int:
             )
             return UNREACHABLE
         latest = store.get(_report.LATEST)[:200].decode("ascii", "replace")
+    except Refused as err:
+        line = f"{said}: {_sysfs.clean_line(str(err), 300)}"
+        if args.json and err.listener is not None:
+            write_json({"title": said, "refused": line, "listener": err.listener.to_dict()})
+        write_lines([line], stream=sys.stderr)
+        return UNREACHABLE
     except StoreError as err:
         write_lines([f"{said}: cannot read the store ({_sysfs.clean_line(str(err), 200)})"],
                     stream=sys.stderr)  # fmt: skip
@@ -113,12 +122,17 @@ def _from_store(args: argparse.Namespace) -> int:
         report = _report.read_report(store, prefix, int(m.group(3)), None, budget=budget)
     finally:
         store.close()
-    _write_report(args, report)
+    report = report.replace(notes=(*warned, *report.notes))
+    listener = store.listener.to_dict() if store.listener is not None else None
+    _write_report(args, report, listener)
     return _job.exit_status(report)
 
 
-def _write_report(args: argparse.Namespace, report: _job.JobReport) -> None:
-    """The job report as ``--format`` asks: the table, JSON, or OpenMetrics text."""
+def _write_report(
+    args: argparse.Namespace, report: _job.JobReport, listener: dict[str, object] | None = None
+) -> None:
+    """The job report as ``--format`` asks: the table, JSON (with who served it, for a
+    local store), or OpenMetrics text."""
     from ._check import output_format
 
     fmt = output_format(args)
@@ -127,7 +141,10 @@ def _write_report(args: argparse.Namespace, report: _job.JobReport) -> None:
 
         write(render_job(report))
     elif fmt == "json":
-        write_json(report.to_dict())
+        data = report.to_dict()
+        if listener is not None:
+            data["listener"] = listener
+        write_json(data)
     else:
         write_lines(_job.report_lines(report))
 
@@ -141,7 +158,7 @@ def _collector(args: argparse.Namespace) -> int:
     from ._check import output_format, run_check
 
     members = job_members(args.job_id, args.job_uid, timeout=min(args.deadline / 4, 10.0))
-    notes = [f"job {args.job_id}'s processes here, as told by {members.source}"]
+    notes = [f"job {args.job_id}'s processes here, as told by {members.source}", *members.notes]
 
     def emit(report: CheckReport) -> None:
         if output_format(args) == "openmetrics":  # the job's ranks here, for a textfile

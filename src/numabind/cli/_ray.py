@@ -33,22 +33,31 @@ from typing import Any
 
 from .. import _sysfs
 from ..check import _job, _raydriver
+from ..check._peer import Listener, of_socket, vetting
 from ._common import UNREACHABLE, USAGE, write_json, write_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
 DEFAULT_PORT = 8265  # the dashboard's
 ANSWER_CAP = 64 << 20  # bytes of one HTTP answer (10,000 actors in detail are ~20 MiB)
 HEADER_CAP = 64 << 10  # bytes of an answer's status line and headers
 VALUES_CAP = 1 << 20  # JSON values in one answer (counted before it is parsed)
+SIZE_LINE = 1024  # bytes of one chunk's size line (with its extensions) at most
+_HEX = b"0123456789abcdefABCDEF"
 POLL = 0.5  # seconds between looks at the job's status
 DONE = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 class HttpError(OSError):
     """The dashboard could not be asked, or its answer is not one (one line)."""
+
+
+class Refused(HttpError):
+    """The dashboard's address is served by a user the check does not expect (root asks
+    nothing of it: :mod:`numabind.check._peer`)."""
 
 
 class Http:
@@ -61,6 +70,11 @@ class Http:
 
     def __init__(self, scheme: str, host: str, port: int, deadline: float) -> None:
         self.scheme, self.host, self.port, self.deadline = scheme, host, port, deadline
+        # who listens where the first connection went, when that is this machine; ``vet``
+        # is shown it before a byte is sent (it raises Refused to stop there)
+        self.listener: Listener | None = None
+        self.vet: Callable[[Listener], str | None] | None = None
+        self._looked = False
 
     def _left(self) -> float:
         left = self.deadline - time.monotonic()
@@ -83,6 +97,12 @@ class Http:
         except OSError as err:
             raise HttpError(f"cannot connect: {err.strerror or err}") from None
         try:
+            if not self._looked:
+                self._looked = True
+                self.listener = of_socket(sock, self.deadline)
+                refused = self.vet(self.listener) if self.listener and self.vet else None
+                if refused is not None:
+                    raise Refused(refused)
             if self.scheme == "https":
                 import ssl
 
@@ -98,13 +118,24 @@ class Http:
         finally:
             sock.close()
 
-    def _answer(self, sock: socket.socket, cap: int) -> tuple[int, bytes]:
+    def _head(self, sock: socket.socket) -> tuple[bytes, bytes]:
+        """The answer's status line and headers, and the body's bytes that came with them;
+        the end of the headers is looked for in the new bytes only (linear in a drip)."""
         buf = bytearray()
-        while b"\r\n\r\n" not in buf:
+        seen = 0
+        while buf.find(b"\r\n\r\n", seen) < 0:
+            seen = max(len(buf) - 3, 0)
             if len(buf) > HEADER_CAP:
                 raise HttpError(f"an answer whose headers pass {HEADER_CAP >> 10} KiB")
-            buf += self._recv(sock)
+            chunk = self._recv(sock)
+            if not chunk:
+                raise HttpError("the dashboard closed the connection before its headers")
+            buf += chunk
         head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+        return head, rest
+
+    def _answer(self, sock: socket.socket, cap: int) -> tuple[int, bytes]:
+        head, rest = self._head(sock)
         lines = head.decode("latin-1").split("\r\n")
         m = re.fullmatch(r"HTTP/1\.[01] (\d{3})(?: .*)?", lines[0])
         if m is None:
@@ -137,7 +168,7 @@ class Http:
                 break
             body += chunk
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return status, _unchunk(bytes(body), cap)
+            return status, _unchunk(bytes(body), cap, self.deadline)
         return status, bytes(body)
 
     def _recv(self, sock: socket.socket) -> bytes:
@@ -150,36 +181,46 @@ class Http:
     def get_json(self, path: str, cap: int = ANSWER_CAP) -> Any:
         """GET ``path``: its JSON, or HttpError naming what was wrong."""
         status, body = self.request("GET", path, cap=cap)
-        return _json(status, body, path)
+        return _json(status, body, path, self.deadline)
 
     def send_json(self, method: str, path: str, body: Any = None) -> Any:
         status, answer = self.request(method, path, body, cap=1 << 20)
-        return _json(status, answer, path)
+        return _json(status, answer, path, self.deadline)
 
 
-def _unchunk(data: bytes, cap: int) -> bytes:
+def _unchunk(data: bytes, cap: int, deadline: float) -> bytes:
+    """A chunked body decoded in one pass over ``data``: each chunk's size line is found
+    from where the last chunk ended (never searched past :data:`SIZE_LINE` bytes) and
+    its bytes copied once, so the cost is linear in the bytes read whatever the chunks'
+    sizes (0.3's decoder copied the rest of the body for every chunk: 4 MiB of 1-byte
+    chunks took 323 s); the deadline is checked inside the loop."""
     out = bytearray()
-    while data:
-        size, sep, data = data.partition(b"\r\n")
-        token = size.split(b";")[0].strip()
-        if (
-            not sep
-            or not token
-            or len(token) > 16
-            or not all(c in b"0123456789abcdefABCDEF" for c in token)
-        ):
+    view = memoryview(data)
+    at, end, count = 0, len(data), 0
+    while at < end:
+        count += 1
+        if not count & 0x3FF and time.monotonic() > deadline:  # every 1,024 chunks
+            raise HttpError("no answer from the dashboard before the deadline")
+        eol = data.find(b"\r\n", at, at + SIZE_LINE)
+        token = data[at:eol].split(b";", 1)[0].strip() if eol >= 0 else b""
+        if not token or len(token) > 16 or token.translate(None, _HEX):
             raise HttpError("a chunked answer that is not well formed")
         n = int(token, 16)
         if n == 0:
             break
         if len(out) + n > cap:
             raise HttpError(f"an answer over {cap} bytes")
-        out += data[:n]
-        data = data[n + 2 :]
+        out += view[eol + 2 : eol + 2 + n]
+        at = eol + 4 + n
     return bytes(out)
 
 
-def _json(status: int, body: bytes, path: str) -> Any:
+def _json(status: int, body: bytes, path: str, deadline: float) -> Any:
+    """An answer's JSON: counted (:data:`VALUES_CAP`) and parsed by the C decoder, each
+    one linear pass over at most the answer's cap; not begun past the deadline.  Nesting
+    too deep for the decoder is a RecursionError it raises at once, a refusal here."""
+    if time.monotonic() > deadline:
+        raise HttpError("no answer from the dashboard before the deadline")
     if status != 200:
         said = _sysfs.clean_line(body[:200].decode("utf-8", "replace"), 120)
         raise HttpError(
@@ -335,6 +376,8 @@ def run_ray(args: argparse.Namespace) -> int:
     budget = _job.Budget(started + args.deadline)
     http = Http(scheme, host, port, started + min(args.deadline, 30.0))
     where = f"{said} {_sysfs.clean_line(args.ray, 80)}"
+    warned: list[str] = []
+    http.vet = vetting(args.job_uid, "dashboard", warned)
     try:
         version, holders, names = cluster_state(http)
         if not holders:
@@ -344,9 +387,13 @@ def run_ray(args: argparse.Namespace) -> int:
         left = max(args.deadline - (time.monotonic() - started) - 3.0, 2.0)
         status, message, log = run_job(http, args.python or "python", left)
     except HttpError as err:
-        write_lines([f"{where}: {_sysfs.clean_line(str(err), 300)}"], sys.stderr)
+        line = f"{where}: {_sysfs.clean_line(str(err), 300)}"
+        if args.json and isinstance(err, Refused) and http.listener is not None:
+            write_json({"title": said, "refused": line, "listener": http.listener.to_dict()})
+        write_lines([line], sys.stderr)
         return UNREACHABLE
     rows, notes = parse_log(log, holders, names, budget)
+    notes = [*warned, *notes]
     for node in holders:
         host = names.get(node, node[:12])
         if host not in rows:
@@ -356,7 +403,10 @@ def run_ray(args: argparse.Namespace) -> int:
     hosts = [names.get(n, n[:12]) for n in holders]
     report = _job.merge(None, hosts, rows, tuple(notes), budget=budget).replace(title=said)
     if args.json:
-        write_json(report.to_dict())
+        data = report.to_dict()
+        if http.listener is not None:
+            data["listener"] = http.listener.to_dict()
+        write_json(data)
     else:
         write_lines(_job.report_lines(report))
     return _job.exit_status(report)
