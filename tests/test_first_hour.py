@@ -826,7 +826,7 @@ def test_item_17_cli_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _rc, out, _ = run_main(capsys, "show", "--example", "container")
     assert (
-        "Accelerators (8 accelerators on the PCI bus; visible: all 2 reachable nvidia GPUs)" in out
+        "Accelerators (8 on the PCI bus, 2 visible and indexed: all 2 reachable nvidia GPUs)" in out
     )
     _, out, _ = run_main(capsys, "show", "--example", "two-nodes", "--draw")
     assert "(1 core)" in out and "(1 cores)" not in out
@@ -890,3 +890,71 @@ def test_item_16_docs_render_and_resolve() -> None:
     api = (HERE.parent / "docs" / "api.rst").read_text()
     for record in ("Accelerator", "Node", "Allowed", "Nic", "OtherDevice", "CpuInfo"):
         assert f".. autoclass:: numabind._model.{record}" in api, record
+
+
+# --- issue 46: every setting that is set is used or said -----------------------------------------
+
+
+def test_46_show_example_applies_every_planning_knob() -> None:
+    """The memory-tiers and priority-cores pages give the variable form first: each knob of
+    this shell plans the example, and the note names only what the user set."""
+    r = cli("show", "--example", "gb200", env=clean_env(NUMABIND_SPILL="any"))
+    assert r.returncode == 0, r.stderr
+    assert "preferred 0, then 1" not in r.stdout and "preferred 0  bound" in r.stdout, r.stdout
+    assert "NUMABIND_SPILL=cpu" not in r.stdout
+    assert "note: from this shell: NUMABIND_SPILL=any" in r.stdout
+    r = cli("show", "--example", "gb200")  # nothing set: the note names the default as such
+    assert "note: spill cpu (the default): once a rank's nodes are full" in r.stdout, r.stdout
+    assert "NUMABIND_SPILL=cpu" not in r.stdout
+    r = cli("show", "--example", "gb200", "--spill", "cpu")
+    assert "note: --spill cpu: once a rank's nodes are full" in r.stdout, r.stdout
+    r = cli("show", "--example", "dgx-b300", env=clean_env(NUMABIND_PRIORITY="main"))
+    assert "Plan (mode node, memory preferred, priority main;" in r.stdout, r.stdout
+    assert "main thread" in r.stdout.split("Plan (")[1].splitlines()[1]
+    env = clean_env(NUMABIND_NIC="ucx", NUMABIND_NIC_MODE="exclusive", NUMABIND_NIC_MIN_RATE="500")
+    r = cli("show", "--example", "dgx-h100", env=env)
+    assert "never: slow: 400 Gb/s below the minimum 500 Gb/s" in r.stdout, r.stdout
+    assert (
+        "note: from this shell: NUMABIND_NIC=ucx, NUMABIND_NIC_MODE=exclusive, "
+        "NUMABIND_NIC_MIN_RATE=500"
+    ) in r.stdout
+
+
+def test_46_nic_column_says_it_is_advice_when_no_transport_is_told() -> None:
+    r = cli("show", "--example", "dgx-h100")
+    advice = "the ranks' adapters are advice: NUMABIND_NIC is unset, so no transport is told one"
+    assert f"  note: {advice}" in r.stdout, r.stdout
+    r = cli("show", "--example", "dgx-h100", "--draw")
+    assert f"note: {advice}" in r.stdout and "NIC mlx5_0 (0000:19:00.0" in r.stdout, r.stdout
+    for argv in (("show", "--example", "dgx-h100"), ("show", "--example", "dgx-h100", "--draw")):
+        r = cli(*argv, env=clean_env(NUMABIND_NIC="nccl"))
+        assert "advice" not in r.stdout and "mlx5_0" in r.stdout, r.stdout
+
+
+def test_46_accelerator_counts_match_the_rows() -> None:
+    """A container: 8 GPUs on the bus, 2 visible.  The header's numbers are the rows
+    under it (8) and the rows with an index (2)."""
+    r = cli("show", "--example", "container")
+    lines = r.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("Accelerators ("))
+    assert lines[at].startswith("Accelerators (8 on the PCI bus, 2 visible and indexed"), lines[at]
+    rows = [x for x in lines[at + 2 : at + 20] if x.startswith("  ") and "nvidia" in x]
+    assert len(rows) == 8 and sum(x.split()[0] != "-" for x in rows) == 2, rows
+    r = cli("show", "--example", "mi300x-cpx")  # 8 GPUs split 64 ways: 8 rows, all indexed
+    assert "on the PCI bus" not in r.stdout and "Accelerators (all 64 reachable" in r.stdout
+
+
+def test_46_draw_legend_calls_a_character_a_core() -> None:
+    r = cli("show", "--example", "container", "--draw")
+    legend = r.stdout.split("\nlegend\n")[1]
+    assert "  .  a core no rank is planned onto" in legend, legend
+    assert "  x  a core this process may not use (its cgroup)" in legend
+    assert "a CPU" not in legend and "each character is one core" in legend
+    r = cli("show", "--example", "dgx-h100", "--draw")
+    assert "  A  ranks 0-3 share these cores: CPUs 0-55,112-167" in r.stdout, r.stdout
+
+
+def test_46_one_usable_core_is_singular() -> None:
+    r = cli("show", "--example", "two-nodes", env=clean_env(NUMABIND_RESERVE="1"))
+    assert "would leave node 0 (1 usable core) no core to compute on" in r.stdout, r.stdout
+    assert "usable cores" not in r.stdout
