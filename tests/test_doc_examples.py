@@ -234,3 +234,26 @@ def test_item_8_the_host_memory_recipes_run_and_register_once() -> None:
     assert not any("cudaHostRegister" in b.text for b in page)
     shared = next(b for b in page if "shared=True" in b.text)
     assert "mmap.mmap(fd" in shared.text and "address" in shared.text.split("bind_range")[0]
+
+
+def test_46_the_kv_cache_recipe_prints_a_pool_per_gpu(
+    machines: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 46: the recipe counts the GPUs with ``Machine.from_root()``, which follows
+    ``NUMABIND_SYSROOT`` as the rest of the API does: on its machine it prints one pool
+    per GPU (before, it read this GPU-less host, ran its loop zero times and exited 0)."""
+    import json
+
+    (b,) = [x for x in RUN if x.where.startswith("docs/host-memory.rst") and "pool_bytes" in x.text]
+    env = _env(b, machines)
+    script = _folder(tmp_path) / "kv.py"
+    script.write_text(b.text + "\n")
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    shown = subprocess.run([sys.executable, "-m", "numabind", "show", "--json"], env=env,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    gpus = len(json.loads(shown.stdout)["devices"])
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and gpus >= 1, r.stderr
+    assert len(lines) == gpus and all(x.startswith("HostBuffer(0x") for x in lines), r.stdout
+    assert all("268435456 bytes, nodes 0, bind)" in x for x in lines), r.stdout

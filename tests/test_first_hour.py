@@ -958,3 +958,18 @@ def test_46_one_usable_core_is_singular() -> None:
     r = cli("show", "--example", "two-nodes", env=clean_env(NUMABIND_RESERVE="1"))
     assert "would leave node 0 (1 usable core) no core to compute on" in r.stdout, r.stdout
     assert "usable cores" not in r.stdout
+
+
+def test_46_machine_from_root_without_a_root_follows_the_sysroot(tmp_path: Path) -> None:
+    """``Machine.from_root()`` is this machine as numabind sees it (``Machine.here()``),
+    as host_buffer and plan_for in the same shell read it; ``from_root("/")`` reads /."""
+    root = str(tmp_path / "gb200")
+    assert cli("gather", "--example", "gb200", root).returncode == 0
+    code = (
+        "import numabind\n"
+        "print(numabind.Machine.from_root().description, len(numabind.Machine.from_root()"
+        ".accelerators))\n"
+        "print(numabind.Machine.from_root('/').description)\n"
+    )
+    r = py(code, clean_env(NUMABIND_SYSROOT=root))
+    assert r.returncode == 0 and r.stdout.splitlines() == [f"{root} 4", "live system"], r

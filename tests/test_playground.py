@@ -60,7 +60,7 @@ def test_the_python_api_and_the_knobs_on_the_playground(tmp_path: Path) -> None:
         env=clean_env(NUMABIND_SYSROOT=root, NUMABIND_MEMORY="bind"),
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["1 bind [72, 73]", "live system"], r.stdout
+    assert r.stdout.splitlines() == ["1 bind [72, 73]", root], r.stdout
     data = json.loads(cli("show", "--json", NUMABIND_SYSROOT=root, NUMABIND_MODE="socket").stdout)
     assert {p["mode"] for p in data["ranks"]} == {"socket"}
 
