@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -845,7 +846,7 @@ def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
             return False
 
     report = _report.read_report(Store(), "numabind/none/0", 1, 1.0)
-    assert _job.report_lines(report)[0].startswith("numabind job report (not under torchrun):")
+    assert _job.report_lines(report)[0].startswith("numabind job report (no torchrun run id):")
     two = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "two"))
     code = (
         "import numabind\n"
@@ -973,3 +974,92 @@ def test_46_machine_from_root_without_a_root_follows_the_sysroot(tmp_path: Path)
     )
     r = py(code, clean_env(NUMABIND_SYSROOT=root))
     assert r.returncode == 0 and r.stdout.splitlines() == [f"{root} 4", "live system"], r
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the redirect rules for root")
+def test_46_a_sysroot_set_and_not_used_is_said_in_one_line(tmp_path: Path) -> None:
+    """Root: show, doctor and the hook each say in one line, without verbose, that the
+    sysroot is not used (before, only the header's 'live system' gave it away)."""
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    theirs = tmp_path / "theirs"
+    shutil.copytree(two, theirs)
+    os.chown(theirs, 65534, 65534)
+    for root in ("rel/dir", "/nonexistent-numabind", str(theirs)):
+        env = clean_env(NUMABIND_SYSROOT=root)
+        r = cli("show", env=env)
+        (line,) = r.stderr.splitlines()
+        assert line.startswith("numabind show: NUMABIND_SYSROOT=") and "ignored for root: " in line
+        assert line.endswith("; using /") and "//" not in line, line
+        r = cli("doctor", env=env)
+        said = [x for x in r.stdout.splitlines() if "NUMABIND_SYSROOT" in x]
+        assert len(said) == 1 and said[0].startswith("WARN  settings"), r.stdout
+        r = py("print('ok')", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=root))
+        (line,) = r.stderr.splitlines()
+        assert r.stdout == "ok\n" and line.startswith("numabind: NUMABIND_SYSROOT="), r.stderr
+    r = cli("show", env=clean_env(NUMABIND_SYSROOT=two))  # a root-owned tree is used: quiet
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith(f"numabind 0.3.0: {two}")
+    tarball = tmp_path / "x.tar.gz"  # a capture, not a folder: one line each, saying so
+    tarball.write_bytes(b"")
+    env = clean_env(NUMABIND_SYSROOT=str(tarball))
+    for r in (cli("show", env=env), py("pass", clean_env(LOCAL_RANK="0", **env))):
+        (line,) = r.stderr.splitlines()
+        assert f"{tarball}: not a directory; Machine.from_capture reads a tarball" in line, line
+    said = [x for x in cli("doctor", env=env).stdout.splitlines() if str(tarball) in x]
+    assert len(said) == 1 and said[0].startswith("FAIL  machine"), said
+
+
+@two_cpus
+def test_46_every_knob_typo_gets_the_same_one_line(tmp_path: Path) -> None:
+    """A NIC typo was the last bracket of a long binding line, a MODE typo its own line:
+    now each is one line 'NUMABIND_X=... is not ...; <what numabind does instead>', and
+    a binding that has nothing else to say stays quiet."""
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for knob, value, then in (
+        ("NUMABIND_NIC", "uxc", "; using none"),
+        ("NUMABIND_NIC_MODE", "nearst", "; using nearest"),
+        ("NUMABIND_VERBOSE", "yse", "; using 0"),
+        ("NUMABIND_MODE", "nod", "; numabind left this process unbound"),
+    ):
+        env = clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none")
+        env[knob] = value
+        r = py(code, env)
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"numabind: {knob}={value!r} is not ") and line.endswith(then), line
+        assert len(line) < 130, line
+        assert r.stdout.strip() == ("[0, 1]" if knob == "NUMABIND_MODE" else "[0]"), r.stdout
+        r = cli("show", env=env)
+        assert f"{knob}={value!r} is not " in r.stderr or knob == "NUMABIND_MODE", r.stderr
+
+
+def test_46_a_device_list_typo_is_checked_on_a_one_node_machine(tmp_path: Path) -> None:
+    one = synth.write(synth.one_node(), str(tmp_path / "one"))
+    r = py("print('ok')", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=one, NUMABIND_DEVICES="al"))
+    (line,) = r.stderr.splitlines()
+    assert "NUMABIND_DEVICES: device 'al': no accelerator 'al' on this machine" in line, r.stderr
+    r = py("print('ok')", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=one, NUMABIND_DEVICES="all"))
+    assert r.stderr == "" and r.stdout == "ok\n", r.stderr
+
+
+def test_46_a_static_rendezvous_job_is_not_titled_not_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun --rdzv-backend static leaves --rdzv-id at its default, "none": the records
+    are under numabind/none/0, and the report still names torchrun."""
+    from numabind.check import _job, _report
+
+    class Store:
+        def check(self, keys: list[str]) -> bool:
+            return False
+
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "ROLE_NAME", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ROLE_NAME", "default")
+    monkeypatch.setenv("GROUP_RANK", "0")
+    title = _job.report_lines(_report.read_report(Store(), "numabind/none/0", 1, 1.0))[0]
+    assert title.startswith(
+        "numabind job report (torchrun, static rendezvous: no run id, restart 0):"
+    ), title
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    title = _job.report_lines(_report.read_report(Store(), "numabind/none/0", 1, 1.0))[0]
+    assert "not under torchrun" not in title and "torchrun, static rendezvous" in title, title

@@ -590,11 +590,15 @@ def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
 def setting_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Every knob whose value does not parse, one finding each (the startup hook stops at
     the first: each is read alone here, so one typo does not hide the next)."""
-    from .._environ import KNOBS, Config
+    from .._environ import KNOBS, Config, path_setting
 
     out: list[Finding] = []
     for knob in KNOBS:
         if knob.name not in environ:
+            continue
+        if knob.kind == "path":  # set and not used: under the rules of this process's own
+            _, unused = path_setting(knob, environ[knob.name], environ is os.environ)
+            out += [Finding(check="settings", status="warn", detail=w) for w in unused]
             continue
         try:
             cfg = Config.from_env({knob.name: environ[knob.name]})

@@ -826,6 +826,8 @@ def run_show(args: argparse.Namespace) -> int:
             cfg = Config.from_env(environ)
         except ValueError as err:
             raise UsageError(f"numabind show: {err}") from err
+        for warning in cfg.warnings:  # set and not used (a typo, a sysroot refused): said
+            write_lines([f"numabind show: {warning}"], sys.stderr)
         args.mode = args.mode or cfg.mode
         args.memory = args.memory or cfg.memory
         args.reserve = cfg.reserve if args.reserve is None else args.reserve
