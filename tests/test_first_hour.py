@@ -1063,3 +1063,68 @@ def test_46_a_static_rendezvous_job_is_not_titled_not_under_torchrun(
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     title = _job.report_lines(_report.read_report(Store(), "numabind/none/0", 1, 1.0))[0]
     assert "not under torchrun" not in title and "torchrun, static rendezvous" in title, title
+
+
+@two_cpus
+def test_46_priority_main_hands_back_what_the_kernel_narrowed(tmp_path: Path) -> None:
+    """The dgx-b300 playground on this 2-CPU host: rank 0's priority core is {0,128} and
+    the kernel keeps {0}.  A thread and a child the pinned main thread starts still take
+    the rank's whole set (what the kernel keeps of it: 0-1), as cores.rst says."""
+    root = str(tmp_path / "b300")
+    assert cli("gather", "--example", "dgx-b300", root).returncode == 0
+    code = (
+        "import os, subprocess, sys, threading\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "t.start(); t.join()\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; "
+        "print(sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True)\n"
+        "print(sorted(os.sched_getaffinity(0)), seen[0], child.stdout.strip())\n"
+    )
+    env = clean_env(
+        LOCAL_RANK="0", NUMABIND_SYSROOT=root, NUMABIND_PRIORITY="main", NUMABIND_MEMORY="none"
+    )
+    r = py(code, env)
+    assert r.returncode == 0 and r.stdout.strip() == "[0] [0, 1] [0, 1]", (r.stdout, r.stderr)
+
+
+@two_cpus
+def test_46_check_says_where_a_moved_thread_runs_now(tmp_path: Path) -> None:
+    """A rank bound to CPU 0 and moved to 0-1: check's line names the plan's CPUs and
+    where the threads run now, as the job table's CPUS NOW does."""
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    code = (
+        "import os, subprocess, sys\n"
+        "os.sched_setaffinity(0, {0, 1})\n"
+        "r = subprocess.run([sys.executable, '-m', 'numabind', 'check', '--pid', "
+        "str(os.getpid())], capture_output=True, text=True)\n"
+        "print(r.stdout)\n"
+    )
+    r = py(code, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("OFF PLAN ") and ": node 0, CPUs 0, now 0-1, memory none" in first, (
+        r.stdout
+    )
+    assert "machine: " not in r.stdout, "numabind's own note, for NUMABIND_DEBUG=1 only"
+
+
+@two_cpus
+def test_46_internal_notes_only_under_numabind_debug(tmp_path: Path) -> None:
+    """Verbose prints the binding; the machine's origin, the warm start's hand-over and
+    the kernel call behind a refusal are numabind's own notes: NUMABIND_DEBUG=1 only."""
+    root = str(tmp_path / "b300")
+    assert cli("gather", "--example", "dgx-b300", root).returncode == 0
+    base = {"NUMABIND_SYSROOT": root, "NUMABIND_MEMORY": "none"}
+    verbose = py("pass", clean_env(LOCAL_RANK="0", NUMABIND_VERBOSE="1", **base)).stderr
+    assert verbose.startswith("numabind: local rank 0 (LOCAL_RANK): CPUs 0-63,128-191"), verbose
+    assert "[machine: " not in verbose and "planned by the full path" not in verbose, verbose
+    debug = py("pass", clean_env(LOCAL_RANK="0", NUMABIND_VERBOSE="1", NUMABIND_DEBUG="1", **base))
+    assert "[machine: " in debug.stderr and "[planned by the full path: " in debug.stderr
+    refused = py("pass", clean_env(LOCAL_RANK="4", **base)).stderr  # node 1: no CPU here
+    assert (
+        "[error: the kernel refused CPUs 64-127,192-255: none of these CPUs is online and "
+        "allowed by this process's cgroup cpuset (this process may use 0-1)]"
+    ) in refused, refused
+    assert "sched_setaffinity" not in refused and "thread " not in refused
+    debug = py("pass", clean_env(LOCAL_RANK="4", NUMABIND_DEBUG="1", **base)).stderr
+    assert "[error: sched_setaffinity(thread " in debug, debug

@@ -245,6 +245,15 @@ KNOBS: tuple[Knob, ...] = (
         help="1: print the binding of every rank (failures are always printed)",
     ),
     Knob(
+        name="NUMABIND_DEBUG",
+        field="debug",
+        kind="flag",
+        default="0",
+        help="1: also say numabind's own notes, for a bug report: where a rank's machine came "
+        "from (cache or sysfs), why the warm start handed over, and the kernel call and thread "
+        "behind a refusal",
+    ),
+    Knob(
         name="NUMABIND_GUARD",
         field="guard",
         kind="flag",
@@ -527,6 +536,7 @@ class Config(Record):
     omp_places: str = "off"
     workers: str = "share"
     verbose: bool = False
+    debug: bool = False
     guard: bool = True
     torch: bool = False
     torch_set_device: bool = True
@@ -588,6 +598,13 @@ class Config(Record):
                 value = knob.default in TRUE if knob.kind == "flag" else knob.default
             values[knob.field] = value
         return cls(**values, warnings=tuple(warnings), notes=tuple(notes))
+
+
+def debugging(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``NUMABIND_DEBUG`` asks for numabind's own notes (a bad value: no; the
+    hook and the commands say the typo)."""
+    raw = (os.environ if environ is None else environ).get("NUMABIND_DEBUG")
+    return raw is not None and raw.strip().lower() in TRUE
 
 
 def registry_base(environ: Mapping[str, str]) -> str:

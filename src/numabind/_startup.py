@@ -279,7 +279,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         )
     finally:
         machine.close()  # a cached machine writes back what planning had to read
-    if cfg.verbose:
+    if cfg.debug:  # numabind's own notes: for a bug report, not for the user (NUMABIND_DEBUG)
         binding.notes.append(f"machine: {origin}")
         start = sys.modules.get("_numabind_start")
         fell = getattr(start, "handed_over", "")
