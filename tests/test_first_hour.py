@@ -1128,3 +1128,31 @@ def test_46_internal_notes_only_under_numabind_debug(tmp_path: Path) -> None:
     assert "sched_setaffinity" not in refused and "thread " not in refused
     debug = py("pass", clean_env(LOCAL_RANK="4", NUMABIND_DEBUG="1", **base)).stderr
     assert "[error: sched_setaffinity(thread " in debug, debug
+
+
+def test_46_gather_force_replaces_a_folder_gather_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "dgx"
+    assert cli("gather", "--example", "two-nodes", str(out)).returncode == 0
+    r = cli("gather", "--example", "two-nodes", str(out))
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "not empty: give a new or an empty folder, or --force to replace it"
+    ), r.stderr
+    r = cli("gather", "--example", "gb200", str(out), "--force")
+    assert r.returncode == 0 and r.stdout.startswith("numabind: wrote example gb200 ("), r.stderr
+    assert cli("show", env=clean_env(NUMABIND_SYSROOT=str(out))).stdout.count("GB200") == 4
+    mine = tmp_path / "mine"  # a folder of the user's own: --force never empties it
+    (mine / "sys").mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep\n")
+    r = cli("gather", "--example", "gb200", str(mine), "--force")
+    assert r.returncode == 2 and "--force replaces only a folder numabind gather" in r.stderr
+    assert (mine / "notes.txt").read_text() == "keep\n"
+
+
+def test_46_show_svg_says_it_wrote_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "dgx.svg"
+    r = cli("show", "--example", "dgx-h100", "--svg", str(target))
+    assert r.returncode == 0 and target.read_text().startswith("<svg"), r.stderr
+    assert r.stderr == f"numabind show: wrote the picture to {target}\n", r.stderr
+    assert r.stdout.startswith("numabind 0.3.0: example dgx-h100")
+    r = cli("show", "--example", "dgx-h100", "--svg", "-")
+    assert r.stderr == "" and r.stdout.startswith("<svg")

@@ -863,6 +863,8 @@ def run_show(args: argparse.Namespace) -> int:
             svg.write(render(machine, plans, mode=args.mode, memory=args.memory))
             if svg.stdout:
                 return OK
+            # said on stderr: stdout stays the report (--json included)
+            write_lines([f"numabind show: wrote the picture to {args.svg}"], sys.stderr)
 
         def text() -> list[str]:
             lines = show_text(
