@@ -1156,3 +1156,35 @@ def test_46_show_svg_says_it_wrote_the_file(tmp_path: Path) -> None:
     assert r.stdout.startswith("numabind 0.3.0: example dgx-h100")
     r = cli("show", "--example", "dgx-h100", "--svg", "-")
     assert r.stderr == "" and r.stdout.startswith("<svg")
+
+
+def test_46_doctor_cpuset_finding_is_a_sentence(tmp_path: Path) -> None:
+    """The k8s-pod playground: two GPUs on node 1, the pod's CPUs 0-7 on node 0.  The
+    finding names the GPUs, their node and the CPUs allowed in one sentence, then the fix
+    (before: 'the node of GPU 0 (...) is on node 1')."""
+    root = str(tmp_path / "pod")
+    assert cli("gather", "--example", "k8s-pod", root).returncode == 0
+    r = cli("doctor", env=clean_env(NUMABIND_SYSROOT=root))
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("FAIL  cpuset")]
+    assert (
+        "GPU 0 (0000:9a:00.0), GPU 1 (0000:ab:00.0) are on node 1 (CPUs 56-111,168-223), and "
+        "none of the CPUs this process may use is there (CPUs 0-7, from cgroup v2 "
+    ) in line, line
+    assert "): their ranks are not bound. Fix: in Kubernetes, give the pod exclusive CPUs" in line
+    assert "the node of GPU" not in line and "is on node 1 (CPUs" not in line
+
+
+def test_46_a_corrupt_dra_file_is_said_once_and_the_fall_back_too(tmp_path: Path) -> None:
+    root = tmp_path / "pod"
+    assert cli("gather", "--example", "k8s-pod", str(root)).returncode == 0
+    (meta,) = root.glob("var/run/kubernetes.io/dra-device-attributes/*/*/*/*-metadata.json")
+    meta.write_text("{not json\n")
+    env = clean_env(NUMABIND_SYSROOT=str(root))
+    r = cli("show", env=env)
+    assert r.returncode == 0 and r.stdout.count("not JSON") == 1, r.stdout
+    fell = "no DRA device metadata could be used: planned for all 8 nvidia GPUs in sysfs"
+    assert f"  note: {fell}, which may be more than this container was given" in r.stdout
+    r = cli("doctor", env=env)
+    assert r.stdout.count("not JSON") == 1 and f"WARN  visible devices    {fell}" in r.stdout, (
+        r.stdout
+    )

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 
 ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+SAID = "DRA device metadata"  # how every line about a file here begins (numabind._devices)
 KINDS = ("resourceclaims", "resourceclaimtemplates")
 API_GROUP = "metadata.resource.k8s.io/"
 VERSIONS = ("v1alpha1", "v1beta1")
@@ -217,10 +218,10 @@ def read(root: Root) -> tuple[tuple[DraDevice, ...], list[str]]:
                     try:
                         text = root.read(f"{folder}/{name}", FILE_CAP)
                     except OSError as err:
-                        warn.append(f"DRA device metadata {where}: unreadable ({err}); ignored")
+                        warn.append(f"{SAID} {where}: unreadable ({err}); ignored")
                         continue
                     lines: list[str] = []
-                    for dev in parse(text, f"DRA device metadata {where}", lines):
+                    for dev in parse(text, f"{SAID} {where}", lines):
                         found.setdefault(dev.pci, dev.replace(where=f"{kind}/{claim}/{request}"))
                     warn += lines
     return tuple(sorted(found.values(), key=lambda d: _sysfs.pci_sort_key(d.pci))), warn

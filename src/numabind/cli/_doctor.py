@@ -741,6 +741,17 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
     elif len(with_cpus) <= 1:
         detail += ": one node with CPUs, nothing to bind on this machine"
     out.append(Finding(check="machine", status=status, detail=detail))
+    # what the reading found wrong (a DRA file that does not parse...), each said once, and
+    # the fall-back to every GPU in sysfs that a pod's unusable DRA files mean
+    out += [Finding(check="machine problem", status="warn", detail=w) for w in machine.warnings]
+    from .._devices import DRA_FALLBACK, resolve
+
+    env = os.environ if environ is None else environ
+    out += [
+        Finding(check="visible devices", status="warn", detail=n)
+        for n in resolve(machine, env).notes
+        if n.startswith(DRA_FALLBACK)
+    ]
     others = machine.others()
     if others:
         groups: dict[str, list[str]] = {}
@@ -851,23 +862,28 @@ def cpuset_findings(machine: Any, environ: Mapping[str, str] | None = None) -> l
     if len(machine.cpu_nodes) <= 1:
         return []
     allowed = machine.allowed
-    off: list[str] = []
+    off: dict[int, list[str]] = {}  # node -> the visible GPUs on it, none of its CPUs allowed
     for i, dev in enumerate(resolve(machine, env).devices):
         node = device_node(machine, dev).node
         found = machine.node(node) if node is not None else None
-        if found is not None and found.cpus and not found.cpus & allowed.cpus:
-            off.append(
-                f"{describe_device(dev, i)} is on node {node} (CPUs {format_cpulist(found.cpus)})"
-            )
+        if node is not None and found is not None and found.cpus and not found.cpus & allowed.cpus:
+            off.setdefault(node, []).append(describe_device(dev, i))
     if not off:
         return []
+    gpus = sum(len(v) for v in off.values())
+    where = "; ".join(
+        f"{', '.join(devs)} {'is' if len(devs) == 1 else 'are'} on node {n} (CPUs "
+        f"{format_cpulist(machine.node(n).cpus)})"
+        for n, devs in off.items()
+    )
     return [
         Finding(
             check="cpuset",
             status="fail",
-            detail=f"this process may use CPUs {format_cpulist(allowed.cpus) or 'none'} (from "
-            f"{allowed.source}), none of them on the node of {'; '.join(off)}: a rank there is "
-            f"not bound; {cpuset_fix(env, allowed)}",
+            detail=f"{where}, and none of the CPUs this process may use is there (CPUs "
+            f"{format_cpulist(allowed.cpus) or 'none'}, from {allowed.source}): "
+            f"{'its rank is' if gpus == 1 else 'their ranks are'} not bound. "
+            f"Fix: {cpuset_fix(env, allowed)}",
         )
     ]
 

@@ -570,7 +570,9 @@ def show_text(
                     if with_nics
                     else []
                 ),
-                f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
+                # the machine's problems are said once, above: not again in every row
+                f"{p.status}: {p.reason}"
+                + "".join(f"; {n}" for n in p.notes if n not in machine.warnings),
             ]
         )
     out += _table(rows)
