@@ -518,7 +518,7 @@ class Config(Record):
 
     ``warnings`` are what was set and is not used: bad values of non-binding knobs and
     redirections not taken (each said once, on its own line, verbose or not); ``notes``
-    are smaller findings (said in verbose mode)."""
+    are smaller findings (said in verbose mode; none at present)."""
 
     enable: str = "auto"
     mode: str = "node"
