@@ -1161,6 +1161,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "doctor's probe answer nested too deep is a finding, not a traceback",
         ("tests/test_round4.py",),
     ),
+    # --- issue 46: every setting that is set is used or said (helper firsthour-a) ----------
+    M(
+        "F01",
+        "src/numabind/cli/_show.py",
+        '    "NUMABIND_SPILL",\n    "NUMABIND_RESERVE",',
+        '    "NUMABIND_RESERVE",',
+        "show --example plans with this shell's NUMABIND_SPILL (every planning knob)",
+        ("tests/test_first_hour.py::test_46_show_example_applies_every_planning_knob",),
+    ),
+    M(
+        "F02",
+        "src/numabind/_apply.py",
+        "    main = kept if kept and kept <= plan.main_cpus else plan.main_cpus",
+        "    main = plan.main_cpus",
+        "NUMABIND_PRIORITY=main hands back against the core the kernel kept, not the one asked",
+        ("tests/test_first_hour.py::test_46_priority_main_hands_back_what_the_kernel_narrowed",),
+    ),
+    M(
+        "F03",
+        "src/numabind/_environ.py",
+        '    return value, [f"{n}; using {knob.default}" for n in why]',
+        "    return value, []",
+        "a NUMABIND_SYSROOT set and not used is said in one line by show, doctor and the hook",
+        ("tests/test_first_hour.py::test_46_a_sysroot_set_and_not_used_is_said_in_one_line",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

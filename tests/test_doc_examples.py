@@ -314,3 +314,26 @@ def test_the_readme_try_it_writes_nothing_into_the_checkout(tmp_path: Path) -> N
     (made,) = temp.iterdir()  # the one mktemp -d folder
     assert "<svg" in (made / "dgx.svg").read_text()[:500]
     assert (made / "dgx" / "sys").is_dir()
+
+
+def test_46_the_kv_cache_recipe_prints_a_pool_per_gpu(tmp_path: Path) -> None:
+    """Issue 46: the recipe counts the GPUs with ``Machine.from_root()``, which follows
+    ``NUMABIND_SYSROOT`` as the rest of the API does: on its machine (after its "Try it"
+    line, as a reader runs it) it prints one pool per GPU (before, it read this GPU-less
+    host, ran its loop zero times and exited 0)."""
+    import json
+
+    (b,) = [x for x in RUN if x.where.startswith("docs/host-memory.rst") and "pool_bytes" in x.text]
+    cwd = _folder(tmp_path)
+    (cwd / "kv.py").write_text(b.text + "\n")
+    py = sys.executable
+    both = _first(b, f"{py} kv.py\necho ===\n{py} -m numabind show --json")
+    r = subprocess.run(["bash", "-e", "-c", both], cwd=cwd, env=_env(cwd),
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    printed, _, shown = r.stdout.partition("===\n")
+    gpus = len(json.loads(shown)["devices"])
+    lines = printed.splitlines()
+    assert gpus >= 1, shown
+    assert len(lines) == gpus and all(x.startswith("HostBuffer(0x") for x in lines), printed
+    assert all("268435456 bytes, nodes 0, bind)" in x for x in lines), printed

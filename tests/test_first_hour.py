@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -826,7 +827,7 @@ def test_item_17_cli_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _rc, out, _ = run_main(capsys, "show", "--example", "container")
     assert (
-        "Accelerators (8 accelerators on the PCI bus; visible: all 2 reachable nvidia GPUs)" in out
+        "Accelerators (8 on the PCI bus, 2 visible and indexed: all 2 reachable nvidia GPUs)" in out
     )
     _, out, _ = run_main(capsys, "show", "--example", "two-nodes", "--draw")
     assert "(1 core)" in out and "(1 cores)" not in out
@@ -845,7 +846,7 @@ def test_item_18_wording(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
             return False
 
     report = _report.read_report(Store(), "numabind/none/0", 1, 1.0)
-    assert _job.report_lines(report)[0].startswith("numabind job report (not under torchrun):")
+    assert _job.report_lines(report)[0].startswith("numabind job report (no torchrun run id):")
     two = synth.write(synth.two_nodes(gpus=2), str(tmp_path / "two"))
     code = (
         "import numabind\n"
@@ -890,3 +891,300 @@ def test_item_16_docs_render_and_resolve() -> None:
     api = (HERE.parent / "docs" / "api.rst").read_text()
     for record in ("Accelerator", "Node", "Allowed", "Nic", "OtherDevice", "CpuInfo"):
         assert f".. autoclass:: numabind._model.{record}" in api, record
+
+
+# --- issue 46: every setting that is set is used or said -----------------------------------------
+
+
+def test_46_show_example_applies_every_planning_knob() -> None:
+    """The memory-tiers and priority-cores pages give the variable form first: each knob of
+    this shell plans the example, and the note names only what the user set."""
+    r = cli("show", "--example", "gb200", env=clean_env(NUMABIND_SPILL="any"))
+    assert r.returncode == 0, r.stderr
+    assert "preferred 0, then 1" not in r.stdout and "preferred 0  bound" in r.stdout, r.stdout
+    assert "NUMABIND_SPILL=cpu" not in r.stdout
+    assert "note: from this shell: NUMABIND_SPILL=any" in r.stdout
+    r = cli("show", "--example", "gb200")  # nothing set: the note names the default as such
+    assert "note: spill cpu (the default): once a rank's nodes are full" in r.stdout, r.stdout
+    assert "NUMABIND_SPILL=cpu" not in r.stdout
+    r = cli("show", "--example", "gb200", "--spill", "cpu")
+    assert "note: --spill cpu: once a rank's nodes are full" in r.stdout, r.stdout
+    r = cli("show", "--example", "dgx-b300", env=clean_env(NUMABIND_PRIORITY="main"))
+    assert "Plan (mode node, memory preferred, priority main;" in r.stdout, r.stdout
+    assert "main thread" in r.stdout.split("Plan (")[1].splitlines()[1]
+    env = clean_env(NUMABIND_NIC="ucx", NUMABIND_NIC_MODE="exclusive", NUMABIND_NIC_MIN_RATE="500")
+    r = cli("show", "--example", "dgx-h100", env=env)
+    assert "never: slow: 400 Gb/s below the minimum 500 Gb/s" in r.stdout, r.stdout
+    assert (
+        "note: from this shell: NUMABIND_NIC=ucx, NUMABIND_NIC_MODE=exclusive, "
+        "NUMABIND_NIC_MIN_RATE=500"
+    ) in r.stdout
+
+
+def test_46_nic_column_says_it_is_advice_when_no_transport_is_told() -> None:
+    r = cli("show", "--example", "dgx-h100")
+    advice = "the ranks' adapters are advice: NUMABIND_NIC is unset, so no transport is told one"
+    assert f"  note: {advice}" in r.stdout, r.stdout
+    r = cli("show", "--example", "dgx-h100", "--draw")
+    assert f"note: {advice}" in r.stdout and "NIC mlx5_0 (0000:19:00.0" in r.stdout, r.stdout
+    for argv in (("show", "--example", "dgx-h100"), ("show", "--example", "dgx-h100", "--draw")):
+        r = cli(*argv, env=clean_env(NUMABIND_NIC="nccl"))
+        assert "advice" not in r.stdout and "mlx5_0" in r.stdout, r.stdout
+
+
+def test_46_accelerator_counts_match_the_rows() -> None:
+    """A container: 8 GPUs on the bus, 2 visible.  The header's numbers are the rows
+    under it (8) and the rows with an index (2)."""
+    r = cli("show", "--example", "container")
+    lines = r.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("Accelerators ("))
+    assert lines[at].startswith("Accelerators (8 on the PCI bus, 2 visible and indexed"), lines[at]
+    rows = [x for x in lines[at + 2 : at + 20] if x.startswith("  ") and "nvidia" in x]
+    assert len(rows) == 8 and sum(x.split()[0] != "-" for x in rows) == 2, rows
+    r = cli("show", "--example", "mi300x-cpx")  # 8 GPUs split 64 ways: 8 rows, all indexed
+    assert "on the PCI bus" not in r.stdout and "Accelerators (all 64 reachable" in r.stdout
+
+
+def test_46_draw_legend_calls_a_character_a_core() -> None:
+    r = cli("show", "--example", "container", "--draw")
+    legend = r.stdout.split("\nlegend\n")[1]
+    assert "  .  a core no rank is planned onto" in legend, legend
+    assert "  x  a core this process may not use (its cgroup)" in legend
+    assert "a CPU" not in legend and "each character is one core" in legend
+    r = cli("show", "--example", "dgx-h100", "--draw")
+    assert "  A  ranks 0-3 share these cores: CPUs 0-55,112-167" in r.stdout, r.stdout
+
+
+def test_46_one_usable_core_is_singular() -> None:
+    r = cli("show", "--example", "two-nodes", env=clean_env(NUMABIND_RESERVE="1"))
+    assert "would leave node 0 (1 usable core) no core to compute on" in r.stdout, r.stdout
+    assert "usable cores" not in r.stdout
+
+
+def test_46_machine_from_root_without_a_root_follows_the_sysroot(tmp_path: Path) -> None:
+    """``Machine.from_root()`` is this machine as numabind sees it (``Machine.here()``),
+    as host_buffer and plan_for in the same shell read it; ``from_root("/")`` reads /."""
+    root = str(tmp_path / "gb200")
+    assert cli("gather", "--example", "gb200", root).returncode == 0
+    code = (
+        "import numabind\n"
+        "print(numabind.Machine.from_root().description, len(numabind.Machine.from_root()"
+        ".accelerators))\n"
+        "print(numabind.Machine.from_root('/').description)\n"
+    )
+    r = py(code, clean_env(NUMABIND_SYSROOT=root))
+    assert r.returncode == 0 and r.stdout.splitlines() == [f"{root} 4", "live system"], r
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the redirect rules for root")
+def test_46_a_sysroot_set_and_not_used_is_said_in_one_line(tmp_path: Path) -> None:
+    """Root: show, doctor and the hook each say in one line, without verbose, that the
+    sysroot is not used (before, only the header's 'live system' gave it away)."""
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    theirs = tmp_path / "theirs"
+    shutil.copytree(two, theirs)
+    os.chown(theirs, 65534, 65534)
+    for root in ("rel/dir", "/nonexistent-numabind", str(theirs)):
+        env = clean_env(NUMABIND_SYSROOT=root)
+        r = cli("show", env=env)
+        (line,) = r.stderr.splitlines()
+        assert line.startswith("numabind show: NUMABIND_SYSROOT=") and "ignored for root: " in line
+        assert line.endswith("; using /") and "//" not in line, line
+        r = cli("doctor", env=env)
+        said = [x for x in r.stdout.splitlines() if "NUMABIND_SYSROOT" in x]
+        assert len(said) == 1 and said[0].startswith("WARN  settings"), r.stdout
+        r = py("print('ok')", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=root))
+        (line,) = r.stderr.splitlines()
+        assert r.stdout == "ok\n" and line.startswith("numabind: NUMABIND_SYSROOT="), r.stderr
+    r = cli("show", env=clean_env(NUMABIND_SYSROOT=two))  # a root-owned tree is used: quiet
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith(f"numabind 0.3.0: {two}")
+    tarball = tmp_path / "x.tar.gz"  # a capture, not a folder: one line each, saying so
+    tarball.write_bytes(b"")
+    env = clean_env(NUMABIND_SYSROOT=str(tarball))
+    for r in (cli("show", env=env), py("pass", clean_env(LOCAL_RANK="0", **env))):
+        (line,) = r.stderr.splitlines()
+        assert f"{tarball}: not a directory; Machine.from_capture reads a tarball" in line, line
+    said = [x for x in cli("doctor", env=env).stdout.splitlines() if str(tarball) in x]
+    assert len(said) == 1 and said[0].startswith("FAIL  machine"), said
+
+
+@two_cpus
+def test_46_every_knob_typo_gets_the_same_one_line(tmp_path: Path) -> None:
+    """A NIC typo was the last bracket of a long binding line, a MODE typo its own line:
+    now each is one line 'NUMABIND_X=... is not ...; <what numabind does instead>', and
+    a binding that has nothing else to say stays quiet."""
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for knob, value, then in (
+        ("NUMABIND_NIC", "uxc", "; using none"),
+        ("NUMABIND_NIC_MODE", "nearst", "; using nearest"),
+        ("NUMABIND_VERBOSE", "yse", "; using 0"),
+        ("NUMABIND_MODE", "nod", "; numabind left this process unbound"),
+    ):
+        env = clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none")
+        env[knob] = value
+        r = py(code, env)
+        (line,) = r.stderr.splitlines()
+        assert line.startswith(f"numabind: {knob}={value!r} is not ") and line.endswith(then), line
+        assert len(line) < 130, line
+        assert r.stdout.strip() == ("[0, 1]" if knob == "NUMABIND_MODE" else "[0]"), r.stdout
+        r = cli("show", env=env)
+        assert f"{knob}={value!r} is not " in r.stderr or knob == "NUMABIND_MODE", r.stderr
+
+
+def test_46_a_device_list_typo_is_checked_on_a_one_node_machine(tmp_path: Path) -> None:
+    one = synth.write(synth.one_node(), str(tmp_path / "one"))
+    r = py("print('ok')", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=one, NUMABIND_DEVICES="al"))
+    (line,) = r.stderr.splitlines()
+    assert "NUMABIND_DEVICES: device 'al': no accelerator 'al' on this machine" in line, r.stderr
+    r = py("print('ok')", clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=one, NUMABIND_DEVICES="all"))
+    assert r.stderr == "" and r.stdout == "ok\n", r.stderr
+
+
+def test_46_a_static_rendezvous_job_is_not_titled_not_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun --rdzv-backend static leaves --rdzv-id at its default, "none": the records
+    are under numabind/none/0, and the report still names torchrun."""
+    from numabind.check import _job, _report
+
+    class Store:
+        def check(self, keys: list[str]) -> bool:
+            return False
+
+    for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "ROLE_NAME", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ROLE_NAME", "default")
+    monkeypatch.setenv("GROUP_RANK", "0")
+    title = _job.report_lines(_report.read_report(Store(), "numabind/none/0", 1, 1.0))[0]
+    assert title.startswith(
+        "numabind job report (torchrun, static rendezvous: no run id, restart 0):"
+    ), title
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    title = _job.report_lines(_report.read_report(Store(), "numabind/none/0", 1, 1.0))[0]
+    assert "not under torchrun" not in title and "torchrun, static rendezvous" in title, title
+
+
+@two_cpus
+def test_46_priority_main_hands_back_what_the_kernel_narrowed(tmp_path: Path) -> None:
+    """The dgx-b300 playground on this 2-CPU host: rank 0's priority core is {0,128} and
+    the kernel keeps {0}.  A thread and a child the pinned main thread starts still take
+    the rank's whole set (what the kernel keeps of it: 0-1), as cores.rst says."""
+    root = str(tmp_path / "b300")
+    assert cli("gather", "--example", "dgx-b300", root).returncode == 0
+    code = (
+        "import os, subprocess, sys, threading\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "t.start(); t.join()\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; "
+        "print(sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True)\n"
+        "print(sorted(os.sched_getaffinity(0)), seen[0], child.stdout.strip())\n"
+    )
+    env = clean_env(
+        LOCAL_RANK="0", NUMABIND_SYSROOT=root, NUMABIND_PRIORITY="main", NUMABIND_MEMORY="none"
+    )
+    r = py(code, env)
+    assert r.returncode == 0 and r.stdout.strip() == "[0] [0, 1] [0, 1]", (r.stdout, r.stderr)
+
+
+@two_cpus
+def test_46_check_says_where_a_moved_thread_runs_now(tmp_path: Path) -> None:
+    """A rank bound to CPU 0 and moved to 0-1: check's line names the plan's CPUs and
+    where the threads run now, as the job table's CPUS NOW does."""
+    two = synth.write(synth.two_nodes(), str(tmp_path / "two"))
+    code = (
+        "import os, subprocess, sys\n"
+        "os.sched_setaffinity(0, {0, 1})\n"
+        "r = subprocess.run([sys.executable, '-m', 'numabind', 'check', '--pid', "
+        "str(os.getpid())], capture_output=True, text=True)\n"
+        "print(r.stdout)\n"
+    )
+    r = py(code, clean_env(LOCAL_RANK="0", NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("OFF PLAN ") and ": node 0, CPUs 0, now 0-1, memory none" in first, (
+        r.stdout
+    )
+    assert "machine: " not in r.stdout, "numabind's own note, for NUMABIND_DEBUG=1 only"
+
+
+@two_cpus
+def test_46_internal_notes_only_under_numabind_debug(tmp_path: Path) -> None:
+    """Verbose prints the binding; the machine's origin, the warm start's hand-over and
+    the kernel call behind a refusal are numabind's own notes: NUMABIND_DEBUG=1 only."""
+    root = str(tmp_path / "b300")
+    assert cli("gather", "--example", "dgx-b300", root).returncode == 0
+    base = {"NUMABIND_SYSROOT": root, "NUMABIND_MEMORY": "none"}
+    verbose = py("pass", clean_env(LOCAL_RANK="0", NUMABIND_VERBOSE="1", **base)).stderr
+    assert verbose.startswith("numabind: local rank 0 (LOCAL_RANK): CPUs 0-63,128-191"), verbose
+    assert "[machine: " not in verbose and "planned by the full path" not in verbose, verbose
+    debug = py("pass", clean_env(LOCAL_RANK="0", NUMABIND_VERBOSE="1", NUMABIND_DEBUG="1", **base))
+    assert "[machine: " in debug.stderr and "[planned by the full path: " in debug.stderr
+    refused = py("pass", clean_env(LOCAL_RANK="4", **base)).stderr  # node 1: no CPU here
+    assert (
+        "[error: the kernel refused CPUs 64-127,192-255: none of these CPUs is online and "
+        "allowed by this process's cgroup cpuset (this process may use 0-1)]"
+    ) in refused, refused
+    assert "sched_setaffinity" not in refused and "thread " not in refused
+    debug = py("pass", clean_env(LOCAL_RANK="4", NUMABIND_DEBUG="1", **base)).stderr
+    assert "[error: sched_setaffinity(thread " in debug, debug
+
+
+def test_46_gather_force_replaces_a_folder_gather_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "dgx"
+    assert cli("gather", "--example", "two-nodes", str(out)).returncode == 0
+    r = cli("gather", "--example", "two-nodes", str(out))
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "not empty: give a new or an empty folder, or --force to replace it"
+    ), r.stderr
+    r = cli("gather", "--example", "gb200", str(out), "--force")
+    assert r.returncode == 0 and r.stdout.startswith("numabind: wrote example gb200 ("), r.stderr
+    assert cli("show", env=clean_env(NUMABIND_SYSROOT=str(out))).stdout.count("GB200") == 4
+    mine = tmp_path / "mine"  # a folder of the user's own: --force never empties it
+    (mine / "sys").mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep\n")
+    r = cli("gather", "--example", "gb200", str(mine), "--force")
+    assert r.returncode == 2 and "--force replaces only a folder numabind gather" in r.stderr
+    assert (mine / "notes.txt").read_text() == "keep\n"
+
+
+def test_46_show_svg_says_it_wrote_the_file(tmp_path: Path) -> None:
+    target = tmp_path / "dgx.svg"
+    r = cli("show", "--example", "dgx-h100", "--svg", str(target))
+    assert r.returncode == 0 and target.read_text().startswith("<svg"), r.stderr
+    assert r.stderr == f"numabind show: wrote the picture to {target}\n", r.stderr
+    assert r.stdout.startswith("numabind 0.3.0: example dgx-h100")
+    r = cli("show", "--example", "dgx-h100", "--svg", "-")
+    assert r.stderr == "" and r.stdout.startswith("<svg")
+
+
+def test_46_doctor_cpuset_finding_is_a_sentence(tmp_path: Path) -> None:
+    """The k8s-pod playground: two GPUs on node 1, the pod's CPUs 0-7 on node 0.  The
+    finding names the GPUs, their node and the CPUs allowed in one sentence, then the fix
+    (before: 'the node of GPU 0 (...) is on node 1')."""
+    root = str(tmp_path / "pod")
+    assert cli("gather", "--example", "k8s-pod", root).returncode == 0
+    r = cli("doctor", env=clean_env(NUMABIND_SYSROOT=root))
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("FAIL  cpuset")]
+    assert (
+        "GPU 0 (0000:9a:00.0), GPU 1 (0000:ab:00.0) are on node 1 (CPUs 56-111,168-223), and "
+        "none of the CPUs this process may use is there (CPUs 0-7, from cgroup v2 "
+    ) in line, line
+    assert "): their ranks are not bound. Fix: in Kubernetes, give the pod exclusive CPUs" in line
+    assert "the node of GPU" not in line and "is on node 1 (CPUs" not in line
+
+
+def test_46_a_corrupt_dra_file_is_said_once_and_the_fall_back_too(tmp_path: Path) -> None:
+    root = tmp_path / "pod"
+    assert cli("gather", "--example", "k8s-pod", str(root)).returncode == 0
+    (meta,) = root.glob("var/run/kubernetes.io/dra-device-attributes/*/*/*/*-metadata.json")
+    meta.write_text("{not json\n")
+    env = clean_env(NUMABIND_SYSROOT=str(root))
+    r = cli("show", env=env)
+    assert r.returncode == 0 and r.stdout.count("not JSON") == 1, r.stdout
+    fell = "no DRA device metadata could be used: planned for all 8 nvidia GPUs in sysfs"
+    assert f"  note: {fell}, which may be more than this container was given" in r.stdout
+    r = cli("doctor", env=env)
+    assert r.stdout.count("not JSON") == 1 and f"WARN  visible devices    {fell}" in r.stdout, (
+        r.stdout
+    )

@@ -197,8 +197,12 @@ def test_doctor_names_the_kubernetes_fix(tmp_path: Path) -> None:
     found = {f["check"]: f for f in json.loads(r.stdout)["findings"]}
     cpuset = found["cpuset"]
     assert cpuset["status"] == "fail" and r.returncode == 1
-    assert cpuset["detail"].startswith("this process may use CPUs 0-7 (from cgroup v2 ")
-    assert f"GPU 0 ({GPU4}) is on node 1" in cpuset["detail"]
+    assert cpuset["detail"].startswith(f"GPU 0 ({GPU4}), GPU 1 (0000:ab:00.0) are on node 1 (CPUs ")
+    assert (
+        "none of the CPUs this process may use is there (CPUs 0-7, from cgroup v2 "
+        in (cpuset["detail"])
+    )
+    assert "their ranks are not bound. Fix: in Kubernetes" in cpuset["detail"]
     for words in ("static CPU manager", "Guaranteed", "single-numa-node", "matchAttribute"):
         assert words in cpuset["detail"], words
     ok = cli("doctor", "--json", NUMABIND_SYSROOT=pod(tmp_path / "b", [("gpu-4", GPU4, 1)],

@@ -51,7 +51,7 @@ def test_a_store_announcing_a_huge_value_is_refused_unread() -> None:
         store.close()
     assert p.returncode == 3 and time.monotonic() - began < 10, p.stderr
     assert p.stderr.count("\n") == 1, p.stderr
-    assert "cannot read the store (a value of 1099511627776 bytes (at most" in p.stderr
+    assert "cannot read the store: a value of 1099511627776 bytes (at most" in p.stderr
 
 
 def test_a_record_longer_than_a_record_can_be_is_an_invalid_row() -> None:
@@ -96,7 +96,27 @@ def test_a_store_that_never_answers_ends_at_the_deadline() -> None:
     finally:
         store.close()
     assert p.returncode == 3 and took < 8, (took, p.stderr)
-    assert p.stderr.count("\n") == 1 and "cannot read the store (no answer" in p.stderr
+    assert p.stderr.count("\n") == 1 and "cannot read the store: no answer" in p.stderr
+
+
+def test_46_a_silent_peer_is_given_up_on_within_10_s() -> None:
+    """A peer that accepts and never answers (not a c10d store, which answers in ms) is
+    given up on within 10 s, not at the 60 s deadline; the line has no doubled
+    parentheses."""
+    store = StandInStore(silent=True)
+    try:
+        began = time.monotonic()
+        p = check_store(f"127.0.0.1:{store.port}")
+        took = time.monotonic() - began
+    finally:
+        store.close()
+    assert p.returncode == 3 and 9 < took < 15, (took, p.stderr)
+    (line,) = p.stderr.splitlines()
+    assert line.endswith(
+        ": cannot read the store: the peer took the connection and said nothing for 10 s; a "
+        "c10d store answers in milliseconds"
+    ), line
+    assert "((" not in line and "))" not in line, line
 
 
 def test_a_store_that_is_not_there_is_one_line_at_once() -> None:

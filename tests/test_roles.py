@@ -605,7 +605,7 @@ def test_the_picture_shows_reserved_cores(dgx_root: str) -> None:
     assert "reserve 2/node" in text[1]
     row = next(line for line in text if line.endswith("cores of CPUs 32-55"))
     assert row.split()[0].endswith("rr") and row.split()[0].count("r") == 2
-    assert any(line.startswith("  r  a reserved CPU") for line in text)
+    assert any(line.startswith("  r  a reserved core") for line in text)
     svg = render(m, plans)
     assert svg.count(f'fill="{RESERVED}"') >= 8 + 1  # 8 reserved CPUs and the legend swatch
     # without a reservation: no mark, no legend line

@@ -645,7 +645,7 @@ def test_show_says_what_memory_never_reaches(capsys: pytest.CaptureFixture[str])
     out = run_main(capsys, "show", "--example", "cxl")[1]
     assert "preferred 0, then 1" in out
     assert (
-        "note: NUMABIND_SPILL=cpu: once a rank's nodes are full its memory spills onto the "
+        "note: spill cpu (the default): once a rank's nodes are full its memory spills onto the "
         "other CPU-memory nodes, nearest first, and never onto nodes 2-3 (far memory)"
     ) in out
     assert "NUMABIND_SPILL=any lets memory spill anywhere instead" in out

@@ -948,9 +948,13 @@ def _pin_main(b: Binding, plan: Plan) -> None:
         return
     if before is not None:
         b._previous_affinity.setdefault(tid, before)
-    b.masks[tid] = plan.main_cpus
+    # what the kernel kept: a cpuset or an offline sibling narrows {0,128} to {0}, and what
+    # the pinned thread starts is recognised by that mask, not by the one asked for
+    kept = _kernel.affinity_of(0)
+    main = kept if kept and kept <= plan.main_cpus else plan.main_cpus
+    b.masks[tid] = main
     b.main_thread = tid
-    _handback.pin(tid, plan.main_cpus, plan.cpus)
+    _handback.pin(tid, main, plan.cpus)
 
 
 def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_inside: bool) -> None:

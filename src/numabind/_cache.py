@@ -33,7 +33,7 @@ directory ``<base>/numabind-cache-UID`` owned by the user, mode 0700, never open
 a link; the file written to a fresh name and renamed into place; read only if it is a
 regular file of the user's, at most :data:`CACHE_CAP` bytes, whose header says this
 format, whose length and checksum match, whose key is this process's and whose witnesses
-hold.  Anything else is refused and the rank reads sysfs itself, silently (verbose mode
+hold.  Anything else is refused and the rank reads sysfs itself, silently (NUMABIND_DEBUG=1
 says why).  Ranks that start at once and find no file do not all read: one takes the lock
 (``flock`` on ``<file>.lock``: released when its holder dies) and reads; the others wait
 at most :data:`WAIT` seconds for its file, then read themselves.  At most
@@ -859,7 +859,7 @@ def from_file(data: bytes, sysroot: str, environ: Mapping[str, str] | None = Non
 
 class Opened(Record):
     """The machine a rank plans from, and where it came from (``origin``: ``cache``,
-    ``sysfs`` or ``sysfs (cache: why not)``; the registry entry and verbose mode say it)."""
+    ``sysfs`` or ``sysfs (cache: why not)``; the registry entry and NUMABIND_DEBUG=1 say it)."""
 
     machine: Machine
     origin: str

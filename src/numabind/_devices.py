@@ -80,6 +80,10 @@ class LazyNvml:
         return self._get().mig_parent_pci(mig_uuid)
 
 
+# the note of a pod whose DRA files are all unusable (doctor says it too)
+DRA_FALLBACK = "no DRA device metadata could be used"
+
+
 def _slurm_gpu_minors(environ: Mapping[str, str]) -> tuple[str, frozenset[int]] | None:
     for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         text = environ.get(var)
@@ -114,6 +118,15 @@ def reachable(
                 f"the DRA device metadata limits this process to {len(granted)} of the "
                 f"{vendor.key} GPUs in sysfs"
             )
+        elif not granted and devs:
+            from ._dra import SAID
+
+            if any(w.startswith(SAID) for w in machine.warnings):  # files there, none usable
+                notes.append(
+                    f"{DRA_FALLBACK}: planned for "
+                    f"all {len(devs)} {vendor.key} GPUs in sysfs, which may be more than this "
+                    "container was given"
+                )
     slurm = _slurm_gpu_minors(environ) if vendor.numbers_by_minor else None
     if slurm is not None:
         devs = [machine.detailed(d) for d in devs]  # the minor numbers are the driver's

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 
 ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+SAID = "DRA device metadata"  # how every line about a file here begins (numabind._devices)
 KINDS = ("resourceclaims", "resourceclaimtemplates")
 API_GROUP = "metadata.resource.k8s.io/"
 VERSIONS = ("v1alpha1", "v1beta1")
@@ -222,7 +223,7 @@ def read(root: Root) -> tuple[tuple[DraDevice, ...], list[str]]:
         except OSError as err:
             if left < FILE_CAP:
                 break  # larger than what is left of the whole (refused at its cap): the last
-            warn.append(f"DRA device metadata {where}: unreadable ({err}); ignored")
+            warn.append(f"{SAID} {where}: unreadable ({err}); ignored")
             used += 1
             continue
         if left < FILE_CAP and len(text) >= left:
@@ -230,12 +231,12 @@ def read(root: Root) -> tuple[tuple[DraDevice, ...], list[str]]:
         spent += len(text)
         used += 1
         lines: list[str] = []
-        for dev in parse(text, f"DRA device metadata {where}", lines):
+        for dev in parse(text, f"{SAID} {where}", lines):
             found.setdefault(dev.pci, dev.replace(where=f"{kind}/{claim}/{request}"))
         warn += lines
     if used < len(listed):
         warn.append(
-            f"DRA device metadata: read {used} of {len(listed)} files (at most {TOTAL_FILES}, "
+            f"{SAID}: read {used} of {len(listed)} files (at most {TOTAL_FILES}, "
             f"{TOTAL_BYTES >> 20} MiB in all); the rest ignored"
         )
     return tuple(sorted(found.values(), key=lambda d: _sysfs.pci_sort_key(d.pci))), warn

@@ -25,7 +25,8 @@ them from its environment blindly (docs/security.rst):
   ``NUMABIND_REGISTRY`` only when it names such a directory on a regular file system
   (not proc, sysfs, cgroup, devtmpfs or another kernel pseudo file system).
 
-Otherwise the default applies and ``Config.notes`` says why (shown in verbose mode).
+Otherwise the default applies and ``Config.warnings`` says why (one line, verbose or not:
+a path set and not used looks like a plausible answer from the wrong machine).
 
 **Who am I.**  Each launcher writes its own rank variables (the table
 :data:`numabind._model.RANK_VARIABLES`; docs/launchers has them as measured).
@@ -242,6 +243,15 @@ KNOBS: tuple[Knob, ...] = (
         kind="flag",
         default="0",
         help="1: print the binding of every rank (failures are always printed)",
+    ),
+    Knob(
+        name="NUMABIND_DEBUG",
+        field="debug",
+        kind="flag",
+        default="0",
+        help="1: also say numabind's own notes, for a bug report: where a rank's machine came "
+        "from (cache or sysfs), why the warm start handed over, and the kernel call and thread "
+        "behind a refusal",
     ),
     Knob(
         name="NUMABIND_GUARD",
@@ -463,8 +473,8 @@ def parse_transports(raw: str | None, name: str = "NUMABIND_NIC") -> str:
     unknown = sorted(w for w in words if w not in NIC_TRANSPORTS)
     if unknown or len(raw) > 200:
         raise _invalid(
-            f"{name}={short(raw)} names {', '.join(map(short, unknown)) or 'too much'}; "
-            f"use a list of {', '.join(NIC_TRANSPORTS)}"
+            f"{name}={short(raw)} is not a list of {', '.join(NIC_TRANSPORTS)} ("
+            + (f"{', '.join(map(short, unknown))}: not one of them)" if unknown else "too long)")
         )
     return ",".join(t for t in NIC_TRANSPORTS if t in words)
 
@@ -488,6 +498,15 @@ def _choice(knob: Knob, raw: str | None) -> str:
     return value
 
 
+def path_setting(knob: Knob, raw: str | None, own: bool) -> tuple[str, list[str]]:
+    """A path knob's value under the redirection rules, and the line that says it was set
+    and is not used (said like a typo, verbose or not: what the default place gives looks
+    plausible, and nothing else gives it away).  ``doctor`` reads it from here too."""
+    why: list[str] = []
+    value = _redirect(knob, raw, own, why)
+    return value, [f"{n}; using {knob.default}" for n in why]
+
+
 def _redirect(knob: Knob, raw: str | None, own: bool, notes: list[str]) -> str:
     return redirect(
         knob.name, raw, knob.default, own=own, registry=knob.field == "registry", notes=notes
@@ -497,8 +516,9 @@ def _redirect(knob: Knob, raw: str | None, own: bool, notes: list[str]) -> str:
 class Config(Record):
     """The ``NUMABIND_*`` settings of one entry, read once (see :data:`KNOBS`).
 
-    ``warnings`` are bad values of non-binding knobs (said once, with the binding's
-    line); ``notes`` are redirections that were not taken (said in verbose mode)."""
+    ``warnings`` are what was set and is not used: bad values of non-binding knobs and
+    redirections not taken (each said once, on its own line, verbose or not); ``notes``
+    are smaller findings (said in verbose mode; none at present)."""
 
     enable: str = "auto"
     mode: str = "node"
@@ -516,6 +536,7 @@ class Config(Record):
     omp_places: str = "off"
     workers: str = "share"
     verbose: bool = False
+    debug: bool = False
     guard: bool = True
     torch: bool = False
     torch_set_device: bool = True
@@ -566,7 +587,8 @@ class Config(Record):
                 elif knob.kind == "rate":
                     value = parse_rate(raw, knob.name)
                 elif knob.kind == "path":
-                    value = _redirect(knob, raw, own, notes)
+                    value, unused = path_setting(knob, raw, own)
+                    warnings += unused
                 else:
                     value = raw or knob.default
             except ValueError as err:  # a ConfigError: the parsers raise nothing else
@@ -576,6 +598,13 @@ class Config(Record):
                 value = knob.default in TRUE if knob.kind == "flag" else knob.default
             values[knob.field] = value
         return cls(**values, warnings=tuple(warnings), notes=tuple(notes))
+
+
+def debugging(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``NUMABIND_DEBUG`` asks for numabind's own notes (a bad value: no; the
+    hook and the commands say the typo)."""
+    raw = (os.environ if environ is None else environ).get("NUMABIND_DEBUG")
+    return raw is not None and raw.strip().lower() in TRUE
 
 
 def registry_base(environ: Mapping[str, str]) -> str:

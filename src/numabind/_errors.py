@@ -81,14 +81,19 @@ class KernelError(NumabindError, OSError):
     ``call`` the system call's name; the message says what the errno means for that call
     (the meanings live in the kernel layer's table of system calls)."""
 
-    def __init__(self, call: str, err: int, asked: str, meaning: str | None = None) -> None:
-        super().__init__(err, f"{call}({asked}) failed: {meaning or os.strerror(err)}")
+    def __init__(
+        self, call: str, err: int, asked: str, meaning: str | None = None, said: str | None = None
+    ) -> None:
+        # ``said``: the message in the user's words, where the call and its arguments are
+        # numabind's own business (NUMABIND_DEBUG=1 says those instead)
+        super().__init__(err, said or f"{call}({asked}) failed: {meaning or os.strerror(err)}")
         self.call = call
         self.asked = asked
         self.meaning = meaning
+        self.said = said
 
     def __str__(self) -> str:
         return str(self.strerror)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.call, self.errno, self.asked, self.meaning))
+        return (type(self), (self.call, self.errno, self.asked, self.meaning, self.said))

@@ -453,13 +453,25 @@ def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:
         os.sched_setaffinity(tid, cpus)
     except OSError as err:
         if err.errno == errno.EINVAL:
-            eligible = affinity_of(0) or frozenset()
-            raise error(
+            from ._environ import debugging
+
+            eligible = format_cpulist(affinity_of(0) or frozenset())
+            found = error(
                 "sched_setaffinity",
                 errno.EINVAL,
-                f"thread {tid}, CPUs {format_cpulist(cpus)}; this process may use "
-                f"{format_cpulist(eligible)}",
-            ) from err
+                f"thread {tid}, CPUs {format_cpulist(cpus)}; this process may use {eligible}",
+            )
+            if not debugging():  # the call and the thread are numabind's own business
+                found = type(found)(
+                    found.call,
+                    errno.EINVAL,
+                    found.asked,
+                    found.meaning,
+                    f"the kernel refused CPUs {format_cpulist(cpus)}: "
+                    f"{(found.meaning or '').removeprefix('invalid: ')} (this process may use "
+                    f"{eligible})",
+                )
+            raise found from err
         raise
 
 

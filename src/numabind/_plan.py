@@ -1141,7 +1141,8 @@ class _Planner:
             if need >= len(usable):
                 self._not_done(
                     f"no cores reserved: {label} would leave node {nid} "
-                    f"({len(usable)} usable cores) no core to compute on"
+                    f"({len(usable)} usable core{'' if len(usable) == 1 else 's'}) no core to "
+                    "compute on"
                 )
                 return frozenset()
             if self.r.priority != "off":

@@ -46,8 +46,20 @@ if TYPE_CHECKING:
     from ._environ import Config, RankInfo
 
 
+# what was set and is not used (a knob's typo, a sysroot refused): it leads the one line
+# the hook says, or is that line (the rules allow one; the typo must not be its last bracket)
+_pending: list[str] = []
+
+
+def _lead(message: str) -> str:
+    """``message`` with what is pending before it, said once."""
+    text = "; ".join([*_pending, message])
+    _pending.clear()
+    return text
+
+
 def _fail(message: str, strict: bool) -> None:
-    say(message)
+    say(_lead(message))
     if strict:
         say("NUMABIND_STRICT is set: exiting before user code")
         try:
@@ -175,15 +187,26 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
 
         ray_when_imported()
     info = detect(env, getattr(sys, "orig_argv", None))
-    if cfg.warnings and not (
-        info.launcher is None and (info.local_rank is not None or info.problem)
-    ):
-        say("; ".join(cfg.warnings))  # no binding line to carry them
+    _pending[:] = cfg.warnings  # said first in the line, or alone (_lead, below)
+    cfg = cfg.replace(warnings=())
+    try:
+        return _bind_found(info, env, cfg)
+    finally:
+        if _pending:  # no line carried it: it is the line
+            say("; ".join(_pending))
+            _pending.clear()
+
+
+def _bind_found(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding | None:
+    """The hook's work once the configuration is read: a launcher, an inherited binding,
+    or a rank to plan and bind."""
     if info.launcher is not None:
         if cfg.verbose:
             say(
-                f"{info.launcher} is a launcher, not a rank: not bound (its workers bind "
-                "themselves)"
+                _lead(
+                    f"{info.launcher} is a launcher, not a rank: not bound (its workers bind "
+                    "themselves)"
+                )
             )
         return None
     if info.local_rank is None and info.problem is None and not cfg.devices:
@@ -193,7 +216,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
     if recorded == key:
         # the parent planned exactly this (and said so): a binding is inherited, a skip
         # would be the same skip
-        lines = list(cfg.warnings)
+        lines: list[str] = []
         if cfg.priority == "main" and status == "bound" and cfg.main_cpus:
             from ._handback import inherited
 
@@ -207,7 +230,7 @@ def _run(env: Mapping[str, str], strict: bool) -> Binding | None:
                 0, f"local rank {info.local_rank}: binding inherited from the parent process"
             )
         if lines:
-            say("; ".join(lines))
+            say(_lead("; ".join(lines)))
         return None
     return bind_rank(info, env, cfg)
 
@@ -234,7 +257,9 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         # a one-node machine has nothing to bind, but a rank that asks for NICs still
         # needs its device (and a rank that does not never reads an adapter)
         nothing = nothing_to_bind(machine, cfg.mode, cfg.memory, cfg.spill, cfg.priority)
-        if info.problem is None and (cfg.nic or not nothing):
+        # a device list is checked on any machine: a typo is said on a one-node one too
+        named = cfg.devices not in ("", "all")
+        if info.problem is None and (cfg.nic or named or not nothing):
             from ._devices import LazyNvml, resolve
 
             visible = resolve(machine, env, LazyNvml())
@@ -257,7 +282,7 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         )
     finally:
         machine.close()  # a cached machine writes back what planning had to read
-    if cfg.verbose:
+    if cfg.debug:  # numabind's own notes: for a bug report, not for the user (NUMABIND_DEBUG)
         binding.notes.append(f"machine: {origin}")
         start = sys.modules.get("_numabind_start")
         fell = getattr(start, "handed_over", "")
@@ -267,8 +292,8 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     last = binding
     if binding.failed or (cfg.strict and binding.refused):
         _fail(str(binding), cfg.strict)
-    else:
-        binding.report(cfg.verbose)
+    elif binding.worth_a_line(cfg.verbose):
+        say(_lead(str(binding)))  # Binding.report's rule, what is pending first
     if cfg.report:  # bound or not: the report says where the rank is either way
         from .check._report import arm as arm_report
 

@@ -446,6 +446,8 @@ def redirect(
                 if kind is None or kind in _PSEUDO_FS:
                     why = f"on a {kind or 'unknown'} file system, not a regular one"
         if why is not None:
+            # the path check spells the first directory '//name': say it as written
+            why = why.replace("//", "/", 1) if why.startswith("//") else why
             notes.append(f"{name}={short(raw)} ignored for root: {why}")
             return default
     return raw

@@ -77,11 +77,15 @@ class Machine:
         return f"<Machine {', '.join(parts)}>"
 
     @classmethod
-    def from_root(cls, root: str = "/") -> Machine:
+    def from_root(cls, root: str | None = None) -> Machine:
         """The machine under ``root``, a directory laid out like ``/`` (``/`` itself: this
-        one), read inside it only.  Raises :class:`~numabind.CaptureError` when ``root``
-        is missing, not a directory, or holds no ``sys/`` (a tarball or an hwloc XML
-        file: :meth:`from_capture` reads those)."""
+        one), read inside it only.  Without ``root``: this machine as numabind sees it,
+        :meth:`here` (``NUMABIND_SYSROOT`` under its rules), as the rest of the Python API
+        reads it; an explicit ``"/"`` reads ``/``.  Raises :class:`~numabind.CaptureError`
+        when ``root`` is missing, not a directory, or holds no ``sys/`` (a tarball or an
+        hwloc XML file: :meth:`from_capture` reads those)."""
+        if root is None:
+            return cls.here()
         from ._sources import LiveRoot, Root, SysfsSource
 
         tree: Root

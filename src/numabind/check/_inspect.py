@@ -24,7 +24,7 @@ import os
 import time
 
 from .. import _kernel, _registry, _sysfs
-from .._environ import detect
+from .._environ import debugging, detect
 from .._kernel import Region, locality, pages_per_node, shared_pages
 from .._model import (
     DEVICE_FILES,
@@ -745,7 +745,7 @@ def _core_facts(
     machine came from (said as a note)."""
     prio, on = _priority_check(pid, expected, threads, machine, problems, notes)
     where = entry.machine if entry is not None else ""
-    if where:
+    if where and debugging():  # numabind's own note (NUMABIND_DEBUG); --json always has it
         notes.append(f"machine: {where}")
     return {"priority_cpus": prio, "main_on_priority": on, "machine": where}
 

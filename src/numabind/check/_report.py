@@ -232,8 +232,22 @@ def read_report(
         budget,
         unread + more_invalid,
     )
-    where = "not under torchrun" if run == "none" else f"torchrun run {run}, restart {restart}"
-    return report.replace(title=f"numabind job report ({where})")
+    return report.replace(title=f"numabind job report ({_where(run, restart)})")
+
+
+# what the elastic agent sets in every worker, whatever the rendezvous (LAUNCHERS.md)
+_TORCHRUN_SIGNS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "ROLE_NAME", "GROUP_RANK")
+
+
+def _where(run: str, restart: str) -> str:
+    """The job the records are of, for the title.  torchrun's run id defaults to "none"
+    (a static rendezvous, --rdzv-id unset), and a reader outside the job sees no torchrun
+    variable at all: neither means the job is not torchrun's, so no title says that."""
+    if run != "none":
+        return f"torchrun run {run}, restart {restart}"
+    if any(os.environ.get(name) for name in _TORCHRUN_SIGNS):
+        return f"torchrun, static rendezvous: no run id, restart {restart}"
+    return "no torchrun run id"
 
 
 def _problem(row: _job.NodeRow, r: int) -> str:

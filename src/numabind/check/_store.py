@@ -46,6 +46,9 @@ class Refused(StoreError):
     listener: Listener | None = None
 
 
+SILENT = 10.0  # seconds a request may go unanswered before the peer is given up on
+
+
 class StoreClient:
     """One connection to a TCPStore, read only: :meth:`check` and :meth:`get`, each
     ending by ``deadline`` (a ``time.monotonic()`` value).  A value longer than ``limit``
@@ -124,14 +127,24 @@ class StoreClient:
             raise StoreError(f"the store did not take a request ({err})") from None
 
     def _recv(self, n: int) -> bytes:
-        """Exactly ``n`` bytes (``n`` is bounded by the caller), or StoreError."""
+        """Exactly ``n`` bytes (``n`` is bounded by the caller), or StoreError.  Each wait
+        ends within :data:`SILENT`: a c10d store answers in milliseconds, and a peer that
+        accepted and says nothing is not one to wait the whole deadline for."""
         if self._sock is None:
             raise StoreError("the connection is closed")
         out = bytearray()
         try:
             while len(out) < n:
-                self._sock.settimeout(self._left())
-                chunk = self._sock.recv(min(n - len(out), 1 << 20))
+                self._sock.settimeout(min(self._left(), SILENT))
+                try:
+                    chunk = self._sock.recv(min(n - len(out), 1 << 20))
+                except TimeoutError:
+                    if self.deadline - time.monotonic() <= 0:
+                        raise StoreError("no answer from the store before the deadline") from None
+                    raise StoreError(
+                        f"the peer took the connection and said nothing for {SILENT:g} s; a "
+                        "c10d store answers in milliseconds"
+                    ) from None
                 if not chunk:
                     raise StoreError("the store closed the connection")
                 out += chunk

@@ -688,7 +688,7 @@ def _gather_example(args: argparse.Namespace) -> int:
               f"numabind show --input {output}")  # fmt: skip
         return OK
     tree = build(EXAMPLES[name]())
-    n = write_tree(output, tree.files, tree.links)
+    n = write_tree(output, tree.files, tree.links, args.force)
     where = os.path.abspath(output)
     lines = [
         f"numabind: wrote example {name} ({n} files) to {output}; numabind reads it as "

@@ -39,8 +39,11 @@ def process_lines(r: ProcessCheck) -> list[str]:
         who += f" {p.device_pci}"
     if r.status == "bound" and p is not None:
         policy = "not permitted" if p.memory_policy == "not-permitted" else p.memory_policy
+        # where its threads really run, when that is not the plan (the job table's CPUS NOW)
+        now = frozenset().union(*r.threads.values())
+        moved = f", now {fmt(now)}" if now and p.cpus and now != p.cpus else ""
         where = (
-            f"node {p.numa_node}, CPUs {fmt(p.cpus) or 'unchanged'}, memory {policy} "
+            f"node {p.numa_node}, CPUs {fmt(p.cpus) or 'unchanged'}{moved}, memory {policy} "
             f"{fmt(p.memory_nodes)}"
         ).rstrip()
         if p.spill_nodes:

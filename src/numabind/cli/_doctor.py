@@ -596,11 +596,15 @@ def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
 def setting_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Every knob whose value does not parse, one finding each (the startup hook stops at
     the first: each is read alone here, so one typo does not hide the next)."""
-    from .._environ import KNOBS, Config
+    from .._environ import KNOBS, Config, path_setting
 
     out: list[Finding] = []
     for knob in KNOBS:
         if knob.name not in environ:
+            continue
+        if knob.kind == "path":  # set and not used: under the rules of this process's own
+            _, unused = path_setting(knob, environ[knob.name], environ is os.environ)
+            out += [Finding(check="settings", status="warn", detail=w) for w in unused]
             continue
         try:
             cfg = Config.from_env({knob.name: environ[knob.name]})
@@ -743,6 +747,17 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
     elif len(with_cpus) <= 1:
         detail += ": one node with CPUs, nothing to bind on this machine"
     out.append(Finding(check="machine", status=status, detail=detail))
+    # what the reading found wrong (a DRA file that does not parse...), each said once, and
+    # the fall-back to every GPU in sysfs that a pod's unusable DRA files mean
+    out += [Finding(check="machine problem", status="warn", detail=w) for w in machine.warnings]
+    from .._devices import DRA_FALLBACK, resolve
+
+    env = os.environ if environ is None else environ
+    out += [
+        Finding(check="visible devices", status="warn", detail=n)
+        for n in resolve(machine, env).notes
+        if n.startswith(DRA_FALLBACK)
+    ]
     others = machine.others()
     if others:
         groups: dict[str, list[str]] = {}
@@ -853,23 +868,28 @@ def cpuset_findings(machine: Any, environ: Mapping[str, str] | None = None) -> l
     if len(machine.cpu_nodes) <= 1:
         return []
     allowed = machine.allowed
-    off: list[str] = []
+    off: dict[int, list[str]] = {}  # node -> the visible GPUs on it, none of its CPUs allowed
     for i, dev in enumerate(resolve(machine, env).devices):
         node = device_node(machine, dev).node
         found = machine.node(node) if node is not None else None
-        if found is not None and found.cpus and not found.cpus & allowed.cpus:
-            off.append(
-                f"{describe_device(dev, i)} is on node {node} (CPUs {format_cpulist(found.cpus)})"
-            )
+        if node is not None and found is not None and found.cpus and not found.cpus & allowed.cpus:
+            off.setdefault(node, []).append(describe_device(dev, i))
     if not off:
         return []
+    gpus = sum(len(v) for v in off.values())
+    where = "; ".join(
+        f"{', '.join(devs)} {'is' if len(devs) == 1 else 'are'} on node {n} (CPUs "
+        f"{format_cpulist(machine.node(n).cpus)})"
+        for n, devs in off.items()
+    )
     return [
         Finding(
             check="cpuset",
             status="fail",
-            detail=f"this process may use CPUs {format_cpulist(allowed.cpus) or 'none'} (from "
-            f"{allowed.source}), none of them on the node of {'; '.join(off)}: a rank there is "
-            f"not bound; {cpuset_fix(env, allowed)}",
+            detail=f"{where}, and none of the CPUs this process may use is there (CPUs "
+            f"{format_cpulist(allowed.cpus) or 'none'}, from {allowed.source}): "
+            f"{'its rank is' if gpus == 1 else 'their ranks are'} not bound. "
+            f"Fix: {cpuset_fix(env, allowed)}",
         )
     ]
 

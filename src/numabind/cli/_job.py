@@ -108,7 +108,7 @@ def _from_store(args: argparse.Namespace) -> int:
         write_lines([line], stream=sys.stderr)
         return UNREACHABLE
     except StoreError as err:
-        write_lines([f"{said}: cannot read the store ({_sysfs.clean_line(str(err), 200)})"],
+        write_lines([f"{said}: cannot read the store: {_sysfs.clean_line(str(err), 200)}"],
                     stream=sys.stderr)  # fmt: skip
         return UNREACHABLE
     m = re.fullmatch(r"([A-Za-z0-9_.-]{1,64})/(\d{1,6})/(\d{1,7})", latest)

@@ -425,16 +425,18 @@ def draw(pic: Picture) -> list[str]:
 def legend(pic: Picture, text: bool) -> list[str]:
     """What every mark means (the SVG draws the same entries with swatches)."""
     lines = []
+    # the text has one character per core, the SVG one cell per CPU (a column per core)
+    unit = "core" if text else "CPU"
     for s in pic.sets:
         mark = f"{s.symbol}  " if text else ""
-        share = " share these CPUs" if len(s.ranks) > 1 else ""
+        share = f" share these {unit}s" if len(s.ranks) > 1 else ""
         lines.append(f"{mark}{ranks_text(s.ranks)}{share}: CPUs {fmt(s.cpus)}")
-    lines.append(("." + "  " if text else "") + "a CPU no rank is planned onto")
-    lines.append(("x" + "  " if text else "") + "a CPU this process may not use (its cgroup)")
+    lines.append(("." + "  " if text else "") + f"a {unit} no rank is planned onto")
+    lines.append(("x" + "  " if text else "") + f"a {unit} this process may not use (its cgroup)")
     if pic.reserved:
         lines.append(
             ("r" + "  " if text else "")
-            + f"a reserved CPU (NUMABIND_RESERVE: {fmt(pic.reserved)}): the system's and "
+            + f"a reserved {unit} (NUMABIND_RESERVE: {fmt(pic.reserved)}): the system's and "
             "the ranks' helpers'"
         )
     if pic.priority:

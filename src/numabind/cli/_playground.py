@@ -40,9 +40,32 @@ def _usage(path: str, why: str) -> UsageError:
     return UsageError(f"numabind gather --example: {path!r}: {why}")
 
 
-def _open_target(path: str) -> int:
+# the file gather leaves in a folder it wrote: what --force may replace (nothing else)
+MARK = ".numabind-example"
+
+
+def _clear(fd: int, depth: int = 0) -> None:
+    """Empty the folder ``fd`` (this user's, no one else may write it: checked), through
+    descriptors, never following a link out of it."""
+    if depth > 64:  # deeper than any tree gather writes
+        raise OSError(errno.ELOOP, "too deep")
+    for name in os.listdir(fd):
+        if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            dir_fd=fd)  # fmt: skip
+            try:
+                _clear(inner, depth + 1)
+            finally:
+                os.close(inner)
+            os.rmdir(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+
+
+def _open_target(path: str, force: bool = False) -> int:
     """A descriptor of the folder to fill: made now (mode 0755), or an empty folder this
-    user owns that group and others cannot write (``mktemp -d``)."""
+    user owns that group and others cannot write (``mktemp -d``); with ``force`` also such
+    a folder gather wrote before (its :data:`MARK`), emptied first."""
     try:
         os.mkdir(path, 0o755)
     except FileExistsError:
@@ -65,7 +88,18 @@ def _open_target(path: str) -> int:
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         problem = "writable by group or others"
     elif os.listdir(fd):
-        problem = "not empty: give a new or an empty folder"
+        ours = MARK in os.listdir(fd)
+        if force and ours:
+            try:
+                _clear(fd)
+            except OSError as err:
+                problem = f"cannot empty it ({err.strerror or err})"
+        elif ours:
+            problem = "not empty: give a new or an empty folder, or --force to replace it"
+        else:
+            problem = "not empty: give a new or an empty folder" + (
+                ": --force replaces only a folder numabind gather --example wrote" if force else ""
+            )
     if problem:
         os.close(fd)
         raise _usage(path, problem)
@@ -93,12 +127,15 @@ def _place(top: int, path: str) -> tuple[int, str]:
     return fd, parts[-1]
 
 
-def write_tree(path: str, files: Mapping[str, str], links: Mapping[str, str]) -> int:
+def write_tree(
+    path: str, files: Mapping[str, str], links: Mapping[str, str], force: bool = False
+) -> int:
     """Write ``files`` (path -> text) and ``links`` (path -> absolute target in the
-    tree, made relative as sysfs has them) under the folder ``path``; returns how many
-    files were written."""
-    top = _open_target(path)
+    tree, made relative as sysfs has them) under the folder ``path``, and the mark that
+    lets ``--force`` replace it later; returns how many files were written."""
+    top = _open_target(path, force)
     try:
+        files = {**files, MARK: "written by numabind gather --example; --force replaces it\n"}
         for name, text in files.items():
             fd, leaf = _place(top, name)
             try:
@@ -123,7 +160,7 @@ def write_tree(path: str, files: Mapping[str, str], links: Mapping[str, str]) ->
         raise _usage(path, f"cannot write it ({err.strerror or err})") from None
     finally:
         os.close(top)
-    return len(files)
+    return len(files) - 1
 
 
 def sysroot_note(path: str) -> str | None:

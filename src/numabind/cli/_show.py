@@ -140,9 +140,11 @@ def this_process(machine: Machine, environ: Any, plans: list[Plan]) -> dict[str,
     }
 
 
-def spill_line(machine: Machine, plans: list[Plan]) -> str | None:
+def spill_line(machine: Machine, plans: list[Plan], told: str = "env") -> str | None:
     """What the ranks' memory does once their nodes are full, where the machine has nodes
-    it could spill onto that are not CPU memory."""
+    it could spill onto that are not CPU memory.  ``told``: who chose the spill (``env``:
+    NUMABIND_SPILL, ``flag``: --spill, ``default``: nobody), so that the line never names
+    a setting the user did not give."""
     masked = [p for p in plans if p.bound and p.memory_mask]
     if not masked:
         return None
@@ -159,8 +161,10 @@ def spill_line(machine: Machine, plans: list[Plan]) -> str | None:
     if named:
         onto += f" and node{'s' if len(named) > 1 else ''} {fmt(named)} (named)"
     never = f"node{'s' if len(kept) > 1 else ''} {what}"
+    who = {"flag": f"--spill {spill}", "default": f"spill {spill} (the default)"}
+    said = who.get(told, f"NUMABIND_SPILL={spill}")
     return (
-        f"NUMABIND_SPILL={spill}: once a rank's nodes are full its memory spills onto {onto}, "
+        f"{said}: once a rank's nodes are full its memory spills onto {onto}, "
         f"nearest first, and never onto {never}; when those are full too an allocation "
         "fails (the kernel's OOM killer ends the rank).  NUMABIND_SPILL=any lets memory "
         "spill anywhere instead"
@@ -452,6 +456,16 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     return lines
 
 
+def accelerators_title(machine: Machine, visible: Visible) -> str:
+    """What the Accelerators table holds, in counts that match its rows: every accelerator
+    on the bus is a row, the visible ones have an index (a GPU's partitions share one row)."""
+    accs = machine.all_accelerators
+    shown = len(visible_indices(visible))
+    if accs and len(accs) != shown:
+        return f"{len(accs)} on the PCI bus, {shown} visible and indexed: {visible.source}"
+    return visible.source
+
+
 def show_text(
     machine: Machine,
     visible: Visible,
@@ -462,6 +476,8 @@ def show_text(
     this_machine: bool = True,
     environ: Mapping[str, str] | None = None,
     nics: list[NicRow] | None = None,
+    spill_told: str = "env",
+    nic_told: str = "",
 ) -> list[str]:
     """The text report, one line per item (the writer escapes each).  ``this_machine``:
     the machine ``doctor`` would read too (not an example or a capture); ``environ`` the
@@ -476,10 +492,7 @@ def show_text(
     out += node_lines(machine, plans) + kinds_lines(machine)  # the nodes, then their cores
     out += notice_lines("problem", machine.warnings, "  ")
     accs = machine.all_accelerators
-    seen = visible.source
-    if accs and len(accs) != len(visible.devices):
-        seen = f"{plural(len(accs), 'accelerator')} on the PCI bus; visible: {seen}"
-    out += ["", f"Accelerators ({seen})"]
+    out += ["", f"Accelerators ({accelerators_title(machine, visible)})"]
     inferred = False
     if accs:
         indices = visible_indices(visible)
@@ -524,6 +537,8 @@ def show_text(
             f"(numabind knows no such vendor{more_said})"
         )
     out += nic_lines(visible, nics or [])
+    advice = nic_advice(plans, nic_told)
+    out += [f"  note: {advice}"] if advice and nics else []
     first = plans[0] if plans else None
     roles = f", reserve {first.reserve}" if first and first.reserve else ""
     roles += ", smt 1" if first and first.smt == "1" else ""
@@ -555,7 +570,9 @@ def show_text(
                     if with_nics
                     else []
                 ),
-                f"{p.status}: {p.reason}" + "".join(f"; {n}" for n in p.notes),
+                # the machine's problems are said once, above: not again in every row
+                f"{p.status}: {p.reason}"
+                + "".join(f"; {n}" for n in p.notes if n not in machine.warnings),
             ]
         )
     out += _table(rows)
@@ -567,7 +584,7 @@ def show_text(
     line = balancing_line(machine, plans)
     if line:
         out += ["", f"note: {line}"]
-    line = spill_line(machine, plans)
+    line = spill_line(machine, plans, spill_told)
     if line:
         out += ["", f"note: {line}"]
     return out
@@ -580,6 +597,17 @@ def kinds_lines(machine: Machine) -> list[str]:
     if not kinds.distinct:
         return [f"  cores: {machine.describe_kinds(machine.online_cpus)}"]
     return [f"  cores of node {n.id}: {machine.describe_kinds(n.cpus)}" for n in machine.cpu_nodes]
+
+
+def nic_advice(plans: list[Plan], told: str) -> str | None:
+    """The line under any list of the ranks' adapters when ``NUMABIND_NIC`` (``told``) is
+    unset: the adapters are advice, and no transport is told one."""
+    if told or not any(p.nics for p in plans):
+        return None
+    return (
+        "the ranks' adapters are advice: NUMABIND_NIC is unset, so no transport is told "
+        "one (NUMABIND_NIC=nccl,ucx,... sets each transport's variable before any import)"
+    )
 
 
 def nic_lines(visible: Visible, rows: list[NicRow]) -> list[str]:
@@ -671,7 +699,17 @@ def _memory_cell(p: Plan) -> str:
 
 
 # the knobs that shape a plan: what show takes from this shell for any machine
-PLAN_KNOBS = ("NUMABIND_MODE", "NUMABIND_MEMORY", "NUMABIND_RESERVE", "NUMABIND_SMT")
+PLAN_KNOBS = (
+    "NUMABIND_MODE",
+    "NUMABIND_MEMORY",
+    "NUMABIND_SPILL",
+    "NUMABIND_RESERVE",
+    "NUMABIND_SMT",
+    "NUMABIND_PRIORITY",
+    "NUMABIND_NIC",
+    "NUMABIND_NIC_MODE",
+    "NUMABIND_NIC_MIN_RATE",
+)
 
 
 def _open_machine(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
@@ -746,6 +784,7 @@ def _emit(
     plans: list[Plan],
     report: ShowReport,
     text: Any,
+    nic_told: str = "",
 ) -> None:
     """Write the one stdout form asked for (``one_stdout`` made sure there is one)."""
     if args.json:
@@ -753,7 +792,9 @@ def _emit(
     elif args.draw:
         from ._picture import build, draw
 
-        write_lines(draw(build(machine, plans, args.mode, args.memory)))
+        advice = nic_advice(plans, nic_told)
+        lines = draw(build(machine, plans, args.mode, args.memory))
+        write_lines(lines + (["", f"note: {advice}"] if advice else []))
     elif args.numactl:
         write_lines(numactl_lines(plans))
     elif args.matrix:
@@ -787,11 +828,14 @@ def run_show(args: argparse.Namespace) -> int:
             cfg = Config.from_env(environ)
         except ValueError as err:
             raise UsageError(f"numabind show: {err}") from err
+        for warning in cfg.warnings:  # set and not used (a typo, a sysroot refused): said
+            write_lines([f"numabind show: {warning}"], sys.stderr)
         args.mode = args.mode or cfg.mode
         args.memory = args.memory or cfg.memory
         args.reserve = cfg.reserve if args.reserve is None else args.reserve
         args.smt = args.smt or cfg.smt
         args.priority = args.priority or cfg.priority
+        spill_told = "flag" if args.spill else "env" if environ.get("NUMABIND_SPILL") else "default"
         args.spill = args.spill or cfg.spill
         if not machine.node_ids and not machine.online_cpus:
             raise UsageError(
@@ -821,6 +865,8 @@ def run_show(args: argparse.Namespace) -> int:
             svg.write(render(machine, plans, mode=args.mode, memory=args.memory))
             if svg.stdout:
                 return OK
+            # said on stderr: stdout stays the report (--json included)
+            write_lines([f"numabind show: wrote the picture to {args.svg}"], sys.stderr)
 
         def text() -> list[str]:
             lines = show_text(
@@ -833,13 +879,15 @@ def run_show(args: argparse.Namespace) -> int:
                 this_machine=args.input is None and args.example is None,
                 environ=environ,
                 nics=rows,
+                spill_told=spill_told,
+                nic_told=cfg.nic,
             )
             lines += notice_lines("note", shell_notes) if shell_notes else []
             if this is not None:
                 lines += ["", f"This process (pid {os.getpid()}): {this['summary']}"]
             return lines
 
-        _emit(args, machine, visible, plans, report, text)
+        _emit(args, machine, visible, plans, report, text, cfg.nic)
     except (OSError, CaptureError) as err:
         if isinstance(err, OSError) and getattr(err, "filename", None) is None:
             raise  # writing the output failed (a closed pipe, a full disk): main says so
