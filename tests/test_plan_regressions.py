@@ -133,3 +133,87 @@ def test_gh200_hook_sets_the_thread_budget(tmp_path: Path) -> None:
     r = py("import os; print(os.environ.get('OMP_NUM_THREADS'))", env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "72", r.stderr
+
+
+# --- AMD preferred-core rankings: one value per core, split at the gap ---------------------------
+
+PREFCORE = "cpufreq/amd_pstate_prefcore_ranking"
+
+
+def epyc_prefcore(gap: bool = True) -> synth.Spec:
+    """A 2-socket AMD host shaped like the generated B300 (64 cores of 2 threads per
+    socket, 4 GPUs on each), whose amd-pstate ranks every core with a value of its own: 8
+    cores per package (every 8th) far above the rest (201-236 in steps of 5, against
+    137-166), both threads of a core alike.  ``gap=False``: the same order, evenly spaced,
+    with nothing that stands out.  Illustrative values in the driver's layout."""
+    spec = synth.dgx_b300()
+    ranking: dict[int, int] = {}
+    for core in range(128):
+        k, top = divmod(core % 64, 8)
+        fast = 236 - 5 * k if top == 0 else 166 - core % 30
+        value = fast if gap else 255 - core % 64
+        ranking[core] = ranking[core + 128] = value
+    return replace(spec, vendor="amd", cpu_files={PREFCORE: ranking})
+
+
+def top_group(node: int) -> frozenset[int]:
+    """The oracle: the 8 cores of ``node``'s package that the firmware ranks far above
+    the rest, both threads of each."""
+    return frozenset(c + t for c in range(64 * node, 64 * node + 64, 8) for t in (0, 128))
+
+
+def test_a_prefcore_ranking_with_a_gap_makes_the_top_group_the_priority_cores() -> None:
+    m = mem(epyc_prefcore())
+    assert m.core_kinds.source == PREFCORE
+    for node in (0, 1):
+        assert m.priority_cpus(node) == top_group(node)
+    line = m.describe_kinds(top_group(0) | frozenset(range(1, 8)))
+    assert line.startswith(f"2 kinds by {PREFCORE}: priority 0,8,16,24,32,40,48,56,128,")
+    assert "(201-236), standard 1-7 (159-165)" in line
+
+
+def test_four_ranks_of_a_node_get_four_distinct_priority_cores_under_main() -> None:
+    m = mem(epyc_prefcore())
+    plans = ranks(m, 8, priority="main")
+    for node in (0, 1):
+        mine = [p for p in plans if p.numa_node == node]
+        assert len(mine) == 4
+        mains = [p.main_cpus for p in mine]
+        assert len(set(mains)) == 4, f"one priority core each: {mains}"
+        for p in mine:
+            assert len(p.main_cpus) == 2 and p.main_cpus <= top_group(node)
+            assert p.priority_cpus == top_group(node)
+            assert not any("share" in n for n in p.notes), p.notes
+
+
+def test_rank_shares_the_top_group_evenly() -> None:
+    m = mem(epyc_prefcore())
+    plans = ranks(m, 8, priority="rank")
+    for node in (0, 1):
+        mine = [p for p in plans if p.numa_node == node]
+        union = frozenset().union(*(p.cpus for p in mine))
+        assert union == top_group(node) and sum(len(p.cpus) for p in mine) == 16
+        assert {len(p.cpus) for p in mine} == {4}, "2 cores of 2 threads each"
+
+
+def test_a_ranking_without_a_gap_or_a_file_that_names_kinds_is_not_split() -> None:
+    """Evenly spaced rankings: the best core alone leads, as before.  The same values in a
+    file that names kinds (CPPC highest_perf) stay one kind per value."""
+    even = mem(epyc_prefcore(gap=False))
+    assert even.priority_cpus(0) == {0, 128}
+    spec = epyc_prefcore()
+    cppc = mem(replace(spec, cpu_files={"acpi_cppc/highest_perf": spec.cpu_files[PREFCORE]}))
+    assert cppc.priority_cpus(0) == {0, 128}
+    plans = ranks(even, 8, priority="main")
+    assert {p.main_cpus for p in plans if p.numa_node == 0} == {frozenset({0, 128})}
+
+
+def test_show_on_a_prefcore_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = synth.write(epyc_prefcore(), str(tmp_path))
+    got = show_json(capsys, "--input", root, "--priority", "main")
+    mains = [frozenset(r["main_cpus"]) for r in got["ranks"]]
+    assert len(set(mains)) == 8 and all(m <= top_group(0) | top_group(1) for m in mains)
+    assert main(["show", "--input", root, "--priority", "main"]) == 0
+    text = capsys.readouterr().out
+    assert f"cores of node 0: 2 kinds by {PREFCORE}: priority 0,8,16," in text
+    assert "share" not in text
