@@ -144,14 +144,15 @@ def epyc_prefcore(gap: bool = True) -> synth.Spec:
     """A 2-socket AMD host shaped like the generated B300 (64 cores of 2 threads per
     socket, 4 GPUs on each), whose amd-pstate ranks every core with a value of its own: 8
     cores per package (every 8th) far above the rest (201-236 in steps of 5, against
-    137-166), both threads of a core alike.  ``gap=False``: the same order, evenly spaced,
-    with nothing that stands out.  Illustrative values in the driver's layout."""
+    137-166), both threads of a core alike.  ``gap=False``: the same order in steps of 5,
+    one of 6 after the second core: the widest step, but none stands out.  Illustrative
+    values in the driver's layout."""
     spec = synth.dgx_b300()
     ranking: dict[int, int] = {}
     for core in range(128):
         k, top = divmod(core % 64, 8)
         fast = 236 - 5 * k if top == 0 else 166 - core % 30
-        value = fast if gap else 255 - core % 64
+        value = fast if gap else 400 - 5 * (core % 64) - (core % 64 >= 2)
         ranking[core] = ranking[core + 128] = value
     return replace(spec, vendor="amd", cpu_files={PREFCORE: ranking})
 
@@ -197,8 +198,9 @@ def test_rank_shares_the_top_group_evenly() -> None:
 
 
 def test_a_ranking_without_a_gap_or_a_file_that_names_kinds_is_not_split() -> None:
-    """Evenly spaced rankings: the best core alone leads, as before.  The same values in a
-    file that names kinds (CPPC highest_perf) stay one kind per value."""
+    """A ranking whose widest step does not stand out: the best core alone leads, as
+    before (not the cores above that step).  The gapped values in a file that names kinds
+    (CPPC highest_perf) stay one kind per value."""
     even = mem(epyc_prefcore(gap=False))
     assert even.priority_cpus(0) == {0, 128}
     spec = epyc_prefcore()
