@@ -1186,6 +1186,49 @@ MUTANTS: tuple[Mutant, ...] = (
         "a NUMABIND_SYSROOT set and not used is said in one line by show, doctor and the hook",
         ("tests/test_first_hour.py::test_46_a_sysroot_set_and_not_used_is_said_in_one_line",),
     ),
+    # --- issue 44, helper regress: the regressions (GH200's CPUs, AMD preferred-core
+    # rankings) and the isolated collector's group bit ---
+    M(
+        "G01",
+        "src/numabind/_plan.py",
+        "            cpus=frozenset(cpus),\n            memory_nodes=mem_nodes,",
+        "            cpus=frozenset() if one_node else frozenset(cpus),\n"
+        "            memory_nodes=mem_nodes,",
+        "a GH200's rank (its node holds every allowed CPU) reports those CPUs and its budget",
+        ("tests/test_plan_regressions.py",),
+    ),
+    M(
+        "G02",
+        "src/numabind/_model.py",
+        "        if self.source not in RANKED_FILES or len(found) <= 2:",
+        "        if True:",
+        "an AMD preferred-core ranking is split at its gap: a node's top group is its priority",
+        ("tests/test_plan_regressions.py",),
+    ),
+    M(
+        "G03",
+        "src/numabind/_model.py",
+        "        if any(RANKING_GAP * s > widest for i, s in enumerate(steps) if i != cut - 1):",
+        "        if False:",
+        "a ranking is split only where one step stands out (else its best core alone leads)",
+        ("tests/test_plan_regressions.py",),
+    ),
+    M(
+        "G04",
+        "src/numabind/check/_isolated.py",
+        "    if st.st_mode & (_stat.S_IWGRP | _stat.S_IWOTH):",
+        "    if st.st_mode & _stat.S_IWOTH:",
+        "the collector refuses a group-writable interpreter or package tree (a shared env)",
+        ("tests/test_group_writable.py",),
+    ),
+    M(
+        "G05",
+        "src/numabind/check/_isolated.py",
+        "    if [ $(( 0$4 & 022 )) -ne 0 ]; then",
+        "    if [ $(( 0$4 & 002 )) -ne 0 ]; then",
+        "the node's sh check refuses a group-writable interpreter path",
+        ("tests/test_group_writable.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -10,13 +10,18 @@ show it (node 0, its two CPUs); the multi-NUMA VM shows the rest (tests/test_vm.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -197,9 +202,51 @@ numabind.host_buffer(64 << 20, node=1 - 1, threads=2, register=False)
     assert len(pins) == 2 and all(re.search(r"\[0\]\)\s+= 0$", ln) for ln in pins), pins
 
 
+HUGE_POOL = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages"
+HUGE_LOCK = "/run/numabind-tests-hugepages.lock"  # root's directory: no one else plants it
+
+
+@contextlib.contextmanager
+def host_lock(path: str = HUGE_LOCK, limit: float = 300.0) -> Iterator[None]:
+    """An exclusive flock on ``path``, a root-owned regular file (made here, 0600): two
+    test runs on one host take turns at the host's huge-page pool instead of one reading
+    the other's reservation as the value to put back.  Waits at most ``limit`` seconds."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != 0 or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            pytest.fail(f"{path} is not a private regular file of root's: not used as a lock")
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test run held {path} for {limit:.0f} s")
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with the descriptor)
+
+
+@contextlib.contextmanager
+def huge_pages(count: int, pool: str = HUGE_POOL) -> Iterator[int]:
+    """``count`` huge pages asked of ``pool`` (as root, under :func:`host_lock`), and the
+    value found there put back when the block ends, however it ends.  Yields how many
+    the kernel gave."""
+    before = Path(pool).read_text().strip()
+    try:
+        Path(pool).write_text(f"{count}\n")
+        yield int(Path(pool).read_text())
+    finally:
+        Path(pool).write_text(before + "\n")
+
+
 def test_huge_true_is_backed_by_huge_pages(tmp_path: Path) -> None:
     """With free huge pages on the node: hugetlb (MAP_HUGETLB, 2 MiB pages in smaps);
-    without: transparent huge pages asked with madvise(MADV_HUGEPAGE)."""
+    without: transparent huge pages asked with madvise(MADV_HUGEPAGE).  The host's pool is
+    changed under a lock that other test runs take too, and put back as it was found."""
     code = """
 import json, numabind
 buf = numabind.host_buffer(4 << 20, node=0, huge=True, register=False)
@@ -209,23 +256,58 @@ i = next(i for i, line in enumerate(smaps) if line.startswith(start))
 size = next(line for line in smaps[i:] if line.startswith("KernelPageSize"))
 print(json.dumps([buf.huge, size.split()[1]]))
 """
-    pool = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages"
-    out, lines = traced(code, clean_env(), tmp_path, "madvise,mmap")
-    huge, page = json.loads(out)
-    assert huge == "thp" and any("MADV_HUGEPAGE" in ln for ln in lines), lines
     if os.geteuid() != 0:
         pytest.fail("reserving huge pages needs root (CI runs as root)")
-    before = Path(pool).read_text().strip()
-    try:
-        Path(pool).write_text("4\n")
-        if int(Path(pool).read_text()) < 2:
-            pytest.fail("the kernel gave no huge pages (memory fragmented?)")
-        out, lines = traced(code, clean_env(), tmp_path, "mmap")
+    with host_lock():
+        out, lines = traced(code, clean_env(), tmp_path, "madvise,mmap")
         huge, page = json.loads(out)
-        assert huge == "hugetlb" and page == "2048", (huge, page)
-        assert any("MAP_HUGETLB" in ln for ln in lines), lines
+        assert huge == "thp" and any("MADV_HUGEPAGE" in ln for ln in lines), lines
+        with huge_pages(4) as given:
+            if given < 2:
+                pytest.fail("the kernel gave no huge pages (memory fragmented?)")
+            out, lines = traced(code, clean_env(), tmp_path, "mmap")
+            huge, page = json.loads(out)
+            assert huge == "hugetlb" and page == "2048", (huge, page)
+            assert any("MAP_HUGETLB" in ln for ln in lines), lines
+
+
+def test_the_huge_page_pool_is_put_back_even_when_the_test_fails() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("reserving huge pages needs root (CI runs as root)")
+    with host_lock():
+        found = Path(HUGE_POOL).read_text()
+        with pytest.raises(AssertionError, match="on purpose"), huge_pages(int(found) + 2):
+            assert Path(HUGE_POOL).read_text() != found
+            raise AssertionError("failed on purpose")
+        assert Path(HUGE_POOL).read_text() == found
+
+
+def test_a_second_run_waits_for_the_huge_page_lock() -> None:
+    """Another process holding the lock (a second test run on the host): this one waits
+    until it lets go, then takes it."""
+    if os.geteuid() != 0:
+        pytest.fail("the lock lives in /run (CI runs as root)")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({HUGE_LOCK!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1.5)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        began = time.monotonic()
+        with host_lock():
+            waited = time.monotonic() - began
+            assert holder.poll() is not None or waited > 1.0, "taken while the other held it"
+        assert waited > 0.5, f"{waited:.2f} s"
     finally:
-        Path(pool).write_text(before + "\n")
+        holder.kill()
+        holder.wait()
 
 
 def test_bind_range_never_counts_a_page_that_stayed_as_moved() -> None:

@@ -156,6 +156,64 @@ print(json.dumps({"process": sorted(b.plan.cpus), "inside": inside, "shared": sh
     }
 
 
+# The worker thread's failure reaches the main thread, every wait has a limit, and the
+# worker is released (and joined, with a limit) even when restore() raises: a failure
+# anywhere ends the child at once with its traceback, where it used to leave the worker
+# waiting forever and the test hanging until its timeout.  BREAK_RESTORE=1 makes
+# restore() raise (the test below checks that this fails fast).
+LATER_APPLY = """
+import json, os, threading, traceback, numabind
+WAIT = 20
+inside, go, left, back = (threading.Event() for _ in range(4))
+out, failed = {}, []
+def worker():
+    try:
+        with numabind.bind_thread(1):
+            inside.set()
+            if not go.wait(WAIT):
+                raise TimeoutError("never told to leave the block")
+            out["during"] = sorted(os.sched_getaffinity(0))
+        out["after"] = sorted(os.sched_getaffinity(0))
+        left.set()
+        if not back.wait(WAIT):
+            raise TimeoutError("the binding was never restored")
+        out["restored"] = sorted(os.sched_getaffinity(0))
+    except BaseException:
+        failed.append(traceback.format_exc())
+    finally:
+        inside.set(); left.set()
+def worker_ok():
+    if failed:
+        raise SystemExit("the worker thread failed: " + failed[0])
+def wait(event, what):
+    if not event.wait(WAIT):
+        raise SystemExit("timed out waiting for " + what)
+    worker_ok()
+t = threading.Thread(target=worker, daemon=True); t.start()
+wait(inside, "the worker's block")
+b = numabind.apply(device=0, local_rank=0)
+out["main"] = sorted(os.sched_getaffinity(0))
+out["changes"] = b.changes()
+go.set()
+wait(left, "the worker to leave its block")
+out["changes_after"] = b.changes()
+out["same"] = numabind.apply(device=0, local_rank=0) is b
+if os.environ.get("BREAK_RESTORE") == "1":
+    def broken():
+        raise numabind.BindingError("restore() broken on purpose")
+    b.restore = broken
+try:
+    b.restore()
+finally:
+    back.set()
+    t.join(WAIT)
+worker_ok()
+if t.is_alive():
+    raise SystemExit("the worker thread did not end")
+print(json.dumps(out))
+"""
+
+
 @two_cpus
 def test_a_later_apply_leaves_a_bind_thread_block_where_it_is(two: str) -> None:
     """A process binding applied while another thread is inside a bind_thread block
@@ -163,29 +221,7 @@ def test_a_later_apply_leaves_a_bind_thread_block_where_it_is(two: str) -> None:
     other thread, not that one; when the block ends the thread joins the new binding (no
     other binder moved it: the same apply() is still a no-op), and that binding's restore()
     puts it back where the block would have."""
-    code = """
-import json, os, sys, threading, numabind
-inside, go, out = threading.Event(), threading.Event(), {}
-def worker():
-    with numabind.bind_thread(1):
-        inside.set(); go.wait()
-        out["during"] = sorted(os.sched_getaffinity(0))
-    out["after"] = sorted(os.sched_getaffinity(0))
-    back.wait()
-    out["restored"] = sorted(os.sched_getaffinity(0))
-back = threading.Event()
-t = threading.Thread(target=worker); t.start(); inside.wait()
-b = numabind.apply(device=0, local_rank=0)
-out["main"] = sorted(os.sched_getaffinity(0))
-out["changes"] = b.changes()
-go.set()
-while "after" not in out: pass
-out["changes_after"] = b.changes()
-out["same"] = numabind.apply(device=0, local_rank=0) is b
-b.restore(); back.set(); t.join()
-print(json.dumps(out))
-"""
-    r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
+    r = py(LATER_APPLY, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none"))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     out = json.loads(r.stdout)
     assert out == {
@@ -197,6 +233,19 @@ print(json.dumps(out))
         "same": True,
         "restored": [0, 1],
     }, out
+
+
+@two_cpus
+def test_the_later_apply_test_fails_fast_when_restore_raises(two: str) -> None:
+    """restore() raising ends the child at once with the error (the worker is released
+    and joined), where the test above used to wait for its 120 s timeout."""
+    import time
+
+    began = time.monotonic()
+    r = py(LATER_APPLY, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none", BREAK_RESTORE="1"))
+    took = time.monotonic() - began
+    assert r.returncode != 0 and "restore() broken on purpose" in r.stderr, r.stderr
+    assert took < 15, f"{took:.1f} s"
 
 
 @two_cpus

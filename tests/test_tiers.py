@@ -502,19 +502,19 @@ def test_socket_mode_masks_over_every_cpu_node() -> None:
     assert p.placement.kernel_policy == ("bind", frozenset(range(8)))
 
 
-def test_a_one_cpu_node_machine_with_gpu_memory_binds_memory_only() -> None:
-    """GH200: nothing to choose for CPUs, but node 0's only fallback is the GPU's memory."""
+def test_a_one_cpu_node_machine_with_gpu_memory_binds_its_node() -> None:
+    """GH200: node 0 holds every CPU (the plan says so, with its thread budget), and
+    node 0's only fallback is the GPU's memory."""
     from numabind._environ import parse_spill
     from numabind._plan import nothing_to_bind
 
     m = mem(synth.gh200())
     [p] = _plans(m)
-    assert p.bound and p.cpus == frozenset() and p.threads is None
+    assert p.bound and p.cpus == frozenset(range(72)) and p.threads == 72
     assert p.memory_nodes == {0} and p.placement.kernel_policy == ("bind", {0})
     assert p.summary() == (
-        "local rank 0: CPUs unchanged, memory preferred on node 0, no other node: GPU 0 "
-        "(0009:01:00.0) is on node 0, the one node with CPUs: CPUs left as they are, "
-        "memory kept off node 1 (no CPUs)"
+        "local rank 0: CPUs 0-71, memory preferred on node 0, no other node: GPU 0 "
+        "(0009:01:00.0) is on node 0, the one node with CPUs: memory kept off node 1 (no CPUs)"
     )
     assert not nothing_to_bind(m, "node")
     assert nothing_to_bind(m, "node", "preferred", parse_spill("any"))
@@ -638,7 +638,7 @@ def test_numactl_lines_give_the_mask(capsys: pytest.CaptureFixture[str]) -> None
     out = run_main(capsys, "show", "--example", "gb200", "--numactl", "--spill", "any")[1]
     assert "rank 0: numactl --physcpubind=0-71 --preferred=0 -- CMD" in out
     out = run_main(capsys, "show", "--example", "gh200", "--numactl")[1]
-    assert "rank 0: numactl --membind=0 -- CMD" in out
+    assert "rank 0: numactl --physcpubind=0-71 --membind=0 -- CMD" in out
 
 
 def test_show_says_what_memory_never_reaches(capsys: pytest.CaptureFixture[str]) -> None:

@@ -416,10 +416,13 @@ class KindFile(Record):
     """A per-CPU file that can tell a machine's cores apart by speed, readable by any user
     (``/dev/isst_interface`` and MSRs need root; these do not): its path under
     ``/sys/devices/system/cpu/cpuN/``, and what a difference in it means.  A higher value
-    is a faster (more preferred) core in every row."""
+    is a faster (more preferred) core in every row.  ``ranked``: the file orders the cores
+    (one value per core) rather than naming kinds, so its values are split at the gap that
+    stands out (:meth:`CoreKinds.kinds`), not taken one kind per value."""
 
     path: str
     means: str
+    ranked: bool = False
 
 
 # In the order they are tried: the first file whose values differ between the online CPUs
@@ -431,7 +434,9 @@ KIND_FILES: tuple[KindFile, ...] = (
     ),
     KindFile(path="acpi_cppc/nominal_perf", means="ACPI CPPC nominal performance"),
     KindFile(
-        path="cpufreq/amd_pstate_prefcore_ranking", means="AMD preferred-core ranking (amd-pstate)"
+        path="cpufreq/amd_pstate_prefcore_ranking",
+        means="AMD preferred-core ranking (amd-pstate)",
+        ranked=True,
     ),
     KindFile(path="cpufreq/amd_pstate_highest_perf", means="AMD highest performance (amd-pstate)"),
     KindFile(
@@ -442,6 +447,11 @@ KIND_FILES: tuple[KindFile, ...] = (
     KindFile(path="cpu_capacity", means="Arm CPU capacity (big and little cores)"),
 )
 HWLOC_KINDS = "hwloc cpukinds"  # the source of kinds read from an hwloc XML export
+RANKED_FILES = frozenset(k.path for k in KIND_FILES if k.ranked)
+# a ranking's values split where the widest step between neighbours is at least this many
+# times every other step: a group that stands out (AMD: 8 cores per package far above the
+# rest); a ranking without one keeps its first value alone as the priority kind
+RANKING_GAP = 2
 MAX_KIND_VALUE = 1 << 40  # larger than any frequency in kHz or CPPC performance value
 
 
@@ -467,12 +477,34 @@ class CoreKinds(Record):
         """The levels that ``cpus`` hold, each cut to ``cpus``, fastest first."""
         return tuple((v, c & cpus) for v, c in self.levels if c & cpus)
 
-    def priority(self, cpus: frozenset[int]) -> frozenset[int]:
-        """The priority CPUs among ``cpus`` (a node's): those of the fastest level that
-        ``cpus`` hold, when ``cpus`` hold more than one level; else none (the cores of that
-        set are one kind)."""
+    def kinds(self, cpus: frozenset[int]) -> tuple[tuple[int, int, frozenset[int]], ...]:
+        """The kinds of core that ``cpus`` (a node's) hold, fastest first, as (highest
+        value, lowest value, CPUs): one per level; but a ranking (``KindFile.ranked``: one
+        value per core) is an order, not kinds, so where one step between its values
+        stands out (:data:`RANKING_GAP`) it is split there into two kinds, the group above
+        the gap and the rest.  Taken one kind per value, the node's priority kind would be
+        its single best core, and all its ranks' main threads would share it."""
         found = self.within(cpus)
-        return found[0][1] if len(found) > 1 else frozenset()
+        plain = tuple((v, v, c) for v, c in found)
+        if self.source not in RANKED_FILES or len(found) <= 2:
+            return plain
+        steps = [found[i][0] - found[i + 1][0] for i in range(len(found) - 1)]
+        widest = max(steps)
+        cut = steps.index(widest) + 1
+        if any(RANKING_GAP * s > widest for i, s in enumerate(steps) if i != cut - 1):
+            return plain  # no step stands out: the ranking's first value alone leads
+        head, tail = found[:cut], found[cut:]
+        return tuple(
+            (part[0][0], part[-1][0], frozenset().union(*(c for _, c in part)))
+            for part in (head, tail)
+        )
+
+    def priority(self, cpus: frozenset[int]) -> frozenset[int]:
+        """The priority CPUs among ``cpus`` (a node's): those of the fastest kind that
+        ``cpus`` hold (:meth:`kinds`), when ``cpus`` hold more than one; else none (the
+        cores of that set are one kind)."""
+        found = self.kinds(cpus)
+        return found[0][2] if len(found) > 1 else frozenset()
 
 
 if TYPE_CHECKING:

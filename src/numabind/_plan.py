@@ -810,7 +810,8 @@ class _Planner:
         r = self.r
         devs = self._check_request()
         one_node = len(self.m.cpu_nodes) <= 1 and r.mode in ("node", "socket")
-        if one_node and not (r.priority != "off" and self.m.core_kinds.distinct):
+        one_node = one_node and not (r.priority != "off" and self.m.core_kinds.distinct)
+        if one_node:
             if r.device is not None or (devs and (r.local_rank is not None or len(devs) == 1)):
                 self.device, self.index = self._pick_device(devs)
             if nothing_to_bind(self.m, r.mode, r.memory, r.spill, r.priority):
@@ -820,12 +821,14 @@ class _Planner:
                     + (" and its cores are one kind" if r.priority != "off" else "")
                     + ": nothing to bind",
                 )
-            return self._memory_only()
-        self._machine_notes()
-        if not devs and r.device is None:
-            where = self._cpu_only_node(r.visible)
+            self._machine_notes()
+            where = self._one_node_place(devs)
         else:
-            where = self._device_place(devs)
+            self._machine_notes()
+            if not devs and r.device is None:
+                where = self._cpu_only_node(r.visible)
+            else:
+                where = self._device_place(devs)
         self.node = where.node
         cpus, sharers = self._cpus(where)
         prio: frozenset[int] = frozenset()
@@ -839,12 +842,19 @@ class _Planner:
             cores = len(cpus)
         mem_nodes, policy = self._memory(cpus, where.node)
         mask = self._mask(mem_nodes, policy)
+        what = where.what
+        if one_node:
+            kept = frozenset(self.m.node_ids) - mask
+            what += (
+                f", the one node with CPUs: memory kept off node{'s' if len(kept) > 1 else ''} "
+                f"{fmt(kept)} (no CPUs)"
+            )
         return self._plan(
             cpus=frozenset(cpus),
             memory_nodes=mem_nodes,
             memory_policy=policy,
             status="bound",
-            reason=where.what,
+            reason=what,
             threads=max(1, cores // max(sharers or 1, 1)) if r.budget else None,
             helpers=self.helpers,
             priority=r.priority,
@@ -855,32 +865,27 @@ class _Planner:
             unmet=tuple(self.unmet),
         )
 
-    def _memory_only(self) -> Plan:
+    def _one_node_place(self, devs: tuple[Accelerator, ...]) -> _Place:
         """One node with CPUs and memory-only nodes besides (a GH200: node 0 and its GPU's
-        memory): the CPUs have nothing to choose and are left as they are; the memory
-        policy keeps the rank's memory on CPU memory (see :func:`spill_mask`)."""
+        memory): the node holds every CPU this process may use, so its CPUs are the
+        rank's, planned as on any node (its thread budget, ``NUMABIND_RESERVE``,
+        ``NUMABIND_SMT``: a plan that leaves them out loses OMP_NUM_THREADS and reads
+        "bound to no CPUs"); the memory policy keeps the rank's memory on CPU memory (see
+        :func:`spill_mask`)."""
         r = self.r
-        self._machine_notes()
         node = self.m.cpu_nodes[0]
-        self.node, self.how = node.id, "one-node"
-        mem_nodes, policy = self._memory(node.cpus, node.id)
-        mask = self._mask(mem_nodes, policy)
-        kept = frozenset(self.m.node_ids) - mask
+        self.how = "one-node"
+        peers: tuple[int, int] | None = None
+        if self.device is not None:
+            peers = self._device_peers(frozenset({node.id}), devs)
+        elif r.local_rank is not None and r.local_world_size and r.local_rank < r.local_world_size:
+            peers = (r.local_rank, r.local_world_size)  # every local rank shares the node
         what = (
             f"{describe_device(self.device, self.index)} is on node {node.id}"
             if self.device is not None
             else f"node {node.id}"
         )
-        return self._plan(
-            memory_nodes=mem_nodes,
-            memory_policy=policy,
-            status="bound",
-            reason=f"{what}, the one node with CPUs: CPUs left as they are, memory kept off "
-            f"node{'s' if len(kept) > 1 else ''} {fmt(kept)} (no CPUs)",
-            spill=r.spill,
-            memory_mask=mask,
-            unmet=tuple(self.unmet),
-        )
+        return _Place(node=node.id, what=what, peers=peers)
 
     def _mask(self, nodes: frozenset[int], policy: str) -> frozenset[int]:
         mask, notes = spill_mask(self.m, nodes, policy, self.r.spill)

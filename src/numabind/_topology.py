@@ -358,7 +358,7 @@ class Machine:
         """One line for ``cpus`` (a node's CPUs): their kinds, fastest first, and the file
         that told them apart, or that nothing did."""
         kinds = self.core_kinds
-        found = kinds.within(cpus)
+        found = kinds.kinds(cpus)
         if len(found) <= 1:
             why = (
                 f"{kinds.source} is the same on all of them"
@@ -368,8 +368,8 @@ class Machine:
             return f"one kind: {why}"
         parts = [
             f"{'priority' if i == 0 else 'standard' if len(found) == 2 else f'rank {i + 1}'} "
-            f"{format_cpulist(c)} ({v})"
-            for i, (v, c) in enumerate(found)
+            f"{format_cpulist(c)} ({hi if hi == lo else f'{lo}-{hi}'})"
+            for i, (hi, lo, c) in enumerate(found)
         ]
         return f"{len(found)} kinds by {kinds.source}: " + ", ".join(parts)
 

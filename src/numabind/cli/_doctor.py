@@ -741,8 +741,9 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
     if len(with_cpus) <= 1 and machine.memory_only_ids:
         only = format_cpulist(machine.memory_only_ids)
         detail += (
-            f": one node with CPUs and memory-only node(s) {only}: ranks get a memory "
-            "policy alone, which keeps their memory off those nodes (NUMABIND_SPILL)"
+            f": one node with CPUs and memory-only node(s) {only}: ranks are planned on "
+            "that node's CPUs, with a memory policy that keeps their memory off those nodes "
+            "(NUMABIND_SPILL)"
         )
     elif len(with_cpus) <= 1:
         detail += ": one node with CPUs, nothing to bind on this machine"
