@@ -42,6 +42,7 @@ import os
 import _numabind_base
 
 from ._model import (
+    BINDERS_MODES,
     MODE_NAMES,
     NIC_MODES,
     NIC_TRANSPORTS,
@@ -235,6 +236,16 @@ KNOBS: tuple[Knob, ...] = (
         binding=True,
         help="with numabind.torch, where DataLoader workers run: share the rank's CPUs, "
         "spread (one disjoint core set each) or reserved (the rank's reserved cores)",
+    ),
+    Knob(
+        name="NUMABIND_BINDERS",
+        field="binders",
+        kind="choice",
+        values=BINDERS_MODES,
+        default="off",
+        help="keep: where numabind binds a rank, set AMD_CPU_AFFINITY=0 and "
+        "TLLM_NUMA_AWARE_WORKER_AFFINITY=0 so that HIP and TensorRT-LLM do not re-pin it "
+        "(a value already set is kept; NCCL_IGNORE_CPU_AFFINITY is never set); off (default)",
     ),
     Knob(
         name="NUMABIND_VERBOSE",
@@ -515,6 +526,7 @@ class Config(Record):
     threads: str = "off"  # "off", "auto" or a decimal count
     omp_places: str = "off"
     workers: str = "share"
+    binders: str = "off"  # NUMABIND_BINDERS: off, keep
     verbose: bool = False
     guard: bool = True
     torch: bool = False

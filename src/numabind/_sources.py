@@ -306,6 +306,10 @@ class Source:
     def numa_balancing(self) -> int | None:
         return None
 
+    def sched_ext(self) -> str | None:
+        """The active sched_ext scheduler's name (numabind._binders.sched_ext), or None."""
+        return None
+
     def cpu_vendor(self) -> str | None:
         """Who made the CPUs (``intel``, ``amd``, ...; None when the files do not say):
         what a sub-NUMA split is called (Intel SNC, AMD NPS) depends on it."""
@@ -855,6 +859,11 @@ class SysfsSource(Source):
     def numa_balancing(self) -> int | None:
         value = _sysfs.parse_int(self._read(NUMA_BALANCING))
         return value if value is not None and 0 <= value < 256 else None
+
+    def sched_ext(self) -> str | None:
+        from ._binders import sched_ext
+
+        return sched_ext(self._read)
 
     def partition_nodes(self, vendor: Vendor, expected: int) -> tuple[KfdNode, ...]:
         base = vendor.partition_topology
