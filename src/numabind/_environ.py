@@ -178,9 +178,11 @@ KNOBS: tuple[Knob, ...] = (
         kind="transports",
         values=NIC_TRANSPORTS,
         default="",
-        help="a list of transports (ucx, nvshmem, nixl, uccl, mooncake, nccl): tell each "
-        "the RDMA adapter nearest to the rank's GPU (UCX_NET_DEVICES, NVSHMEM_HCA_LIST, ...) "
-        "before any import; a value already set is kept",
+        help="a list of transports (ucx, nvshmem, nixl, uccl, mooncake, nccl, vllm): tell "
+        "each the RDMA adapter nearest to the rank's GPU (UCX_NET_DEVICES, NVSHMEM_HCA_LIST, "
+        "...) before any import; vllm: vLLM's GPU-to-NIC map (VLLM_GPU_NIC_PCIE_MAPPING, "
+        "VLLM_NIC_SELECTION_VARS), from which vLLM sets the others' variables per worker; "
+        "a value already set is kept",
     ),
     Knob(
         name="NUMABIND_NIC_MODE",

@@ -404,7 +404,15 @@ class NicChoice(Record):
 
 
 # the transports NUMABIND_NIC may name (their variables: numabind._transports.TRANSPORTS)
-NIC_TRANSPORTS: tuple[str, ...] = ("ucx", "nvshmem", "nixl", "uccl", "mooncake", "nccl")
+NIC_TRANSPORTS: tuple[str, ...] = (
+    "ucx",
+    "nvshmem",
+    "nixl",
+    "uccl",
+    "mooncake",
+    "nccl",
+    "vllm",
+)
 # NUMABIND_NIC_MODE: how ranks share the adapters nearest to their GPUs
 NIC_MODES: tuple[str, ...] = ("nearest", "exclusive")
 
