@@ -179,3 +179,89 @@ def test_real_captures_without_an_offered_adapter_set_neither(capture: str) -> N
     done = _transports.apply_env("vllm", (), env, per_gpu=found.per_device)
     assert env == {} and done.set == ()
     assert any("no RDMA adapter chosen" in n for n in done.notes)
+
+
+# --- the vllm.general_plugins entry point -----------------------------------------------------
+
+STANDIN = ROOT / "tests" / "standin"
+PROCESS = f"""
+import json, os, sys
+sys.path.insert(0, {str(STANDIN)!r})
+import vllm_plugins
+before = sorted(sys.modules)
+vllm_plugins.load_general_plugins()
+vllm_plugins.plugins_loaded = False
+vllm_plugins.load_general_plugins()  # vLLM may load them again in one process
+import numabind.vllm
+from numabind._apply import bound_plan
+print(json.dumps({{
+    "map": os.environ.get("VLLM_GPU_NIC_PCIE_MAPPING"),
+    "vars": os.environ.get("VLLM_NIC_SELECTION_VARS"),
+    "armed": len(numabind.vllm._armed),
+    "bound": bound_plan(process=True) is not None,
+    "torch_hooked": "numabind.torch" in sys.modules,
+}}))
+"""
+
+
+def _vllm_process(**env: str) -> tuple[dict[str, object], str]:
+    import json
+
+    r = subprocess.run(
+        [sys.executable, "-c", PROCESS],
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout), r.stderr
+
+
+def test_the_entry_point_is_in_the_installed_metadata() -> None:
+    """vLLM finds it as it finds any plugin: by group, in the installed distribution's
+    entry points; it loads to the function."""
+    from importlib.metadata import entry_points
+
+    import numabind.vllm
+
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "numabind"]
+    assert ep.value == "numabind.vllm:register"
+    assert ep.load() is numabind.vllm.register
+
+
+def test_a_vllm_process_without_a_rank_gets_the_map_and_binds_on_device_selection(
+    example: str,
+) -> None:
+    """vLLM's API server or a worker (no rank variables: the hook leaves it alone): the
+    loader calls the plugin, which sets the node's map (the one a rank's hook writes) and
+    arms the binding on the worker's device selection, once however often it is called."""
+    got, err = _vllm_process(NUMABIND_SYSROOT=example, NUMABIND_NIC="vllm")
+    rank_map, rank_vars, _ = _rank(example, 0, NUMABIND_NIC="vllm")
+    assert (got["map"], got["vars"]) == (rank_map, rank_vars) and rank_map != "-"
+    assert got["armed"] == 1 and not got["bound"], got
+    assert err == ""
+
+
+def test_a_process_the_hook_bound_is_left_alone(two: str) -> None:
+    """A rank the startup hook bound: the plugin arms nothing and sets nothing more."""
+    got, _ = _vllm_process(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", NUMABIND_SYSROOT=two)
+    assert got["bound"] and got["armed"] == 0 and got["map"] is None, got
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"NUMABIND_MODE": "bogus"}, "numabind.vllm: not registered: ConfigError"),
+        ({"NUMABIND": "0", "NUMABIND_NIC": "vllm"}, ""),
+        ({"VLLM_PLUGINS": "someone_else", "NUMABIND_NIC": "vllm"}, ""),
+    ],
+)
+def test_the_plugin_never_stops_vllm_and_obeys_the_switches(
+    two: str, env: dict[str, str], said: str
+) -> None:
+    """A bad knob is one line, never an exception (vLLM would stop the process);
+    ``NUMABIND=0`` and a ``VLLM_PLUGINS`` list without it do nothing."""
+    got, err = _vllm_process(NUMABIND_SYSROOT=two, **env)
+    assert got["armed"] == 0 and got["map"] is None, got
+    assert (said in err) if said else err == "", err

@@ -10,8 +10,9 @@ How a row is detected (``detect``):
 * ``thread``: a word in the name of a thread whose mask moved (``comm``, case-insensitive;
   the first row whose word is in the name wins).  ``vendor`` narrows a row to ranks of
   one accelerator vendor (RCCL's threads carry NCCL's names).
-* ``sysfs``: a file of the machine (read under ``NUMABIND_SYSROOT``): an active sched_ext
-  scheduler places tasks in the kernel, whatever their masks say.
+* ``sysfs``: a file of the machine (read under ``NUMABIND_SYSROOT`` by the machine's
+  source: ``Machine.sched_ext``): an active sched_ext scheduler places tasks in the
+  kernel, whatever their masks say.
 * ``mask``: nothing is left but a CPU mask the rank started with (an exec wrapper:
   torchrun ``--numa-binding`` and vLLM ``--numa-bind`` exec the rank through numactl); the
   registry entry records that mask and whether the keep/replace rule kept it.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from ._environ import TRUE
 from ._model import BINDERS_MODES, Record
+from ._sources import SCHED_EXT_STATE
 from ._sysfs import clean_line
 
 TYPE_CHECKING = False
@@ -104,7 +106,7 @@ BINDER_TABLE: tuple[Binder, ...] = (
         name="sched_ext",
         label="a sched_ext scheduler",
         detect="sysfs",
-        key="/sys/kernel/sched_ext/state",
+        key=SCHED_EXT_STATE,
         values=("enabled",),
         does="the kernel places tasks by the BPF scheduler's own policy, whatever their masks "
         "allow (scx_cosmos --gpu keeps a GPU's tasks on its node itself); masks and check's "
@@ -208,7 +210,6 @@ BINDER_TABLE: tuple[Binder, ...] = (
     ),
 )
 __all__ = ["BINDERS_MODES", "BINDER_TABLE"]
-SCHED_EXT_OPS = "/sys/kernel/sched_ext/root/ops"
 MAX_VALUE = 64  # longest value compared (a longer one is no value a library documents)
 
 
@@ -239,17 +240,6 @@ def env_binders(environ: Mapping[str, str]) -> list[tuple[Binder, str]]:
         if raw is not None and len(raw) <= MAX_VALUE and raw.strip().lower() in b.values:
             out.append((b, raw.strip()))
     return out
-
-
-def sched_ext(read: Callable[[str], str | None]) -> str | None:
-    """The active sched_ext scheduler's name (``scx_cosmos``; ``an unnamed scheduler``),
-    None when none is active; ``read`` reads one file of the machine (None: absent)."""
-    state = read(BINDER_TABLE_BY_NAME["sched_ext"].key)
-    if state is None or state.strip().lower() not in BINDER_TABLE_BY_NAME["sched_ext"].values:
-        return None
-    ops = clean_line(read(SCHED_EXT_OPS) or "", 64).strip()
-    ok = ops and all(c.isalnum() or c in "_-." for c in ops)
-    return ops if ok else "an unnamed scheduler"
 
 
 def say(b: Binder, what: str) -> str:
@@ -312,5 +302,3 @@ def keep_env(environ: MutableMapping[str, str]) -> KeepResult:
 
 
 BINDER_TABLE_BY_NAME = {b.name: b for b in BINDER_TABLE}
-if TYPE_CHECKING:
-    from collections.abc import Callable

@@ -306,13 +306,17 @@ def apply_env(
     node_nics: tuple[NicChoice, ...] = (),
     judge_kept: Judge | None = None,
     per_gpu: Mapping[str, tuple[NicChoice, ...]] | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> NicEnv:
     """Set the variables of ``transports`` for a rank given ``nics`` (``node_nics`` for a
     ``node``-scope transport, ``per_gpu`` for vLLM's map) under the keep/replace rule, and
     record what was set in ``NUMABIND_NIC_SET``.  ``judge_kept`` says what is wrong with a
-    value kept."""
+    value kept; ``only`` limits the variables touched to those named (a process that is no
+    rank sets vLLM's map, and nothing of a rank's)."""
     ours = read_record(environ.get(RECORD, ""))
     wanted = wanted_values(transports, nics, node_nics, per_gpu)
+    if only is not None:
+        wanted = {k: v for k, v in wanted.items() if k in only}
     done: list[tuple[str, str]] = []
     kept: list[tuple[str, str]] = []
     warnings: list[str] = []
