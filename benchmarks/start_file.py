@@ -39,10 +39,10 @@ def _clean_env() -> None:
         sys.path.insert(0, str(ROOT / "src"))
     sys.dont_write_bytecode = False
     import _numabind_base
-    import _numabind_start  # noqa: F401  (its bytecode written once)
 
     for name in (*_numabind_base.TRIGGERS, "NUMABIND"):
         os.environ.pop(name, None)
+    pkgutil.resolve_name("_numabind_start:start")  # its bytecode written once
     for name in MODULES:
         sys.modules.pop(name, None)
 
