@@ -258,7 +258,7 @@ def test_thread_rows_tell_rccl_from_nccl() -> None:
 def test_doctor_names_the_switches_and_the_scheduler(two: str, tmp_path: Path) -> None:
     """``doctor`` says which binders its environment and machine show, with the fix."""
     root = _with_sched_ext(two, tmp_path, "enabled", "scx_cosmos")
-    e = clean_env(NUMABIND_SYSROOT=root, TLLM_NUMA_AWARE_WORKER_AFFINITY="1")
+    e = clean_env(NUMABIND_SYSROOT=root, TLLM_NUMA_AWARE_WORKER_AFFINITY="1", AMD_CPU_AFFINITY="1")
     p = subprocess.run(
         [sys.executable, "-m", "numabind", "doctor", "--json"],
         capture_output=True,
@@ -267,7 +267,8 @@ def test_doctor_names_the_switches_and_the_scheduler(two: str, tmp_path: Path) -
         timeout=120,
     )
     found = [f["detail"] for f in json.loads(p.stdout)["findings"] if f["check"] == "binders"]
-    assert len(found) == 2, found
-    assert found[0].startswith("TLLM_NUMA_AWARE_WORKER_AFFINITY=1 (TensorRT-LLM)")
-    assert "fix: TLLM_NUMA_AWARE_WORKER_AFFINITY=0" in found[0]
-    assert found[1].startswith("sched_ext scheduler scx_cosmos active")
+    assert len(found) == 3, found
+    assert found[0].startswith("AMD_CPU_AFFINITY=1 (HIP (ROCm))")
+    assert found[1].startswith("TLLM_NUMA_AWARE_WORKER_AFFINITY=1 (TensorRT-LLM)")
+    assert "fix: TLLM_NUMA_AWARE_WORKER_AFFINITY=0" in found[1]
+    assert found[2].startswith("sched_ext scheduler scx_cosmos active")
