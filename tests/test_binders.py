@@ -195,6 +195,21 @@ def test_sched_ext_from_a_sysroot(
         assert m.sched_ext is None
 
 
+def test_gather_keeps_the_scheduler_and_the_capture_reads_it_back(two: str, tmp_path: Path) -> None:
+    """``numabind gather`` copies the sched_ext files (they are among the files the reader
+    reads): a capture of a machine running scx_cosmos says so where it is read."""
+    from numabind._roots import for_path
+    from numabind.cli._gather import _write_tar
+
+    root = _with_sched_ext(two, tmp_path, "enabled", "scx_cosmos")
+    out = tmp_path / "capture.tar.gz"
+    r = for_path(root)
+    with out.open("wb") as f:
+        _write_tar(f, r, {})
+    r.close()
+    assert Machine.from_capture(str(out)).sched_ext == "scx_cosmos"
+
+
 @two_cpus
 def test_check_names_an_active_sched_ext_scheduler(two: str, tmp_path: Path) -> None:
     root = _with_sched_ext(two, tmp_path, "enabled", "scx_cosmos")

@@ -200,6 +200,8 @@ def read_paths() -> tuple[str, ...]:
         "/proc/self/status",
         "/proc/sys/kernel/osrelease",
         NUMA_BALANCING,
+        SCHED_EXT_STATE,
+        SCHED_EXT_OPS,
         *(f"{{cgroup}}/{name}" for name in CPUSET_FILES),
     )
 
