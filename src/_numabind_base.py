@@ -381,6 +381,17 @@ _MODULUS = (1 << 61) - 1
 CACHE_OFF = ("0", "off", "no", "false")  # NUMABIND_CACHE values that turn the cache off
 
 
+def no_replay(environ: "Mapping[str, str]") -> "str | None":
+    """Why this process's answer is neither replayed nor kept (None: it may be): the cache
+    turned off, or a registry base of the user's choosing (where the cache directory is
+    then is the full path's rule, ``numabind._cache``)."""
+    if environ.get("NUMABIND_CACHE", "").strip().lower() in CACHE_OFF:
+        return "NUMABIND_CACHE=0"
+    if environ.get("NUMABIND_REGISTRY"):
+        return "NUMABIND_REGISTRY is set (where the cache is is the full path's rule)"
+    return None
+
+
 def checksum(data: bytes) -> int:
     """The body as one integer modulo a Mersenne prime: computed in C by ``int``, so that
     a rank checks its whole file in microseconds; it finds truncation and damage (it is not
@@ -401,6 +412,17 @@ def open_cache_dir(
     if fd is None:
         return None, None, "; ".join(why) or "no usable directory"
     return fd, label, ""
+
+
+def refusal(bad: str, path: str) -> str:
+    """Why a file of :func:`read_private`'s answer ``bad`` is not read, in words (the
+    package's cache and the warm start say it alike)."""
+    return {
+        "missing": "no cache yet",
+        "special": f"{path} is not a regular file (a link or a device): refused",
+        "foreign": f"{path} is another user's: refused",
+        "huge": f"{path} is larger than {CACHE_CAP >> 20} MiB: refused",
+    }.get(bad, f"{path}: {bad}")
 
 
 def answers_name(raw_sysroot: "str | None") -> str:

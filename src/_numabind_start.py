@@ -91,21 +91,23 @@ class Handover(Exception):
 
 def _read_answers(env: "os._Environ[str]") -> "list[str]":
     """The lines of this process's answers file, its header checked."""
-    if env.get("NUMABIND_CACHE", "").strip().lower() in base.CACHE_OFF:
-        raise Handover("NUMABIND_CACHE=0")
-    if env.get("NUMABIND_REGISTRY"):
-        raise Handover("NUMABIND_REGISTRY is set (where the cache is is the full path's rule)")
-    fd, _, _ = base.open_cache_dir(env, create=False)
+    off = base.no_replay(env)
+    if off is not None:
+        raise Handover(off)
+    fd, label, why = base.open_cache_dir(env, create=False)
     if fd is None:
-        raise Handover("no cache directory yet")
+        if "(No such file" in why.split(";", 1)[0]:
+            raise Handover("no cache directory yet")
+        raise Handover(f"no cache directory ({why})")
+    name = base.answers_name(env.get("NUMABIND_SYSROOT"))
     try:
-        bad, data, _ = base.read_private(
-            fd, base.answers_name(env.get("NUMABIND_SYSROOT")), (os.geteuid(),), base.CACHE_CAP
-        )
+        bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
     finally:
         os.close(fd)
     if bad is not None:
-        raise Handover("no answer yet" if bad == "missing" else f"the answers file is {bad}")
+        raise Handover(
+            "no answer yet" if bad == "missing" else base.refusal(bad, f"{label}/{name}")
+        )
     head, _, body = data.partition(b"\n")
     fields = head.split(b" ")
     if len(fields) != 4 or fields[0] != b"numabind-answers":

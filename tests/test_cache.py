@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-import _numabind_fast as fast
+import _numabind_base as nb
 import synth
-from _numabind_start import MODULES
+from _numabind_base import MODULES
 from numabind import _cache
 from numabind._topology import Machine
 from support import clean_env, python_for, two_cpus
@@ -33,6 +33,7 @@ from support import clean_env, python_for, two_cpus
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 VICTIM, ATTACKER = 4242, 4343
+NL = "\n"
 
 
 def _dir(base: Path, uid: int | None = None) -> Path:
@@ -55,15 +56,30 @@ def _env(base: Path, **extra: str) -> dict[str, str]:
     return {"NUMABIND_REGISTRY": str(base), **extra}
 
 
+def _planned(opened: _cache.Opened, rank: int, **knobs: str) -> _cache.Opened:
+    """``opened``'s machine after a rank's plan asked it what it needs, closed (a reading
+    that lacked a fact writes the file again with it)."""
+    from numabind._devices import resolve
+    from numabind._environ import Config
+    from numabind._plan import Request, plan
+
+    m, cfg = opened.machine, Config.from_env(knobs)
+    visible = resolve(m, {})
+    plan(m, Request(local_rank=rank, local_world_size=8, visible=visible, mode=cfg.mode))
+    m.close()
+    return opened
+
+
 def test_the_first_reading_is_written_and_the_next_is_read(tmp_path: Path, base: Path) -> None:
     root = synth.write(synth.dgx_h100(), str(tmp_path / "dgx"))
     env = _env(base)
-    first = _cache.open_machine(root, env)
-    assert first.origin == "sysfs (cache: no cache yet; written)" and first.path
+    first = _planned(_cache.open_machine(root, env), 3)  # written when its reading closes
+    assert first.origin == "sysfs (cache: no cache yet; written)"
+    path = _path(root, base)
     mode = os.stat(_dir(base)).st_mode
-    assert stat.S_IMODE(mode) == 0o700 and stat.S_IMODE(os.stat(first.path).st_mode) == 0o600
+    assert stat.S_IMODE(mode) == 0o700 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
     second = _cache.open_machine(root, env)
-    assert second.origin == "cache" and second.path == first.path
+    assert second.origin == "cache" and second.path == str(path)
     live, cached = Machine.from_root(root), second.machine
     from numabind._devices import resolve
     from numabind._plan import Request, plan
@@ -80,14 +96,20 @@ def test_the_first_reading_is_written_and_the_next_is_read(tmp_path: Path, base:
 
 
 def test_what_the_file_lacks_is_read_added_and_kept(tmp_path: Path, base: Path) -> None:
-    """A rank in another mode asks for more (the cores, the kinds): read once, added."""
+    """A rank in another mode asks for more (the cores, the kinds): read once from sysfs,
+    said (the origin is not "cache" alone: the registry entry and verbose say it), added
+    to the file; the next such rank has every fact from the file."""
     root = synth.write(synth.dgx_b300(), str(tmp_path / "b300"))
     env = _env(base)
-    _cache.open_machine(root, env)
-    more = _cache.open_machine(root, env, frozenset({"cores", "kinds"}))
-    assert more.origin.endswith("lacks cores, kinds: read and added; written)"), more.origin
-    again = _cache.open_machine(root, env, frozenset({"cores", "kinds"}))
-    assert again.origin == "cache"
+    _planned(_cache.open_machine(root, env), 0)
+    first = _cache.open_machine(root, env)
+    assert first.origin == "cache"
+    more = _planned(first, 0, NUMABIND_MODE="exclusive")
+    assert isinstance(more.machine.source, _cache.Cached) and more.machine.source.misses
+    said = _cache.origin_of(more)
+    assert said.startswith("cache, and sysfs for what it lacked (") and said.endswith("; added)")
+    again = _planned(_cache.open_machine(root, env), 0, NUMABIND_MODE="exclusive")
+    assert again.origin == "cache" and _cache.origin_of(again) == "cache"
     assert again.machine.core_kinds == Machine.from_root(root).core_kinds
 
 
@@ -100,12 +122,11 @@ def test_the_facts_other_readers_add_are_kept_too(tmp_path: Path, base: Path, ex
 
     root = synth.write(EXAMPLES[example](), str(tmp_path / example))
     env = _env(base)
-    cores = frozenset({"cores"})
-    _cache.open_machine(root, env, cores).machine.source.close()
-    first = _cache.open_machine(root, env, cores).machine
+    _planned(_cache.open_machine(root, env), 0)
+    first = _cache.open_machine(root, env).machine
     asked = (first.nics, first.ethernet, first.dra_devices)
     first.source.close()  # what the file lacked is written back
-    again = _cache.open_machine(root, env, cores)  # and the rewritten file kept the cores
+    again = _cache.open_machine(root, env)  # and the rewritten file kept them
     assert again.origin == "cache", again.origin
     cached, live = again.machine, Machine.from_root(root)
     assert (cached.nics, cached.ethernet, cached.dra_devices) == asked
@@ -120,15 +141,20 @@ def test_the_cache_is_off_with_numabind_cache_0(tmp_path: Path, base: Path) -> N
     assert off.origin == "sysfs (NUMABIND_CACHE=0)" and not _dir(base).exists()
 
 
+def _path(root: str, base: Path) -> Path:
+    """Where this process's machine file of ``root`` is."""
+    return _dir(base) / _cache.cache_name(nb.machine_key(root))
+
+
 def _written(tmp_path: Path, base: Path) -> tuple[str, Path]:
     root = synth.write(synth.two_nodes(), str(tmp_path / "two"))
-    opened = _cache.open_machine(root, _env(base))
-    return root, Path(opened.path)
+    _planned(_cache.open_machine(root, _env(base)), 1)
+    return root, _path(root, base)
 
 
 def _refused(root: str, base: Path) -> str:
     found = _cache.lookup(_env(base), root)
-    assert found.quick is None
+    assert not found.data
     return found.why
 
 
@@ -137,8 +163,8 @@ def test_a_file_that_is_not_exactly_this_processes_is_refused(tmp_path: Path, ba
     good = path.read_bytes()
     cases = {
         "truncated": good[: len(good) - 10],
-        "damaged": good.replace(b"q node 0 0", b"q node 0 1", 1),
-        "format 9": good.replace(b"numabind-machine 1 ", b"numabind-machine 9 ", 1),
+        "damaged": good.replace(b"m node 0.0 RNode ( i0 c0", b"m node 0.0 RNode ( i0 c1", 1),
+        "format 9": good.replace(b"numabind-machine 2 ", b"numabind-machine 9 ", 1),
         "another machine reading": _rekey(good, b"boot=", b"boot=0000"),
         "not a numabind machine file": b"#!/bin/sh\nrm -rf /\n",
     }
@@ -147,7 +173,7 @@ def test_a_file_that_is_not_exactly_this_processes_is_refused(tmp_path: Path, ba
         why = _refused(root, base)
         assert what in why, (what, why)
     path.write_bytes(good)
-    assert _cache.lookup(_env(base), root).quick is not None
+    assert _cache.lookup(_env(base), root).data
 
 
 def _rekey(data: bytes, old: bytes, new: bytes) -> bytes:
@@ -155,25 +181,25 @@ def _rekey(data: bytes, old: bytes, new: bytes) -> bytes:
     file another boot wrote, with nothing else wrong."""
     _, _, body = data.partition(b"\n")
     body = body.replace(old, new, 1)
-    return f"numabind-machine 1 {len(body)} {fast.checksum(body)}\n".encode() + body
+    return f"numabind-machine {nb.FORMAT} {len(body)} {nb.checksum(body)}\n".encode() + body
 
 
 def test_a_huge_file_and_a_link_in_its_place_are_never_read(tmp_path: Path, base: Path) -> None:
     root, path = _written(tmp_path, base)
     good = path.read_bytes()
-    path.write_bytes(good + b"x" * (fast.CACHE_CAP + 1))
+    path.write_bytes(good + b"x" * (nb.CACHE_CAP + 1))
     assert "larger than" in _refused(root, base)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_bytes(good)
     path.unlink()
     path.symlink_to(elsewhere)
     assert "not a regular file" in _refused(root, base)
-    opened = _cache.open_machine(root, _env(base))  # the rank reads sysfs and writes anew
+    opened = _planned(_cache.open_machine(root, _env(base)), 1)  # it reads sysfs, writes anew
     assert opened.origin.startswith("sysfs (cache: ") and opened.origin.endswith("written)")
     assert not path.is_symlink() and elsewhere.read_bytes() == good, "the link was replaced"
     fifo = path.with_name(path.name + "-fifo")
     os.mkfifo(fifo)
-    bad, _, _ = fast.read_private(
+    bad, _, _ = nb.read_private(
         os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY), fifo.name, (os.geteuid(),), 100
     )
     assert bad == "special", "a FIFO is never opened for reading (no hang)"
@@ -185,10 +211,10 @@ def test_a_cache_made_in_another_cpuset_is_refused(tmp_path: Path, base: Path) -
     spec = synth.two_nodes()
     spec.cgroup_cpus = [0, 1]
     root = synth.write(spec, str(tmp_path / "cg"))
-    _cache.open_machine(root, _env(base))
+    _planned(_cache.open_machine(root, _env(base)), 1)
     cpus = Path(root, "sys/fs/cgroup/job/step/cpuset.cpus.effective")
     cpus.write_text("1\n")
-    assert "another cpuset" in _refused(root, base)
+    assert "cpuset.cpus.effective says otherwise" in _refused(root, base)
     opened = _cache.open_machine(root, _env(base))
     assert opened.machine.allowed.cpus == frozenset({1})
     cgroup = Path(root, "proc/self/cgroup")
@@ -201,10 +227,9 @@ def test_a_waiting_rank_reads_itself_after_the_bounded_wait(tmp_path: Path, base
     ``wait`` seconds, then reads sysfs itself, writing nothing."""
     root = synth.write(synth.two_nodes(), str(tmp_path / "two"))
     env = _env(base)
-    fd, _, _ = fast.open_cache_dir(env, True, str(base))
+    fd, _, _ = nb.open_cache_dir(env, True, str(base))
     assert fd is not None
-    key, _ = fast.cache_key(root)
-    holder = _cache._Lock(fd, fast.cache_name(key))
+    holder = _cache._Lock(fd, _cache.cache_name(nb.machine_key(root)))
     assert holder.take()
     try:
         t0 = time.monotonic()
@@ -222,17 +247,16 @@ def test_a_waiting_rank_reads_itself_after_the_bounded_wait(tmp_path: Path, base
 def test_a_waiting_rank_takes_the_file_the_holder_writes(tmp_path: Path, base: Path) -> None:
     root = synth.write(synth.two_nodes(), str(tmp_path / "two"))
     env = _env(base)
-    fd, _, _ = fast.open_cache_dir(env, True, str(base))
+    fd, _, _ = nb.open_cache_dir(env, True, str(base))
     assert fd is not None
-    key, _ = fast.cache_key(root)
-    holder = _cache._Lock(fd, fast.cache_name(key))
+    holder = _cache._Lock(fd, _cache.cache_name(nb.machine_key(root)))
     assert holder.take()
     writer = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; time.sleep(0.3); from numabind import _cache; "
          "from numabind._topology import Machine; "
          "_cache.write(dict(NUMABIND_REGISTRY=sys.argv[2]), sys.argv[1], "
-         "Machine(_cache.Recording(_cache._live(sys.argv[1]))), frozenset())",
+         "Machine(_cache.Recording(_cache._live(sys.argv[1]))))",
          root, str(base)],
     )  # fmt: skip
     try:
@@ -248,7 +272,7 @@ def test_at_most_max_files_are_kept(tmp_path: Path, base: Path) -> None:
     env = _env(base)
     for i in range(_cache.MAX_FILES + 3):
         root = synth.write(synth.two_nodes(), str(tmp_path / f"m{i}"))
-        _cache.open_machine(root, env)
+        _planned(_cache.open_machine(root, env), 1)
     kept = [p for p in _dir(base).iterdir() if not p.name.endswith(".lock")]
     assert len(kept) == _cache.MAX_FILES
 
@@ -279,28 +303,39 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(autouse=True)
 def _no_caches_left(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each attack starts from no cache and leaves none (a failed one included)."""
+    if "world" not in request.fixturenames:
+        yield
+        return
+    world = request.getfixturevalue("world")
+    places = [*(world / "shm").glob("numabind-cache-*"), Path(f"/dev/shm/numabind-cache-{VICTIM}")]
+    for d in places:
+        shutil.rmtree(d, ignore_errors=True)
     yield
-    if "world" in request.fixturenames:
-        world = request.getfixturevalue("world")
-        for d in (world / "shm").glob("numabind-cache-*"):
-            shutil.rmtree(d, ignore_errors=True)
+    for d in [*(world / "shm").glob("numabind-cache-*"), places[-1]]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 RANK = (
     "import json, os, sys\n"
     "import _numabind_start as s\n"
     "s.start()\n"
-    "print(json.dumps([s.handed_over, s.machine_origin, sorted(os.sched_getaffinity(0)),\n"
+    "full = sys.modules.get('numabind._startup')  # a rank handed to the full path\n"
+    "origin = full.last.machine if s.handed_over and full and full.last else s.machine_origin\n"
+    "print(json.dumps([s.handed_over, origin, sorted(os.sched_getaffinity(0)),\n"
     "                  os.environ.get('NUMABIND_STATE')]))\n"
 )
 
 
-def _as(uid: int, world: Path, **extra: str) -> list[object]:
+def _as(uid: int, world: Path, shm: Path | None = None, **extra: str) -> list[object]:
+    """What the rank of ``RANK`` says, run as ``uid``; its caches under ``shm`` (the real
+    /dev/shm is the default base: no NUMABIND_REGISTRY, so the warm start is in play)."""
+    shm = world / "shm" if shm is None else shm
+    registry = {} if shm == Path("/dev/shm") else {"NUMABIND_REGISTRY": str(shm)}
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(world / "src"),
         "NUMABIND_SYSROOT": str(world / "root"),
-        "NUMABIND_REGISTRY": str(world / "shm"),
+        **registry,
         "NUMABIND": "force",
         "NUMABIND_MEMORY": "none",
         "LOCAL_RANK": "1",
@@ -316,72 +351,126 @@ def _as(uid: int, world: Path, **extra: str) -> list[object]:
     return found
 
 
+def _victims_file(world: Path, prefix: str, shm: Path) -> tuple[str, bytes]:
+    """The name and bytes of the file (``machine-`` or ``answers-``) a real cold rank of
+    the victim writes under ``shm``; the victim's directory is then removed."""
+    _as(VICTIM, world, shm=shm)
+    mine = shm / f"numabind-cache-{VICTIM}"
+    found = [p for p in mine.iterdir() if p.name.startswith(prefix) and "." not in p.name]
+    assert len(found) == 1, sorted(p.name for p in mine.iterdir())
+    name, data = found[0].name, found[0].read_bytes()
+    shutil.rmtree(mine)
+    return name, data
+
+
+def _forged(prefix: str, good: bytes) -> bytes:
+    """``good`` made to bind the victim's rank 1 on CPU 0 (its GPU is on node 1, CPU 1),
+    its length and checksum right again: a well-formed file with a lie in it."""
+    kind = prefix.rstrip("-")
+    _, _, body = good.partition(b"\n")
+    lines = body.split(b"\n")
+    for i, line in enumerate(lines):
+        if kind == "machine" and line.startswith((b"m locate 0000:02", b"m accelerator 0000:02")):
+            lines[i] = line.replace(b" ~ i1 ", b" ~ i0 ", 1).replace(b" i1 c1 ", b" i0 c0 ", 1)
+        if kind == "answers" and line == b"cpus 1":
+            lines[i] = b"cpus 0"
+    forged = b"\n".join(lines)
+    assert forged != body, "nothing to forge"
+    return f"numabind-{kind} {nb.FORMAT} {len(forged)} {nb.checksum(forged)}\n".encode() + forged
+
+
+# the machine file (read by the full path; NUMABIND_REGISTRY names its base) and the answers
+# file (read by the warm start, under the real /dev/shm: a registry base turns replay off)
+FILES = [("machine-", False), ("answers-", True)]
+
+
+def _shm(world: Path, real: bool) -> Path:
+    return Path("/dev/shm") if real else world / "shm"
+
+
 @two_cpus
-def test_another_users_planted_cache_directory_is_never_used(world: Path) -> None:
-    """The attacker makes the victim's cache directory first, with a forged machine in it
+@pytest.mark.parametrize(("prefix", "real"), FILES, ids=["machine", "answers"])
+def test_another_users_planted_cache_directory_is_never_used(
+    world: Path, prefix: str, real: bool
+) -> None:
+    """The attacker makes the victim's cache directory first, with a forged file in it
     (binding CPU 0 where the victim's GPU is on CPU 1): the victim refuses the directory,
-    reads sysfs, and binds as it does without any cache."""
-    honest = _as(VICTIM, world, NUMABIND_CACHE="0")
-    squat = world / "shm" / f"numabind-cache-{VICTIM}"
+    reads sysfs, and binds as it does without any cache.  The forgery is a good one: in
+    the victim's own directory, owned by the victim, it is believed."""
+    shm = _shm(world, real)
+    honest = _as(VICTIM, world, NUMABIND_CACHE="0", shm=shm)
+    name, good = _victims_file(world, prefix, shm)
+    forged = _forged(prefix, good)
+    squat = shm / f"numabind-cache-{VICTIM}"
+    _as(VICTIM, world, shm=shm)  # the control: the victim's own directory, the lie in it
+    (squat / name).write_bytes(forged)
+    os.chown(squat / name, VICTIM, VICTIM)
+    if real:  # the machine file is not read where an answer replays: the control is the replay's
+        assert _as(VICTIM, world, shm=shm)[2] == [0], (
+            "the forgery is believed when it is the victim's"
+        )
+    shutil.rmtree(squat)
     subprocess.run(
         ["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
          "sh", "-c", f"mkdir -m 0777 {squat}"], check=True,
     )  # fmt: skip
-    key_dir = squat
-    forged = _forged_for(world)
-    (key_dir / forged[0]).write_bytes(forged[1])
-    os.chown(key_dir / forged[0], ATTACKER, ATTACKER)
-    got = _as(VICTIM, world)
-    assert got[0] == "" and got[2] == honest[2] == [1], (got, honest)
-    assert f"is owned by uid {ATTACKER}" in str(got[1]), got[1]
-    assert not any(p.stat().st_uid == VICTIM for p in squat.iterdir()), "nothing written there"
-    shutil.rmtree(squat)
-
-
-def _forged_for(world: Path) -> tuple[str, bytes]:
-    """A well-formed file for the victim's key saying its GPU's node is node 0 (CPU 0)."""
-    code = (
-        "import sys, os; sys.path.insert(0, sys.argv[1]); import _numabind_fast as s\n"
-        "key, _ = s.cache_key(sys.argv[2]); print(s.cache_name(key)); print(key)"
-    )
-    r = subprocess.run(
-        ["setpriv", f"--reuid={VICTIM}", f"--regid={VICTIM}", "--clear-groups",
-         python_for(VICTIM), "-c", code, str(world / "src"), str(world / "root")],
-        capture_output=True, text=True, check=True, cwd="/",
-    )  # fmt: skip
-    name, key = r.stdout.split("\n")[:2]
-    body = "\n".join([
-        f"key {key}", "q node 0 0", "q node 1 1", "q allowed 0-1 0-1", "q many 1",
-        "q package 0 0", "q package 1 1", "q vendors nvidia amd intel",
-        "q dev nvidia 0000:01:00.0 0 GPU -", "q dev nvidia 0000:02:00.0 0 GPU -", "--", "",
-    ]).encode()  # fmt: skip
-    return name, f"numabind-machine 1 {len(body)} {fast.checksum(body)}\n".encode() + body
+    (squat / name).write_bytes(forged)
+    os.chown(squat / name, ATTACKER, ATTACKER)
+    try:
+        got = _as(VICTIM, world, shm=shm)
+        assert got[2] == honest[2] == [1], (got, honest)
+        if not real:
+            assert f"is owned by uid {ATTACKER}" in str(got[1]), got[1]
+        else:
+            assert f"is owned by uid {ATTACKER}" in str(got[0]), got[0]
+        assert not any(p.stat().st_uid == VICTIM for p in squat.iterdir()), "nothing written there"
+    finally:
+        shutil.rmtree(squat)
 
 
 @two_cpus
-def test_a_file_of_another_user_in_the_victims_own_directory_is_refused(world: Path) -> None:
-    honest = _as(VICTIM, world, NUMABIND_CACHE="0")
-    _as(VICTIM, world)  # the victim's own directory and file
-    mine = world / "shm" / f"numabind-cache-{VICTIM}"
-    name, data = _forged_for(world)
-    (mine / name).write_bytes(data)  # root puts a forged file there, owned by the attacker
-    os.chown(mine / name, ATTACKER, ATTACKER)
-    got = _as(VICTIM, world)
-    assert got[2] == honest[2] == [1] and "another user's: refused" in str(got[1]), got
-    assert (mine / name).stat().st_uid == VICTIM, "the victim wrote its own in its place"
-    shutil.rmtree(mine)
+@pytest.mark.parametrize(("prefix", "real"), FILES, ids=["machine", "answers"])
+def test_a_file_of_another_user_in_the_victims_own_directory_is_refused(
+    world: Path, prefix: str, real: bool
+) -> None:
+    shm = _shm(world, real)
+    honest = _as(VICTIM, world, NUMABIND_CACHE="0", shm=shm)
+    name, good = _victims_file(world, prefix, shm)
+    _as(VICTIM, world, shm=shm)  # the victim's own directory and files again
+    mine = shm / f"numabind-cache-{VICTIM}"
+    (mine / name).write_bytes(_forged(prefix, good))  # root puts a forged file there
+    os.chown(mine / name, ATTACKER, ATTACKER)  # owned by the attacker
+    try:
+        got = _as(VICTIM, world, shm=shm)
+        why = str(got[0] if real else got[1])
+        assert got[2] == honest[2] == [1] and "another user's" in why, got
+        if not real:  # the full path writes its own in its place
+            assert (mine / name).stat().st_uid == VICTIM
+    finally:
+        shutil.rmtree(mine)
 
 
 @two_cpus
 def test_an_unprivileged_rank_uses_its_own_cache_and_binds_as_without(world: Path) -> None:
-    honest = _as(VICTIM, world, NUMABIND_CACHE="0")
-    cold = _as(VICTIM, world)
-    warm = _as(VICTIM, world)
-    assert cold[0] == warm[0] == "" and str(cold[1]).endswith("written)") and warm[1] == "cache"
-    assert honest[2] == cold[2] == warm[2] == [1] and honest[3] == cold[3] == warm[3]
-    mine = world / "shm" / f"numabind-cache-{VICTIM}"
-    assert mine.stat().st_uid == VICTIM and stat.S_IMODE(mine.stat().st_mode) == 0o700
-    shutil.rmtree(mine)
+    """Under the real /dev/shm: cold (the full path reads sysfs, writes the machine and
+    keeps its answer), warm (the answer replayed), and another input (the full path from
+    the machine file): bound alike, in a directory of the victim's own, mode 0700."""
+    shm = Path("/dev/shm")
+    honest = _as(VICTIM, world, NUMABIND_CACHE="0", shm=shm)
+    cold = _as(VICTIM, world, shm=shm)
+    warm = _as(VICTIM, world, shm=shm)
+    full = _as(VICTIM, world, shm=shm, NUMABIND_MODE="socket")  # another input: no answer
+    mine = shm / f"numabind-cache-{VICTIM}"
+    try:
+        assert str(cold[1]).endswith("written)"), cold
+        assert warm[0] == "" and warm[1] == "answer", warm
+        assert full[0] == "no answer for this process's inputs yet", full
+        assert str(full[1]).startswith("cache, and sysfs for what it lacked ("), full
+        assert honest[2] == cold[2] == warm[2] == full[2] == [1]
+        assert honest[3] == cold[3] == warm[3]
+        assert mine.stat().st_uid == VICTIM and stat.S_IMODE(mine.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 # --- a rank in another cgroup ---------------------------------------------------------------------
@@ -413,9 +502,10 @@ def test_a_rank_in_another_cgroup_never_uses_a_cache_made_in_another() -> None:
     both never read A's: each key holds its cgroup (the cache is /dev/shm's, as root's)."""
     made = [_cpuset_cgroup(f"numabind-test-{os.getpid()}-{x}", "0-1") for x in "ab"]
     probe = (
-        "import json, sys; import _numabind_start as s, _numabind_fast as f; "
-        "key, _ = f.cache_key('/'); "
-        "print(json.dumps([s.handed_over, s.machine_origin, f.cache_name(key)]))"
+        "import json, sys; import _numabind_start as s, _numabind_base as b; "
+        "from numabind import _cache, _startup; "
+        "full = _startup.last.machine if s.handed_over and _startup.last else s.machine_origin; "
+        "print(json.dumps([s.handed_over, full, _cache.cache_name(b.machine_key('/'))]))"
     )
 
     def rank(cgroup: Path | None) -> list[str]:
@@ -428,7 +518,6 @@ def test_a_rank_in_another_cgroup_never_uses_a_cache_made_in_another() -> None:
         )  # fmt: skip
         assert r.returncode == 0, r.stderr
         out: list[str] = json.loads(r.stdout)
-        assert out[0] == "", f"the live machine here needs the full path: {out[0]}"
         return out
 
     try:
@@ -438,10 +527,12 @@ def test_a_rank_in_another_cgroup_never_uses_a_cache_made_in_another() -> None:
     finally:
         for d in made:
             d.rmdir()
-    assert a1[1].startswith("sysfs (cache: no cache yet") and a2[1] == "cache"
-    assert a1[2] == a2[2], "a rank in A reads the file a rank in A wrote"
-    assert b1[1].startswith("sysfs (cache: no cache yet") and b1[2] != a1[2]
-    assert outside[2] not in (a1[2], b1[2])
+    assert a1[1].startswith("sysfs (cache: no cache yet"), a1
+    assert a2[1] in ("cache", "answer"), "a rank in A uses what a rank in A kept"
+    assert a1[2] == a2[2]
+    assert b1[1].startswith("sysfs (cache: no cache yet") and b1[2] != a1[2], b1
+    assert b1[0], "B replays no answer A kept"
+    assert outside[0] and outside[2] not in (a1[2], b1[2])
     for name in (a1[2], b1[2]):
         (Path("/dev/shm/numabind-cache-0") / name).unlink()
 
@@ -466,13 +557,13 @@ COUNT = (
 @pytest.mark.parametrize(
     ("ranks", "extra"),
     [(8, {}), (8, {"NUMABIND_VERBOSE": "1"})],
-    ids=["fast-path", "full-path"],
+    ids=["quiet", "verbose"],
 )
 def test_ranks_that_start_at_once_read_the_machine_once(
     tmp_path: Path, ranks: int, extra: dict[str, str]
 ) -> None:
-    """Ranks of a generated DGX started together, no cache, planned by the fast path or
-    handed to the full path (verbose): no file of the machine is opened by two of them
+    """Ranks of a generated DGX started together, no cache (each goes to the full path:
+    there is no answer yet), quiet or verbose: no file of the machine is opened by two of them
     (the cpuset files of the key aside: every rank reads those), one of them read it and
     every other waited for its file; each rank's state and CPUs are what it gets without
     a cache."""
@@ -496,15 +587,28 @@ def test_ranks_that_start_at_once_read_the_machine_once(
         assert p.returncode == 0, err
         outs.append(json.loads(out))
     key = (f"{root}/sys/fs/cgroup/", f"{root}/proc/", "sys/fs/cgroup/", "proc/")  # the key's
+    # every rank looks at the witnesses (the files that say the machine is unchanged)
+    name = _cache.cache_name(nb.machine_key(root))
+    machine = Path(f"/dev/shm/numabind-cache-{os.geteuid()}", name)
+    witnessed = set()
+    for line in machine.read_text().split(NL)[2:]:
+        if not line.startswith("w "):
+            break
+        path = line.split(" ")[2]
+        witnessed |= {root + path, path.lstrip("/")}
     openers: dict[str, int] = {}
     for o in outs:
         for path in set(o[0]):
-            if not path.startswith(key):
+            if not path.startswith(key) and path not in witnessed:
                 openers[path] = openers.get(path, 0) + 1
-    assert openers and max(openers.values()) == 1, sorted(p for p, n in openers.items() if n > 1)
-    readers = [o for o in outs if any(not p.startswith(key) for p in o[0])]
+    assert openers and max(openers.values()) == 1, (
+        [o[1] for o in outs],
+        sorted(p for p, n in openers.items() if n > 1)[:3],
+    )
+    readers = [o for o in outs if any(not p.startswith(key) and p not in witnessed for p in o[0])]
     assert len(readers) == 1, [o[1] for o in outs]
     assert sum(1 for o in outs if o[1] == "cache") == ranks - 1, [o[1] for o in outs]
+    machine.unlink()
     for r, o in enumerate(outs):
         code = "import os; print(os.environ['NUMABIND_STATE'], sorted(os.sched_getaffinity(0)))"
         mine = {"LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(ranks), "NUMABIND_CACHE": "0"}

@@ -586,6 +586,7 @@ def enter(
     nics = _enter_nics(plan, machine, cfg, env)
     if not plan.bound:
         b = Binding(plan)
+        b.machine = machine_origin  # where the machine that bound nothing came from
         _nic_result(b, nics, cfg.verbose)
         b.warnings.extend(cfg.warnings)
         if cfg.verbose:

@@ -480,6 +480,7 @@ class Cached(Recording):
         self._open_live = open_live
         self._live: Source | None = None
         self.misses = 0
+        self.missed: list[str] = []  # the facts (by method) the file lacked, first asked first
 
     @property
     def inner(self) -> Source:
@@ -496,6 +497,8 @@ class Cached(Recording):
         answers = self.memo.setdefault(method, {})
         if key not in answers:
             self.misses += 1
+            if method not in self.missed:
+                self.missed.append(method)
             answers[key] = call()
             for w in self.inner.warnings:
                 if w not in self.warnings:
@@ -625,14 +628,7 @@ def cache_name(key: str) -> str:
     return f"machine-{base.checksum(key.encode('utf-8', 'replace')):016x}"
 
 
-def refusal(bad: str, path: str) -> str:
-    """Why a file of ``read_private``'s answer ``bad`` is not read, in words."""
-    return {
-        "missing": "no cache yet",
-        "special": f"{path} is not a regular file (a link or a device): refused",
-        "foreign": f"{path} is another user's: refused",
-        "huge": f"{path} is larger than {CACHE_CAP >> 20} MiB: refused",
-    }.get(bad, f"{path}: {bad}")
+refusal = base.refusal
 
 
 def _header(data: bytes, kind: str) -> tuple[str, str]:
@@ -774,12 +770,29 @@ def prune(dir_fd: int, keep: str, prefix: str = "machine-") -> None:
                 pass
 
 
+def _for_every_device(machine: Machine) -> None:
+    """What a rank asked of its own device (its details, its node), asked of every device
+    before the file is written: the node's other ranks ask the same of theirs, and would
+    each read sysfs and write the file again (eight ranks, eight rewrites)."""
+    memo = machine.source.memo if isinstance(machine.source, Recording) else {}
+    detail = any(k.endswith(".1") for k in memo.get("accelerator", {}))
+    locate = bool(memo.get("locate"))
+    if not (detail or locate):
+        return
+    for acc in machine.accelerators:
+        if detail:
+            machine.detailed(acc)
+        if locate:
+            machine.located(acc)
+
+
 def write(environ: Mapping[str, str], sysroot: str, machine: Machine) -> str | None:
     """Write what ``machine`` (recording) read, with its witnesses; its path, or None
     when this machine cannot be cached (its cpuset unreadable, no usable directory)."""
     source = machine.source
     if not isinstance(source, Recording):
         return None
+    _for_every_device(machine)
     key = base.machine_key(sysroot)
     found = witnesses(source, sysroot)
     if found is None:
@@ -863,6 +876,15 @@ def _from(found: Lookup, sysroot: str, environ: Mapping[str, str]) -> Opened | N
         )
     except (ValueError, TypeError, UnicodeDecodeError):
         return None
+
+
+def origin_of(opened: Opened) -> str:
+    """Where the machine a rank planned from came from, said after planning: a file that
+    lacked a fact the plan asked (read from sysfs and added) is not "cache" alone."""
+    source = opened.machine.source
+    if opened.origin != "cache" or not isinstance(source, Cached) or not source.misses:
+        return opened.origin
+    return f"cache, and sysfs for what it lacked ({', '.join(source.missed[:8])}; added)"
 
 
 def open_machine(sysroot: str, environ: Mapping[str, str], wait: float = WAIT) -> Opened:
@@ -964,6 +986,7 @@ __all__ = [
     "Recording",
     "lookup",
     "open_machine",
+    "origin_of",
     "status",
     "write",
 ]

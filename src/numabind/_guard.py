@@ -79,32 +79,40 @@ def _read_intended_from(intended: Callable[[], frozenset[int] | None] | None) ->
 
 
 def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, frozenset[int]]]:
-    """Restore every thread whose mask left the intended CPUs; returns (tid, mask it had)."""
-    from . import _kernel
-
+    """Restore every thread whose mask left the intended CPUs; returns (tid, mask it had).
+    Looking costs a listing and a mask per thread; the binder (``_kernel``) is loaded only
+    when there is a thread to put back (a warm rank's first ``import numpy`` loads no more)."""
     want = _expected(expected)
     if not want:
         return []
-    moved: list[tuple[int, frozenset[int]]] = []
+    off: list[tuple[int, frozenset[int]]] = []
     inside: list[tuple[int, frozenset[int]]] = []
-    for tid in _kernel.thread_ids():
-        mask = _kernel.affinity_of(tid)
+    for tid in _sysfs.thread_ids():
+        mask = _sysfs.affinity_of(tid)
         if mask is not None and mask <= want:
             inside.append((tid, mask))
-        if mask is None or mask <= want:
-            continue
+        elif mask is not None:
+            off.append((tid, mask))
+    handback = sys.modules.get("numabind._handback")
+    # NUMABIND_PRIORITY=main: what native code started from the pinned thread gets the
+    # whole set back
+    strays = handback.strays(inside) if handback is not None else []
+    if not off and not strays:
+        return []
+    from . import _kernel
+
+    moved: list[tuple[int, frozenset[int]]] = []
+    for tid, mask in off:
         try:
             _kernel.set_thread_affinity(tid, want)
         except OSError:
             continue
         moved.append((tid, mask))
-    handback = sys.modules.get("numabind._handback")
-    if handback is not None:  # NUMABIND_PRIORITY=main: what native code started from the
-        for tid in handback.strays(inside):  # pinned thread gets the whole set back
-            try:
-                _kernel.set_thread_affinity(tid, want)
-            except OSError:
-                continue
+    for tid in strays:
+        try:
+            _kernel.set_thread_affinity(tid, want)
+        except OSError:
+            continue
     if moved:
         fmt = _sysfs.format_cpulist
         _say_once(
@@ -119,12 +127,12 @@ def check(what: str, expected: frozenset[int] | None = None) -> list[tuple[int, 
 def check_calling_thread(what: str, before: frozenset[int] | None) -> frozenset[int] | None:
     """After ``what`` ran on this thread: if the thread was on the intended binding before
     and its mask changed, put the mask back.  Returns the mask it had been moved to."""
-    from . import _kernel
-
     want = _expected(None)
-    now = _kernel.affinity_of(0)
+    now = _sysfs.affinity_of(0)
     if not want or before is None or now is None or now == before or not before <= want:
         return None
+    from . import _kernel
+
     try:
         _kernel.set_thread_affinity(0, before)
     except OSError:
@@ -162,7 +170,7 @@ def arm_places(intended: Callable[[], frozenset[int] | None] | None = None) -> N
     CPUs it has now (or the binding numabind applies later, as ``intended`` reads it): the
     main thread, and what it starts afterwards, keep the rank's CPUs while the OpenMP
     workers hold their places."""
-    from ._kernel import affinity_of
+    from ._sysfs import affinity_of
     from ._threads import PLACES_MODULES
 
     _read_intended_from(intended)
@@ -213,7 +221,7 @@ def around_init_process_group(
 
 def _guarded(call: Callable[[], Any]) -> Any:
     """The guard around init_process_group: did it narrow the calling thread's CPUs?"""
-    from ._kernel import affinity_of
+    from ._sysfs import affinity_of
 
     before = affinity_of(0)
     try:

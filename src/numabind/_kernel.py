@@ -442,20 +442,8 @@ def migrate_pages(pid: int, old: Iterable[int], new: Iterable[int]) -> int:
 # --- CPU affinity ------------------------------------------------------------------------------
 
 
-def thread_ids(pid: int | str = "self") -> list[int]:
-    """The thread ids of a process (at most :data:`_sysfs.LIST_CAP` of them)."""
-    names = _sysfs.listdir(f"/proc/{pid}/task")
-    found = sorted(int(t) for t in names if t.isascii() and t.isdigit() and len(t) < 11)
-    if not found and pid == "self":
-        return [os.getpid()]
-    return found
-
-
-def affinity_of(tid: int) -> frozenset[int] | None:
-    try:
-        return frozenset(os.sched_getaffinity(tid))
-    except OSError:
-        return None
+thread_ids = _sysfs.thread_ids  # procfs readers, in the reading layer (the guards use them
+affinity_of = _sysfs.affinity_of  # without loading this module)
 
 
 def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:

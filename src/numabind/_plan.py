@@ -67,6 +67,15 @@ if TYPE_CHECKING:
         "unknown",
     ]
 
+# the words of SkipKind, at run time: why a plan does not bind (the exporter's ``reason``)
+SKIP_KINDS: tuple[SkipKind, ...] = (
+    "one-node",
+    "no-accelerator",
+    "bad-input",
+    "cgroup",
+    "unknown-node",
+    "machine",
+)
 MEMORY_POLICIES = USER_POLICIES
 fmt = _sysfs.format_cpulist
 

@@ -257,6 +257,9 @@ def keep(
     return _store(rec.real, sysroot, found, answer)
 
 
+STORE_WAIT = 0.5  # seconds a rank waits for another's write of the answers file
+
+
 def _store(
     environ: MutableMapping[str, str],
     sysroot: str,
@@ -270,11 +273,19 @@ def _store(
         f"sysroot {base.escape(sysroot)} {base.escape(raw) if raw is not None else '~'}",
         *_cache.witness_lines(found),
     ]
+    if base.no_replay(environ) is not None:
+        return None  # never read back: nothing is written
     fd, label, _ = base.open_cache_dir(environ, True)
     if fd is None:
         return None
     name = base.answers_name(raw)
+    lock = _cache._Lock(fd, name)  # a node's ranks start at once: no answer lost between them
     try:
+        deadline = _cache._now() + STORE_WAIT
+        while not lock.take():
+            if lock.fd is None or _cache._now() >= deadline:
+                return None  # the next rank of this shape keeps it
+            _cache._sleep(0.002)
         kept: list[list[str]] = []
         bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
         if bad is None:
@@ -289,7 +300,9 @@ def _store(
         data = f"numabind-answers {base.FORMAT} {len(body)} {base.checksum(body)}\n".encode()
         if base.write_private(fd, name, data + body, "answers") is not None:
             return None
+        _cache.prune(fd, name, "answers-")  # one file per sysroot value: the oldest go
     finally:
+        lock.close()
         os.close(fd)
     return f"{label}/{name}"
 

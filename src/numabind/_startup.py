@@ -220,8 +220,9 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
     from ._topology import Machine
 
     global last
+    opened = None
     if cfg.cache:
-        from ._cache import open_machine
+        from ._cache import open_machine, origin_of
 
         opened = open_machine(cfg.sysroot, env)
         machine, origin = opened.machine, opened.origin
@@ -241,6 +242,8 @@ def bind_rank(info: RankInfo, env: Mapping[str, str], cfg: Config) -> Binding:
         if cfg.devices and visible is not None and request.problem is None:
             request = with_devices(request, machine, cfg.devices, "NUMABIND_DEVICES")
         p = plan(machine, request.replace(budget=cfg.threads != "off"))
+        if opened is not None:
+            origin = origin_of(opened)  # what planning had to read beside the file
         # strict mode here is an exit before user code, after the binding's own line
         binding = enter(
             p,

@@ -383,6 +383,23 @@ _PSEUDO_FS = frozenset(
 from _numabind_base import root_owned_path  # noqa: E402
 
 
+def thread_ids(pid: int | str = "self") -> list[int]:
+    """The thread ids of a process (at most :data:`LIST_CAP` of them)."""
+    names = listdir(f"/proc/{pid}/task")
+    found = sorted(int(t) for t in names if t.isascii() and t.isdigit() and len(t) < 11)
+    if not found and pid == "self":
+        return [os.getpid()]
+    return found
+
+
+def affinity_of(tid: int) -> frozenset[int] | None:
+    """One thread's CPU mask, None when it is gone (or not ours to read)."""
+    try:
+        return frozenset(os.sched_getaffinity(tid))
+    except OSError:
+        return None
+
+
 def fs_type(path: str) -> str | None:
     """The file system type of the mount holding ``path`` (/proc/self/mountinfo)."""
     real = os.path.realpath(path)

@@ -93,9 +93,9 @@ def torchrun_reserve(results: dict) -> None:  # type: ignore[type-arg]
 
 
 def cache_ranks(results: dict) -> None:  # type: ignore[type-arg]
-    """Four plain ranks started at once (node mode, one core reserved per node: what the
-    warm start decides itself), twice: the node's first ranks, then with the machine file
-    there; then each alone without the cache."""
+    """Four plain ranks started at once (node mode, one core reserved per node), twice:
+    the node's first ranks (they keep their answers), then the same four again (each
+    replays its own); then each alone without the cache."""
     knobs = {"NUMABIND_RESERVE": "1/node"}
     _clear_cache()
     out: dict = {}  # type: ignore[type-arg]

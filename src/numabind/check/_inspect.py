@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._kernel import Region
-    from .._model import NicChoice
+    from .._model import Accelerator, NicChoice
     from .._plan import Plan
     from .._registry import Entry, Scan
     from .._topology import Machine
@@ -332,6 +332,7 @@ class GpuSeen(Record):
     numa_node: int | None = None
     source: str = "none"
     open: tuple[str, ...] = ()
+    uuid: str | None = None  # the GPU's own (NVIDIA ``GPU-...``): what DCGM labels it by
 
 
 class ProcessCheck(Record):
@@ -375,6 +376,9 @@ class ProcessCheck(Record):
     nics: tuple[NicChoice, ...] = ()
     nic_settings: dict[str, str] = {}  # noqa: RUF012 (records are immutable)
     nic_set: tuple[str, ...] = ()
+    # the ids of the threads the CPU rule judged off the plan (a bound rank's; the problem
+    # line names the first five): what the exporter counts
+    off_plan_threads: tuple[int, ...] = ()
     # the other binders active in it (numabind._binders.BINDER_TABLE names), each said in
     # a note with what it will do to numabind's binding and the fix
     binders: tuple[str, ...] = ()
@@ -554,7 +558,16 @@ def gpu_in_use(pid: int, machine: Machine, expected: PlanView | None) -> GpuSeen
         numa_node=acc.numa_node if acc is not None and acc.numa_node != -1 else None,
         source=source,
         open=tuple(opened[:16]),
+        uuid=_uuid_of(machine, acc),
     )
+
+
+def _uuid_of(machine: Machine, acc: Accelerator | None) -> str | None:
+    """The GPU's UUID (read with its details: one GPU's driver file), or None."""
+    if acc is None:
+        return None
+    uuid = machine.detailed(acc).uuid
+    return _sysfs.clean_line(uuid, 80) if uuid else None
 
 
 def _render_pci(machine: Machine, vendor: str, name: str, minor: int) -> str | None:
@@ -699,6 +712,7 @@ def check_pid(
     # locality is of its CPU memory: pages on a GPU's or far memory are in ``tiers`` and
     # said in a note (the GPU driver migrates memory to GPU nodes by itself)
     cpu_own = {n: c for n, c in own.items() if n not in wrong_tier_nodes(machine)}
+    off: list[int] = []
     share = _judge(
         expected,
         source,
@@ -710,6 +724,7 @@ def check_pid(
         problems,
         notes,
         names,
+        off,
         _vendor_of(machine, expected),
     )
     if shared.pages:
@@ -727,6 +742,7 @@ def check_pid(
         problems=tuple(problems),
         notes=tuple(notes),
         locality=share,
+        off_plan_threads=tuple(off),
         **base,
     )
 
@@ -950,20 +966,23 @@ def _judge(
     problems: list[str],
     notes: list[str],
     names: Mapping[int, str] | None = None,
+    off: list[int] | None = None,
     vendor: str = "",
 ) -> float | None:
     """Compare a bound process with its plan: CPUs of every thread, memory policy, where
     its own pages are; the main thread belongs on the compute CPUs, any other thread may
     also run on the plan's helper cores (NUMABIND_RESERVE), and a thread bound to one
     device of a multi-device process on that device's CPUs.  A thread off its plan is
-    named, with its name and who moved it where its name tells.  Returns the share of its
-    pages on the plan's nodes."""
+    named, with its name and who moved it where its name tells; their ids go into ``off``.
+    Returns the share of its pages on the plan's nodes."""
     names = names or {}
     cpus = expected.cpus
     mem_nodes = expected.memory_nodes
     escaped = {t: c for t, c in threads.items() if not c <= expected.allowed_for(t, main)}
     if not cpus and not expected.thread_plans:
         escaped = {}  # a plan for memory alone (one node with CPUs): CPUs are not its promise
+    if off is not None:
+        off.extend(sorted(escaped))
     if escaped and len(escaped) == len(threads) and not expected.thread_plans:
         sample = next(iter(escaped.values()))
         problems.append(

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+
+from .._model import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
 TREE_CAP = 10_000  # entries of a package tree looked at
@@ -146,14 +149,34 @@ def refuse(why):
 
 
 def site_dirs():
+    # -S: site never ran, so sys.prefix is the base's, and a distribution's default
+    # scheme (Debian's posix_local: /usr/local/lib/python3.X/dist-packages) is not the
+    # venv's layout: a venv's directories are its own scheme's ("venv", 3.11+; the POSIX
+    # prefix layout before), and its base's only with include-system-site-packages
     import sysconfig
+    names = sysconfig.get_scheme_names()
     exe = _os.path.abspath(sys.executable)
     venv = _os.path.dirname(_os.path.dirname(exe))
-    if _os.path.isfile(_os.path.join(venv, "pyvenv.cfg")):
-        paths = sysconfig.get_paths(vars={"base": venv, "platbase": venv})
-    else:
+    cfg = _os.path.join(venv, "pyvenv.cfg")
+    out = []
+    base = True
+    if _os.path.isfile(cfg):
+        scheme = [n for n in ("venv", "posix_prefix") if n in names][:1]
+        paths = sysconfig.get_paths(*scheme, vars={"base": venv, "platbase": venv})
+        out += [paths["purelib"], paths["platlib"]]
+        base = False
+        with open(cfg, "rb") as f:
+            for line in f.read(65536).decode("utf-8", "replace").splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip().lower() == "include-system-site-packages":
+                    base = value.strip().lower() == "true"
+    if base:
         paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+        out += [paths["purelib"], paths["platlib"]]
+        if "deb_system" in names:  # Debian's own packages (apt), /usr/lib/python3/dist-packages
+            paths = sysconfig.get_paths("deb_system")
+            out += [paths["purelib"], paths["platlib"]]
+    return list(dict.fromkeys(out))
 
 
 def find(uids):
@@ -304,6 +327,189 @@ def writers(paths: Iterable[str], uids: Iterable[int]) -> tuple[set[int], list[s
                 break
             owners.add(found[1])
     return owners, why
+
+
+# --- running code as another user -----------------------------------------------------------
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SESSION_ROUNDS = 16  # sweeps of /proc for what is left of a probe's session
+DRAIN_SECONDS = 1.0  # what a probe's session still writes once its leader has exited
+
+
+class Ran(Record):
+    """What a contained child said: its exit status (None: still running at the
+    deadline, killed), stdout and stderr (each up to the cap), and how many processes of
+    its session were still alive to be killed once it had answered or timed out."""
+
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    killed: int
+
+
+def contained_env(home: str | None, numabind: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment of code run as another user: a fixed PATH, the C locale, the
+    user's own HOME, and the ``NUMABIND*`` settings the caller names (``numabind``);
+    nothing else of the caller's (a secret of root's, ``LD_*``, ``PYTHON*``, a
+    ``SSH_AUTH_SOCK``, a terminal's name)."""
+    env = {"PATH": SAFE_PATH, "LANG": "C", "LC_ALL": "C", "HOME": home or "/"}
+    for key, value in numabind.items():
+        if not key.startswith("NUMABIND"):
+            raise ValueError(f"{key}: only numabind's own settings travel to another user")
+        env[key] = value
+    return env
+
+
+def run_contained(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    cap: int,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> Ran:
+    """Run ``argv`` the way every program numabind starts for someone else is run (one
+    home for the rule, docs/security.rst): in a session of its own (``setsid`` happens in
+    the child before its groups, gid and uid are dropped, so it has no controlling
+    terminal: ``/dev/tty`` is ENXIO and no ``TIOCSTI`` reaches the caller's terminal),
+    stdin ``/dev/null``, no inherited descriptor, from ``/``, with ``env`` as its whole
+    environment (:func:`contained_env` where ``uid`` is another user), as ``uid``/``gid``
+    with no supplementary group when given.  Its output is read, up to ``cap`` bytes per
+    stream (the rest is read and dropped), until it exits or ``timeout`` passes; then
+    every process still in its session (a grandchild it left behind, in its group or in
+    another group of the session) is killed, before the leader is reaped, so that the
+    session's id names nobody else's process.  OSError where it cannot be started."""
+    import selectors
+    import signal
+    import subprocess
+
+    drop: dict[str, Any] = {}
+    if uid is not None:
+        drop = {"user": uid, "group": uid if gid is None else gid, "extra_groups": []}
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd="/",
+        close_fds=True,
+        start_new_session=True,
+        **drop,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    kept = {out: bytearray(), err: bytearray()}
+    end = time.monotonic() + timeout
+    ended: bool | None = None  # None: running; then whether it had exited (False: killed)
+    killed = 0
+    with selectors.DefaultSelector() as sel:
+        for fd in kept:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            now = time.monotonic()
+            if ended is None and (now >= end or _exited(proc.pid)):
+                ended = _exited(proc.pid)
+                killed = end_session(proc.pid)
+                end = now + DRAIN_SECONDS  # what is already in the pipes
+            elif ended is not None and now >= end:
+                break  # a writer that left the session: not waited for
+            for key, _ in sel.select(max(min(end - now, 0.05), 0)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                buf = kept[key.fd]
+                buf += chunk[: max(cap - len(buf), 0)]
+    while ended is None:  # both pipes closed before it exited
+        if _exited(proc.pid) or time.monotonic() >= end:
+            ended = _exited(proc.pid)
+            killed = end_session(proc.pid)
+        else:
+            time.sleep(0.02)
+    if not ended:
+        os.kill(proc.pid, signal.SIGKILL)  # the leader itself, whatever the sweep found
+    proc.stdout.close()
+    proc.stderr.close()
+    code = proc.wait()
+    return Ran(
+        returncode=code if ended else None,
+        stdout=bytes(kept[out]),
+        stderr=bytes(kept[err]),
+        killed=killed,
+    )
+
+
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, leaving it unreaped (a zombie keeps its pid, and
+    so its session's id, from being given to another process)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes (not zombies) of session ``sid``, from ``/proc/PID/stat``."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if name.isdigit() and _session_of(int(name)) == sid:
+            out.append(int(name))
+    return out
+
+
+def _session_of(pid: int) -> int | None:
+    """The session of live process ``pid`` (None: gone, a zombie, or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()
+    if len(fields) < 4 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[3])
+
+
+def end_session(sid: int) -> int:
+    """Kill (SIGKILL) every live process of session ``sid``, its process group and any
+    other group in it, sweeping until none is left (one that forks meanwhile is caught
+    by the next sweep); how many were killed.  Each is signalled through a pidfd opened
+    before its session is read again, so a pid reused meanwhile is never signalled."""
+    import errno
+    import signal
+
+    seen: set[int] = set()
+    for _ in range(SESSION_ROUNDS):
+        members = session_members(sid)
+        try:
+            os.killpg(sid, signal.SIGKILL)
+        except OSError:
+            pass
+        if not members:
+            break
+        seen.update(members)
+        for pid in members:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError as err:
+                if err.errno == errno.ENOSYS and _session_of(pid) == sid:  # Linux < 5.3
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                continue
+            try:
+                if _session_of(pid) == sid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        time.sleep(0.01)
+    return len(seen)
 
 
 def running_python() -> str:

@@ -371,6 +371,7 @@ class RankRow(Record):
     gpu_pci: str | None = None
     gpu_node: int | None = None
     gpu_source: str = ""
+    gpu_uuid: str | None = None
     plan_cpus: IdList | None = None
     plan_helpers: IdList = EMPTY
     plan_node: int | None = None
@@ -581,6 +582,7 @@ def parse_rank(obj: object, host: str) -> RankRow:
         gpu_pci=_opt_text(gpu, "pci", 40),
         gpu_node=_opt_int(gpu, "numa_node", 0, _sysfs.MAX_NODES),
         gpu_source=_opt_text(gpu, "source", 120) or "",
+        gpu_uuid=_opt_text(gpu, "uuid", 80),
         plan_cpus=plan_cpus,
         plan_helpers=helpers,
         plan_node=_opt_int(plan_d, "numa_node", 0, _sysfs.MAX_NODES) if plan_d else None,

@@ -261,6 +261,14 @@ def _add_check(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     check.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     check.add_argument(
+        "--format",
+        choices=("text", "json", "openmetrics"),
+        default=None,
+        help="text (the default), json (as --json) or openmetrics: OpenMetrics text "
+        "exposition for Prometheus or node_exporter's textfile collector, one series set per "
+        "rank (--all, --pid, --job, --store)",
+    )
+    check.add_argument(
         "--verbose", action="store_true", help="also count the registry entries ignored"
     )
 
@@ -554,6 +562,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
         raise UsageError("numabind check: --job-uid goes with --all --job-id JOBID")
     if args.ray is not None and (args.job is not None or args.store is not None):
         raise UsageError("numabind check: --ray, --job and --store are three reports; give one")
+    from ._check import output_format
+
+    args.json = output_format(args) == "json"
+    if args.format == "openmetrics" and args.ray is not None:
+        raise UsageError(
+            "numabind check: --format openmetrics writes --all, --pid, --job or --store; not --ray"
+        )
     if args.ray is not None:
         from ._ray import run_ray
 

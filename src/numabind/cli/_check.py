@@ -93,6 +93,19 @@ def nic_text(r: ProcessCheck) -> str:
     return "; ".join([chosen or "no RDMA adapter chosen", *shown])
 
 
+def output_format(args: argparse.Namespace) -> str:
+    """``text``, ``json`` or ``openmetrics``: ``--format``, with ``--json`` its short form
+    (both given, they must agree)."""
+    from .._errors import UsageError
+
+    chosen = getattr(args, "format", None)
+    if getattr(args, "json", False):
+        if chosen not in (None, "json"):
+            raise UsageError(f"numabind check: --json and --format {chosen} disagree; give one")
+        return "json"
+    return chosen or "text"
+
+
 def exit_status(report: CheckReport, named: bool) -> int:
     if any(r.status != "unknown" and not r.ok for r in report.processes):
         return OFF_PLAN
@@ -181,6 +194,10 @@ def run_check(
         machine.close()
     if emit is not None:
         emit(report)
+    elif output_format(args) == "openmetrics":
+        from ..check._metrics import render, write
+
+        write(render(report))
     elif args.json:
         write_json(report.to_dict())
     else:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 
 from .._model import Record
@@ -316,36 +315,39 @@ def probe_runner(python: str, environ: Mapping[str, str]) -> Runner:
 
 
 def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
-    """Start ``python`` on the probe (from ``/``, so no module in the caller's directory
-    is imported; as :func:`probe_runner` says) and read its answer; ValueError with one
-    line when it could not."""
+    """Start ``python`` on the probe and read its answer; ValueError with one line when it
+    could not.  It runs as :func:`probe_runner` says, contained as everything numabind
+    starts for someone else (numabind.check._isolated.run_contained: its own session with
+    no terminal, stdin /dev/null, from ``/``, the session killed once it answered); as
+    another user with nothing of this environment but the probe's trigger
+    (``contained_env``), as this user with this environment less the bindings."""
+    from ..check._isolated import contained_env, run_contained
+
     code = PROBE % {"heavy": HEAVY}
     if not os.path.exists(python):
         raise ValueError(f"{python}: no such interpreter")
     runner = probe_runner(python, environ)
-    env = probe_environ(environ)
-    drop: dict[str, Any] = {}
     if runner.uid is not None:
-        drop = {"user": runner.uid, "group": runner.gid, "extra_groups": []}
-        env["HOME"] = runner.home or "/"
+        env = contained_env(runner.home, {PROBE_TRIGGER: "0"})
+    else:
+        env = probe_environ(environ)
     try:
-        proc = subprocess.run(
+        proc = run_contained(
             [python, "-c", code],
             env=env,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
             timeout=PROBE_TIMEOUT,
-            **drop,
+            cap=PROBE_CAP,
+            uid=runner.uid,
+            gid=runner.gid,
         )
     except FileNotFoundError:
         raise ValueError(f"{python}: no such interpreter") from None
     except PermissionError:
         raise ValueError(f"{python}: not executable") from None
-    except subprocess.TimeoutExpired:
-        raise ValueError(f"{python}: did not answer in {PROBE_TIMEOUT:.0f} s") from None
     except OSError as err:
         raise ValueError(f"{python}: cannot run it ({err.strerror or err})") from None
+    if proc.returncode is None:
+        raise ValueError(f"{python}: did not answer in {PROBE_TIMEOUT:.0f} s")
     if proc.returncode == 0 and not proc.stdout.strip():
         raise ValueError(f"{python}: gave no answer; is it a Python interpreter?")
     if proc.returncode != 0:
@@ -353,7 +355,7 @@ def run_probe(python: str, environ: Mapping[str, str]) -> Probe:
         why = last[0][:300] if last else f"exit status {proc.returncode}"
         raise ValueError(f"{python}: the probe failed ({why}); is it a Python interpreter?")
     try:
-        return parse_probe(proc.stdout[:PROBE_CAP]).replace(runner=runner.said)
+        return parse_probe(proc.stdout).replace(runner=runner.said)
     except (ValueError, UnicodeError) as err:
         raise ValueError(f"{python}: the probe's answer could not be read ({err})") from None
 

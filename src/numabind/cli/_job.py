@@ -113,25 +113,43 @@ def _from_store(args: argparse.Namespace) -> int:
         report = _report.read_report(store, prefix, int(m.group(3)), None, budget=budget)
     finally:
         store.close()
-    if args.json:
+    _write_report(args, report)
+    return _job.exit_status(report)
+
+
+def _write_report(args: argparse.Namespace, report: _job.JobReport) -> None:
+    """The job report as ``--format`` asks: the table, JSON, or OpenMetrics text."""
+    from ._check import output_format
+
+    fmt = output_format(args)
+    if fmt == "openmetrics":
+        from ..check._metrics import render_job, write
+
+        write(render_job(report))
+    elif fmt == "json":
         write_json(report.to_dict())
     else:
         write_lines(_job.report_lines(report))
-    return _job.exit_status(report)
 
 
 def _collector(args: argparse.Namespace) -> int:
     """``check --all --job-id J``: the job's processes as the kernel or Slurm says, each a
-    rank only if it also claims to be one of J's on this node; at most
+    rank only if it also claims to be one of J's on this node, written as the node record
+    ``check --job`` merges (or, ``--format openmetrics``, as series); at most
     :data:`numabind.check._job.MAX_RANKS` checked (the rest counted in a note)."""
     from ..check._inspect import job_members
-    from ._check import run_check
+    from ._check import output_format, run_check
 
     members = job_members(args.job_id, args.job_uid, timeout=min(args.deadline / 4, 10.0))
     notes = [f"job {args.job_id}'s processes here, as told by {members.source}"]
 
     def emit(report: CheckReport) -> None:
-        write_json_line(node_record(report, args.job_id, tuple(notes)))
+        if output_format(args) == "openmetrics":  # the job's ranks here, for a textfile
+            from ..check._metrics import render, write
+
+            write(render(report))
+        else:
+            write_json_line(node_record(report, args.job_id, tuple(notes)))
 
     def cap(pids: list[int]) -> list[int]:
         if len(pids) > _job.MAX_RANKS:
@@ -457,8 +475,5 @@ def run_job(args: argparse.Namespace) -> int:
         write_lines([f"numabind check --job: {err}"], stream=sys.stderr)
         return USAGE
     report = _job.merge(job, nodes, answered, tuple(notes), budget=budget)
-    if args.json:
-        write_json(report.to_dict())
-    else:
-        write_lines(_job.report_lines(report))
+    _write_report(args, report)
     return _job.exit_status(report)

@@ -21,18 +21,22 @@ from numabind import _kernel  # noqa: E402
 
 
 def _key_files() -> list[str]:
-    """The cpuset files the cache's key holds (every rank reads them again)."""
-    import _numabind_fast
+    """The files every rank reads again by design: the witnesses of the node's machine
+    file (the cpuset, CPUs and nodes online, the GPUs' nodes, ...), as its lines list them."""
+    from numabind import _cache
 
-    quick, _, _ = _numabind_fast.read_cache(os.environ, "/")
-    return [t[0] for t in (quick or {}).get("cpuset-file", [])]
+    found = _cache.lookup(os.environ, "/")
+    lines = found.data.decode("utf-8", "replace").split("\n")[2:]
+    return [line.split(" ")[2] for line in lines if line.startswith("w ")]
 
 
 def main() -> None:
     t = threading.Thread(target=lambda: None)  # a thread started by the rank
     t.start()
     t.join()
-    b = numabind._startup.last
+    from numabind import _apply
+
+    b = numabind._startup.last or _apply.adopted()  # planned here, or the replayed answer
     start = sys.modules.get("_numabind_start")
     masks = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
     policy = _kernel.get_mempolicy()
