@@ -1165,6 +1165,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the .start file names a PEP 829 entry point in the module:function form",
         ("tests/test_pep829.py",),
     ),
+    M(
+        "B13",
+        "src/numabind/_transports.py",
+        '    if var.syntax == "vllm-map":',
+        "    if False:",
+        "a vLLM map set before numabind is judged for the rank's GPU (farther, missing)",
+        ("tests/test_vllm.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

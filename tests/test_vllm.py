@@ -265,3 +265,41 @@ def test_the_plugin_never_stops_vllm_and_obeys_the_switches(
     got, err = _vllm_process(NUMABIND_SYSROOT=two, **env)
     assert got["armed"] == 0 and got["map"] is None, got
     assert (said in err) if said else err == "", err
+
+
+@pytest.fixture(scope="module")
+def a100(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return synth.write(synth.dgx_a100(), str(tmp_path_factory.mktemp("a100-kept")))
+
+
+@pytest.mark.parametrize(
+    ("kept", "said"),
+    [
+        # GPU 0 (0000:07:00.0) to mlx5_8, across the sockets; another spelling of the address
+        ("7:00.0=0000:bc:00.0", "is SYS from GPU 0; mlx5_0 is PXB: kept"),
+        ("0000:09:00.0=0000:0e:00.0", "has no entry for GPU 0 (0000:07:00.0)"),
+        ("0000:07:00.0=0000:ff:00.0", "names no RDMA adapter of this machine"),
+        ("0000:07:00.0=0000:0C:00.0", None),  # its nearest, in capitals: nothing to say
+    ],
+)
+def test_a_kept_map_is_judged_for_the_ranks_gpu(a100: str, kept: str, said: str | None) -> None:
+    """A map the user set is kept, and what it gives this rank's GPU is judged as any kept
+    adapter variable is: farther than the nearest, no entry for it, no such adapter."""
+    r = subprocess.run(
+        [sys.executable, "-c", SHOW],
+        capture_output=True,
+        text=True,
+        env=clean_env(
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="8",
+            NUMABIND_SYSROOT=a100,
+            NUMABIND_NIC="vllm",
+            VLLM_GPU_NIC_PCIE_MAPPING=kept,
+        ),
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.split("|")[0] == kept, r.stderr
+    if said is None:
+        assert "VLLM_GPU_NIC_PCIE_MAPPING" not in r.stderr, r.stderr
+    else:
+        assert r.stderr.count(f"VLLM_GPU_NIC_PCIE_MAPPING={kept} {said}") == 1, r.stderr

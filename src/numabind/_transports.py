@@ -392,6 +392,29 @@ def named(var: Variable, value: str, nics: tuple[Nic, ...]) -> list[tuple[Nic, i
     return out
 
 
+def mapped(value: str, gpu: str, nics: tuple[Nic, ...]) -> list[tuple[Nic, int | None]] | None:
+    """The adapter (every port of it) that a ``VLLM_GPU_NIC_PCIE_MAPPING`` value gives the
+    GPU at ``gpu``, addresses compared as numbers as vLLM compares them (any spelling of
+    one address matches); [] when the address it names is no adapter of ``nics``; None when
+    the map has no entry for the GPU (or is not a map: vLLM would refuse it)."""
+    from ._sysfs import normalize_pci
+
+    if len(value) > MAX_VALUE:
+        return None
+    want = normalize_pci(gpu)
+    for seg in value.split(",", 64)[:64]:
+        left, sep, right = seg.strip().partition("=")
+        if sep and want is not None and normalize_pci(left) == want:
+            nic_pci = normalize_pci(right)
+            return [
+                (n, p.number)
+                for n in nics
+                if nic_pci is not None and normalize_pci(n.pci) == nic_pci
+                for p in n.ports or ()
+            ]
+    return None
+
+
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,:=^")
 
 
@@ -425,10 +448,15 @@ def judge(
     var = next((v for v in VARIABLES if v.name == name), None)
     if var is None:
         return None
-    picked = named(var, value, machine.nics)
+    shown = f"{name}={value}" if _plain(value) else f"{name}={short(value, 120)}"
+    if var.syntax == "vllm-map":
+        picked = mapped(value, device.pci, machine.nics)
+        if picked is None:
+            return f"{shown} has no entry for {who} ({device.pci}): vLLM's worker there stops"
+    else:
+        picked = named(var, value, machine.nics)
     if picked is None:
         return None
-    shown = f"{name}={value}" if _plain(value) else f"{name}={short(value, 120)}"
     if not picked:
         return f"{shown} names no RDMA adapter of this machine"
     units, refused = offered(machine)
