@@ -202,6 +202,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "memory._memory",
         "_limits",
         "_transports",
+        "_binders",
     ),
     "entry points": (
         "check",
@@ -210,6 +211,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "_children",
         "torch",
         "ray",
+        "vllm",
         "check._job",
         "check._inspect",
         "check._store",

@@ -120,6 +120,10 @@ class Binding:
         self.warnings: list[str] = []  # notes the rules promise to say, verbose or not
         self.existing: str | None = None  # what happened to a CPU binding found in place
         self.existing_action: ExistingAction | None = None
+        # the mask found in place (narrower than the cgroup's, not the plan) and what the
+        # keep/replace rule did with it, for the registry entry ("": none found)
+        self.start_mask: frozenset[int] = frozenset()
+        self.start_action = ""
         self.registered: str | None = None
         self.kept_cpus: frozenset[int] | None = None
         self.thread_env: tuple[tuple[str, str], ...] = ()  # thread variables it was given
@@ -272,6 +276,8 @@ class Binding:
             spill=spill,
             nics=p.nics,
             nic_env=self.nic_env,
+            start_mask=self.start_mask,
+            start_action=self.start_action,
         )
 
     @property
@@ -284,7 +290,7 @@ class Binding:
         (another binder, a library's own pinning), named with who did it where the
         thread's name tells; None when nothing moved."""
         from . import _kernel
-        from ._model import binder_of
+        from ._binders import binder_of
 
         moved = []
         pid = os.getpid()
@@ -619,6 +625,7 @@ def enter(
 
             raise BindingError(plan.summary() + (f": {what}" if what else ""))
         _enter_threads(b, cfg, threads, settings, places)
+        _enter_binders(b, cfg, env)
         if register and not b.errors:
             from . import _registry
 
@@ -634,6 +641,25 @@ def enter(
     if b.ok:
         _arm(cfg)
     return b
+
+
+def _enter_binders(b: Binding, cfg: Config, env: Mapping[str, str]) -> None:
+    """``NUMABIND_BINDERS=keep`` for a binding that took (its CPUs applied, or a mask
+    kept by the rule): turn off the pinning of the libraries that have a switch, where the
+    user set none (numabind._binders.keep_env); a value kept that re-pins is warned of."""
+    if cfg.binders != "keep" or not hasattr(env, "__setitem__"):
+        return
+    if b.errors or not (b.cpus_applied or b.existing_action == "kept"):
+        return
+    from ._binders import env_lines, keep_env
+
+    done = keep_env(env)  # type: ignore[arg-type]  # a mutable mapping: __setitem__ above
+    if cfg.verbose:
+        b.notes.extend(done.notes())
+    b.warnings.extend(
+        f"{line} (kept: set before numabind, NUMABIND_BINDERS)"
+        for line in env_lines(dict(done.kept))
+    )
 
 
 def _enter_nics(
@@ -887,6 +913,11 @@ def apply_with_rule(
     )
     if decision.message and b.existing is None and b.cpus_applied and b.threads_rebound:
         b.existing, b.existing_action = decision.message, "replaced"
+    if existing.narrower and existing.current != plan.cpus:
+        if decision.action == "keep":
+            b.start_mask, b.start_action = existing.current, "kept"
+        elif b.existing_action == "replaced":
+            b.start_mask, b.start_action = existing.current, "replaced"
     return b
 
 

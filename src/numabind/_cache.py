@@ -261,6 +261,7 @@ FACTS: tuple[Fact, ...] = (
     Fact(method="dra_devices", truth="boot", records=(DraDevice,)),  # the pod's, in its mnt ns
     Fact(method="kernel_release", truth="boot"),
     Fact(method="numa_balancing", truth="live"),
+    Fact(method="sched_ext", truth="live"),  # a scheduler starts and stops at any time
     Fact(method="cpu_vendor", truth="boot"),
     Fact(
         method="partition_nodes",

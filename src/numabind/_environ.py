@@ -43,6 +43,7 @@ import os
 import _numabind_base
 
 from ._model import (
+    BINDERS_MODES,
     MODE_NAMES,
     NIC_MODES,
     NIC_TRANSPORTS,
@@ -178,9 +179,11 @@ KNOBS: tuple[Knob, ...] = (
         kind="transports",
         values=NIC_TRANSPORTS,
         default="",
-        help="a list of transports (ucx, nvshmem, nixl, uccl, mooncake, nccl): tell each "
-        "the RDMA adapter nearest to the rank's GPU (UCX_NET_DEVICES, NVSHMEM_HCA_LIST, ...) "
-        "before any import; a value already set is kept",
+        help="a list of transports (ucx, nvshmem, nixl, uccl, mooncake, nccl, vllm): tell "
+        "each the RDMA adapter nearest to the rank's GPU (UCX_NET_DEVICES, NVSHMEM_HCA_LIST, "
+        "...) before any import; vllm: vLLM's GPU-to-NIC map (VLLM_GPU_NIC_PCIE_MAPPING, "
+        "VLLM_NIC_SELECTION_VARS), from which vLLM sets the others' variables per worker; "
+        "a value already set is kept",
     ),
     Knob(
         name="NUMABIND_NIC_MODE",
@@ -236,6 +239,16 @@ KNOBS: tuple[Knob, ...] = (
         binding=True,
         help="with numabind.torch, where DataLoader workers run: share the rank's CPUs, "
         "spread (one disjoint core set each) or reserved (the rank's reserved cores)",
+    ),
+    Knob(
+        name="NUMABIND_BINDERS",
+        field="binders",
+        kind="choice",
+        values=BINDERS_MODES,
+        default="off",
+        help="keep: where numabind binds a rank, set AMD_CPU_AFFINITY=0 and "
+        "TLLM_NUMA_AWARE_WORKER_AFFINITY=0 so that HIP and TensorRT-LLM do not re-pin it "
+        "(a value already set is kept; NCCL_IGNORE_CPU_AFFINITY is never set); off (default)",
     ),
     Knob(
         name="NUMABIND_VERBOSE",
@@ -535,6 +548,7 @@ class Config(Record):
     threads: str = "off"  # "off", "auto" or a decimal count
     omp_places: str = "off"
     workers: str = "share"
+    binders: str = "off"  # NUMABIND_BINDERS: off, keep
     verbose: bool = False
     debug: bool = False
     guard: bool = True

@@ -404,7 +404,15 @@ class NicChoice(Record):
 
 
 # the transports NUMABIND_NIC may name (their variables: numabind._transports.TRANSPORTS)
-NIC_TRANSPORTS: tuple[str, ...] = ("ucx", "nvshmem", "nixl", "uccl", "mooncake", "nccl")
+NIC_TRANSPORTS: tuple[str, ...] = (
+    "ucx",
+    "nvshmem",
+    "nixl",
+    "uccl",
+    "mooncake",
+    "nccl",
+    "vllm",
+)
 # NUMABIND_NIC_MODE: how ranks share the adapters nearest to their GPUs
 NIC_MODES: tuple[str, ...] = ("nearest", "exclusive")
 
@@ -1193,25 +1201,9 @@ THREAD_ROLES: tuple[tuple[str, str], ...] = (
     ("torch", "pt_"),
 )
 HELPER_PROCESS_ROLES: tuple[str, ...] = ("dataloader worker",)  # may run on reserved cores
-# who moves threads off a binding, told by the moved thread's name (first word found in it,
-# case-insensitive): what ``check`` and a second ``apply()`` say about a thread re-pinned
-# since numabind bound it (TensorRT-LLM#18848: a second configure_cpu_affinity() put every
-# pinned thread back on all CPUs; UCCL's proxies pin their own threads, uccl#1030)
-BINDERS: tuple[tuple[str, str], ...] = (
-    ("trtllm", "TensorRT-LLM"),
-    ("tensorrt", "TensorRT-LLM"),
-    ("uccl", "UCCL"),
-    ("nccl", "NCCL"),
-    ("omp", "an OpenMP runtime"),
-    ("gomp", "an OpenMP runtime"),
-    ("openblas", "OpenBLAS"),
-)
-
-
-def binder_of(name: str) -> str | None:
-    """Who a thread's own name says moved it (:data:`BINDERS`), if any."""
-    low = name.lower()
-    return next((who for word, who in BINDERS if word in low), None)
+# who moves threads off a binding (thread names, variables, sched_ext): numabind._binders;
+# NUMABIND_BINDERS: off, or keep (turn off the pinning of the libraries that have a switch)
+BINDERS_MODES: tuple[str, ...] = ("off", "keep")
 
 
 # NUMABIND_PRIORITY: what the priority cores (the node's fastest kind, CoreKinds) are for:

@@ -127,6 +127,12 @@ class Entry(Record):
     # /proc/PID/environ cannot show them)
     nics: tuple[NicChoice, ...] = ()
     nic_env: tuple[tuple[str, str], ...] = ()
+    # the CPU mask the process started with, where it was narrower than its cgroup's and
+    # not the plan (an exec wrapper's: torchrun --numa-binding and vllm --numa-bind exec
+    # through numactl), and what the keep/replace rule did with it: kept or replaced
+    # (check names it: numabind._binders, the "mask" row)
+    start_mask: frozenset[int] = frozenset()
+    start_action: str = ""
 
     def encode(self) -> bytes:
         lines = []
@@ -198,6 +204,7 @@ class Entry(Record):
             and _is_text(self.rank_source, 64)
             and _is_text(self.machine, 200)
             and self.main_cpus <= self.cpus | self.priority_cpus
+            and self.start_action in ("", "kept", "replaced")
         )
 
 

@@ -64,6 +64,9 @@ SYS_NET = "/sys/class/net"
 RDMA_PORT_FILES = ("state", "rate", "link_layer", "gid_attrs/ndevs/0")
 NETDEV_FILES = ("speed", "operstate", "bonding/slaves", "bonding_slave/state")
 NUMA_BALANCING = "/proc/sys/kernel/numa_balancing"
+# an active sched_ext scheduler: state says "enabled", root/ops its name (scx_cosmos)
+SCHED_EXT_STATE = "/sys/kernel/sched_ext/state"
+SCHED_EXT_OPS = "/sys/kernel/sched_ext/root/ops"
 # the kernel's memory tiers (Linux 6.1+): memory_tierN/nodelist, a lower N is faster memory
 SYS_TIERING = "/sys/devices/virtual/memory_tiering"
 # the firmware's (ACPI HMAT) performance of a node from its best initiators, in MB/s
@@ -197,6 +200,8 @@ def read_paths() -> tuple[str, ...]:
         "/proc/self/status",
         "/proc/sys/kernel/osrelease",
         NUMA_BALANCING,
+        SCHED_EXT_STATE,
+        SCHED_EXT_OPS,
         *(f"{{cgroup}}/{name}" for name in CPUSET_FILES),
     )
 
@@ -304,6 +309,11 @@ class Source:
         return None
 
     def numa_balancing(self) -> int | None:
+        return None
+
+    def sched_ext(self) -> str | None:
+        """The active sched_ext scheduler's name (``scx_cosmos``; ``an unnamed scheduler`` where
+        the name is not a plain word), None when none is active."""
         return None
 
     def cpu_vendor(self) -> str | None:
@@ -855,6 +865,14 @@ class SysfsSource(Source):
     def numa_balancing(self) -> int | None:
         value = _sysfs.parse_int(self._read(NUMA_BALANCING))
         return value if value is not None and 0 <= value < 256 else None
+
+    def sched_ext(self) -> str | None:
+        state = self._read(SCHED_EXT_STATE)
+        if state is None or state.strip().lower() != "enabled":
+            return None
+        ops = _sysfs.clean_line(self._read(SCHED_EXT_OPS) or "", 64).strip()
+        plain = ops and all(c.isascii() and (c.isalnum() or c in "_-.") for c in ops)
+        return ops if plain else "an unnamed scheduler"
 
     def partition_nodes(self, vendor: Vendor, expected: int) -> tuple[KfdNode, ...]:
         base = vendor.partition_topology

@@ -526,6 +526,13 @@ class Machine:
         return None if self._balancing is None else bool(self._balancing & 1)
 
     @property
+    def sched_ext(self) -> str | None:
+        """The sched_ext scheduler that places this machine's tasks (``scx_cosmos``), None
+        when none is active: read each time (it can be started and stopped at any time),
+        never cached."""
+        return self.source.sched_ext()
+
+    @property
     def cpu_vendor(self) -> str | None:
         """Who made the CPUs (``intel``, ``amd``, ``arm``...; None when the files do not
         say): Intel calls a split package sub-NUMA clusters (SNC), AMD NUMA nodes per

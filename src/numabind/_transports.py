@@ -21,7 +21,26 @@ nccl        ``NCCL_IB_HCA``                     ``=mlx5_0:1,mlx5_1:1,...``: exac
                                                 name is a prefix: ``mlx5_1`` also matches
                                                 ``mlx5_10``), the same on every rank of the
                                                 node: every rail the node's GPUs are given
+vllm        ``VLLM_GPU_NIC_PCIE_MAPPING``,      ``0000:07:00.0=0000:0c:00.0,...``: each GPU of the
+            ``VLLM_NIC_SELECTION_VARS``         node (same vendor) = the PCI address of the first
+                                                adapter numabind chose for it, the same on every
+                                                rank; and ``UCX_NET_DEVICES:1,...``: the
+                                                variables vLLM then sets per worker to that
+                                                adapter's name (the suffix, the port, appended)
 ==========  ==================================  ====================================================
+
+**vLLM** (vllm-project/vllm#42083, ``vllm/v1/executor/vllm_net_devices.py``): each worker
+looks its GPU's PCI address up in ``VLLM_GPU_NIC_PCIE_MAPPING`` (``GPU_BDF=NIC_BDF``
+pairs, comma-separated, compared as numbers, so any spelling of an address matches), finds
+the RDMA device whose ``/sys/class/infiniband/*/device`` is that NIC, and sets each
+variable of ``VLLM_NIC_SELECTION_VARS`` (``NAME`` or ``NAME:suffix``) to the device's name
+with the suffix, *prepending* it to a value already there.  So where ``vllm`` is named, the
+adapter variables of the rank's transports named beside it (``ucx``, ``nvshmem``, ``nixl``,
+``uccl``, ``mooncake``; ``UCX_NET_DEVICES`` when none is) go into the selection list and
+numabind does not set them itself: vLLM would list the adapter twice, or a worker for
+another GPU would get its parent's adapter after its own.  NCCL never goes in the list
+(one adapter per worker in ``NCCL_IB_HCA`` is what its maintainers advise against).  The
+two variables are set together or not at all (vLLM refuses one without the other).
 
 NCCL is told only when named, and then not a per-rank adapter: NCCL builds its rings and
 trees from every rank's view of the node's NICs and chooses each GPU's nearest NIC
@@ -44,7 +63,7 @@ from ._sysfs import pci_sort_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import MutableMapping
+    from collections.abc import Mapping, MutableMapping
 
     from ._environ import Config
     from ._model import Accelerator, Nic, NicChoice
@@ -144,12 +163,34 @@ TRANSPORTS: tuple[Transport, ...] = (
         ),
         scope="node",
     ),
+    Transport(
+        name="vllm",
+        label="vLLM (its GPU-to-NIC map)",
+        variables=(
+            Variable(
+                name="VLLM_GPU_NIC_PCIE_MAPPING",
+                syntax="vllm-map",
+                source="vllm-project/vllm vllm/v1/executor/vllm_net_devices.py "
+                "(parse_gpu_nic_mapping; vllm#42083)",
+            ),
+            Variable(
+                name="VLLM_NIC_SELECTION_VARS",
+                syntax="vllm-vars",
+                source="vllm-project/vllm vllm/v1/executor/vllm_net_devices.py "
+                "(parse_nic_selection_vars; vllm#42083)",
+            ),
+        ),
+        scope="node",
+    ),
 )
 BY_NAME = {t.name: t for t in TRANSPORTS}
+VLLM = BY_NAME["vllm"]
+# the variables whose values are lists of adapters (judged, written by numabind._nics' choice)
+LISTS = ("ports", "names", "nccl")
 VARIABLES: tuple[Variable, ...] = tuple(
     {v.name: v for t in TRANSPORTS for v in t.variables}.values()
 )
-ADAPTER_VARIABLES: tuple[str, ...] = tuple(v.name for v in VARIABLES if v.syntax != "flag")
+ADAPTER_VARIABLES: tuple[str, ...] = tuple(v.name for v in VARIABLES if v.syntax in LISTS)
 # every word NUMABIND_NIC accepts has its row (numabind._model.NIC_TRANSPORTS is the list)
 assert tuple(BY_NAME) == NIC_TRANSPORTS, (tuple(BY_NAME), NIC_TRANSPORTS)
 
@@ -189,18 +230,72 @@ class NicEnv(Record):
     notes: tuple[str, ...] = ()
 
 
+def delegated(transports: str) -> tuple[Variable, ...]:
+    """With ``vllm`` among ``transports``: the adapter variables vLLM sets per worker from
+    its map (those of the rank-scope transports named beside it; ``UCX_NET_DEVICES``, the
+    variable of NIXL's UCX backend, when none is), which numabind then leaves to vLLM."""
+    words = transports.split(",") if transports else []
+    if VLLM.name not in words:
+        return ()
+    out = {
+        v.name: v
+        for w in words
+        if w in BY_NAME and BY_NAME[w].scope == "rank"
+        for v in BY_NAME[w].variables
+        if v.syntax in ("ports", "names")
+    }
+    return tuple(out.values()) or (UCX_NET_DEVICES,)
+
+
+def vllm_values(transports: str, per_gpu: Mapping[str, tuple[NicChoice, ...]]) -> tuple[str, str]:
+    """vLLM's two variables for the node (``per_gpu``: each GPU's PCI address -> the
+    adapters numabind chose for it): ``VLLM_GPU_NIC_PCIE_MAPPING`` (GPU=first adapter's PCI
+    address, in PCI order) and ``VLLM_NIC_SELECTION_VARS`` (the delegated variables, a port
+    suffix on those whose syntax has ports); ("", "") when no GPU has an adapter.  vLLM
+    appends one suffix to every adapter: the port of the first choices where they agree,
+    else the most common one (an adapter on another port is then named without it)."""
+    pairs = [
+        (gpu, nics[0])
+        for gpu, nics in sorted(per_gpu.items(), key=lambda i: pci_sort_key(i[0]))
+        if nics
+    ]
+    if not pairs:
+        return "", ""
+    mapping = ",".join(f"{gpu}={nic.pci}" for gpu, nic in pairs)
+    ports = [nic.port for _, nic in pairs]
+    port = max(dict.fromkeys(ports), key=ports.count)
+    names = ",".join(
+        f"{v.name}:{port}" if v.syntax == "ports" else v.name for v in delegated(transports)
+    )
+    return mapping, names
+
+
 def wanted_values(
-    transports: str, nics: tuple[NicChoice, ...], node_nics: tuple[NicChoice, ...] = ()
+    transports: str,
+    nics: tuple[NicChoice, ...],
+    node_nics: tuple[NicChoice, ...] = (),
+    per_gpu: Mapping[str, tuple[NicChoice, ...]] | None = None,
 ) -> dict[str, str]:
     """{variable: value} for ``transports`` (``NUMABIND_NIC``'s canonical list): the
-    rank's ``nics``, or ``node_nics`` (every rail of the node) for a ``node``-scope one."""
+    rank's ``nics``, or ``node_nics`` (every rail of the node) for a ``node``-scope one;
+    vLLM's map from ``per_gpu`` (every GPU's choice), and the variables it takes over
+    left out."""
     wanted: dict[str, str] = {}
+    handed = {v.name for v in delegated(transports)}
     for name in transports.split(",") if transports else ():
         t = BY_NAME.get(name)
         if t is None:
             continue
+        if t is VLLM:
+            mapping, names = vllm_values(transports, per_gpu or {})
+            wanted.setdefault(VLLM.variables[0].name, mapping)
+            wanted.setdefault(VLLM.variables[1].name, names if mapping else "")
+            continue
         for var in t.variables:
-            wanted.setdefault(var.name, value_for(var, node_nics if t.scope == "node" else nics))
+            if var.name not in handed:
+                wanted.setdefault(
+                    var.name, value_for(var, node_nics if t.scope == "node" else nics)
+                )
     return wanted
 
 
@@ -210,12 +305,18 @@ def apply_env(
     environ: MutableMapping[str, str],
     node_nics: tuple[NicChoice, ...] = (),
     judge_kept: Judge | None = None,
+    per_gpu: Mapping[str, tuple[NicChoice, ...]] | None = None,
+    only: tuple[str, ...] | None = None,
 ) -> NicEnv:
     """Set the variables of ``transports`` for a rank given ``nics`` (``node_nics`` for a
-    ``node``-scope transport) under the keep/replace rule, and record what was set in
-    ``NUMABIND_NIC_SET``.  ``judge_kept`` says what is wrong with a value kept."""
+    ``node``-scope transport, ``per_gpu`` for vLLM's map) under the keep/replace rule, and
+    record what was set in ``NUMABIND_NIC_SET``.  ``judge_kept`` says what is wrong with a
+    value kept; ``only`` limits the variables touched to those named (a process that is no
+    rank sets vLLM's map, and nothing of a rank's)."""
     ours = read_record(environ.get(RECORD, ""))
-    wanted = wanted_values(transports, nics, node_nics)
+    wanted = wanted_values(transports, nics, node_nics, per_gpu)
+    if only is not None:
+        wanted = {k: v for k, v in wanted.items() if k in only}
     done: list[tuple[str, str]] = []
     kept: list[tuple[str, str]] = []
     warnings: list[str] = []
@@ -257,7 +358,7 @@ def named(var: Variable, value: str, nics: tuple[Nic, ...]) -> list[tuple[Nic, i
     by the transport's own matching rule; None when the value selects every adapter or
     cannot be judged (UCX's ``all``, UCCL's numeric indices)."""
     text = value.strip()
-    if var.syntax == "flag" or not text or len(text) > MAX_VALUE:
+    if var.syntax not in LISTS or not text or len(text) > MAX_VALUE:
         return None
     exclude = text.startswith("^")
     text = text[1:] if exclude else text
@@ -289,6 +390,29 @@ def named(var: Variable, value: str, nics: tuple[Nic, ...]) -> list[tuple[Nic, i
             if hit != exclude:
                 out.append((nic, p.number))
     return out
+
+
+def mapped(value: str, gpu: str, nics: tuple[Nic, ...]) -> list[tuple[Nic, int | None]] | None:
+    """The adapter (every port of it) that a ``VLLM_GPU_NIC_PCIE_MAPPING`` value gives the
+    GPU at ``gpu``, addresses compared as numbers as vLLM compares them (any spelling of
+    one address matches); [] when the address it names is no adapter of ``nics``; None when
+    the map has no entry for the GPU (or is not a map: vLLM would refuse it)."""
+    from ._sysfs import normalize_pci
+
+    if len(value) > MAX_VALUE:
+        return None
+    want = normalize_pci(gpu)
+    for seg in value.split(",", 64)[:64]:
+        left, sep, right = seg.strip().partition("=")
+        if sep and want is not None and normalize_pci(left) == want:
+            nic_pci = normalize_pci(right)
+            return [
+                (n, p.number)
+                for n in nics
+                if nic_pci is not None and normalize_pci(n.pci) == nic_pci
+                for p in n.ports or ()
+            ]
+    return None
 
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.,:=^")
@@ -324,10 +448,15 @@ def judge(
     var = next((v for v in VARIABLES if v.name == name), None)
     if var is None:
         return None
-    picked = named(var, value, machine.nics)
+    shown = f"{name}={value}" if _plain(value) else f"{name}={short(value, 120)}"
+    if var.syntax == "vllm-map":
+        picked = mapped(value, device.pci, machine.nics)
+        if picked is None:
+            return f"{shown} has no entry for {who} ({device.pci}): vLLM's worker there stops"
+    else:
+        picked = named(var, value, machine.nics)
     if picked is None:
         return None
-    shown = f"{name}={value}" if _plain(value) else f"{name}={short(value, 120)}"
     if not picked:
         return f"{shown} names no RDMA adapter of this machine"
     units, refused = offered(machine)
@@ -367,8 +496,10 @@ def enter_nics(
     them: a one-node machine has a nearest adapter too), judging kept values against the
     machine."""
     node: tuple[NicChoice, ...] = ()
+    per_gpu: dict[str, tuple[NicChoice, ...]] = {}
     device = plan.device
-    if machine is not None and device is not None and "nccl" in cfg.nic.split(","):
+    words = cfg.nic.split(",")
+    if machine is not None and device is not None and ("nccl" in words or "vllm" in words):
         from ._nics import assign, same_vendor
         from ._plan import device_node
 
@@ -385,6 +516,7 @@ def enter_nics(
                 key=lambda c: (pci_sort_key(c.pci), c.name, c.port),
             )
         )
+        per_gpu = found.per_device
     judge_kept: Judge | None = None
     if machine is not None and device is not None:
         from ._plan import device_node
@@ -395,4 +527,4 @@ def enter_nics(
         def judge_kept(name: str, value: str) -> str | None:
             return judge(here, gpu, who, name, value, mine, lambda d: device_node(here, d).node)
 
-    return apply_env(cfg.nic, plan.placement.nics, environ, node, judge_kept)
+    return apply_env(cfg.nic, plan.placement.nics, environ, node, judge_kept, per_gpu)

@@ -24,6 +24,7 @@ import os
 import time
 
 from .. import _kernel, _registry, _sysfs
+from .._binders import binder_of
 from .._environ import debugging, detect
 from .._kernel import Region, locality, pages_per_node, shared_pages
 from .._model import (
@@ -36,7 +37,6 @@ from .._model import (
     RANK_VARIABLE_NAMES,
     THREAD_ROLES,
     Record,
-    binder_of,
 )
 from .._sysfs import normalize_pci
 from .._threads import AFFINITY_VARIABLES
@@ -379,6 +379,9 @@ class ProcessCheck(Record):
     # the ids of the threads the CPU rule judged off the plan (a bound rank's; the problem
     # line names the first five): what the exporter counts
     off_plan_threads: tuple[int, ...] = ()
+    # the other binders active in it (numabind._binders.BINDER_TABLE names), each said in
+    # a note with what it will do to numabind's binding and the fix
+    binders: tuple[str, ...] = ()
 
 
 class NodeFacts(Record):
@@ -682,6 +685,7 @@ def check_pid(
         "shared_pages": shared,
         "maps_truncated": maps.truncated,
         "roles": roles_of(pid, threads, names, expected),
+        "binders": _binders_in(machine, env, entry, expected, notes),
     }
     if expected is None:
         problems.append(f"no plan to check against: {source}")
@@ -710,7 +714,18 @@ def check_pid(
     cpu_own = {n: c for n, c in own.items() if n not in wrong_tier_nodes(machine)}
     off: list[int] = []
     share = _judge(
-        expected, source, main, threads, policy, cpu_own, min_locality, problems, notes, names, off
+        expected,
+        source,
+        main,
+        threads,
+        policy,
+        cpu_own,
+        min_locality,
+        problems,
+        notes,
+        names,
+        off,
+        _vendor_of(machine, expected),
     )
     if shared.pages:
         notes.append(
@@ -875,7 +890,7 @@ def _interleave_notes(
 
 
 def _escaped_text(
-    tid: int, mask: frozenset[int], expected: PlanView, names: Mapping[int, str]
+    tid: int, mask: frozenset[int], expected: PlanView, names: Mapping[int, str], vendor: str = ""
 ) -> str:
     """``thread 812 'uccl_proxy' on CPUs 0-223 OFF PLAN (UCCL's, by its name)``."""
     name = names.get(tid, "")
@@ -883,8 +898,42 @@ def _escaped_text(
     own = expected.thread_plans.get(tid)
     if own is not None:
         text += f" (its device {own[0]}: CPUs {fmt(own[1])})"
-    who = binder_of(name)
+    who = binder_of(name, vendor)
     return text + (f", re-pinned by {who}? (its name says so)" if who else "")
+
+
+def _vendor_of(machine: Machine, expected: PlanView | None) -> str:
+    """The vendor key of the rank's planned device ("" when unknown)."""
+    pci = expected.device_pci if expected is not None else None
+    return next((a.vendor for a in machine.accelerators if pci and a.pci == pci), "")
+
+
+def _binders_in(
+    machine: Machine,
+    env: Mapping[str, str] | OSError,
+    entry: Entry | None,
+    expected: PlanView | None,
+    notes: list[str],
+) -> tuple[str, ...]:
+    """The other binders active in a rank (numabind._binders.BINDER_TABLE): each variable
+    of its initial environment that makes a library re-pin it, an active sched_ext
+    scheduler, and the CPU mask it started with where only that is left (an exec wrapper);
+    each said in ``notes`` with what it will do and the fix."""
+    from .. import _binders
+
+    found: list[str] = []
+    if not isinstance(env, OSError):
+        for b, value in _binders.env_binders(env):
+            found.append(b.name)
+            notes.append(_binders.say(b, f"{b.key}={value}"))
+    scheduler = machine.sched_ext
+    if scheduler is not None:
+        found.append("sched_ext")
+        notes.append(_binders.sched_ext_line(scheduler))
+    if entry is not None and entry.start_mask and entry.start_action:
+        found.append("numactl")
+        notes.append(_binders.mask_line(fmt(entry.start_mask), entry.start_action, fmt(entry.cpus)))
+    return tuple(dict.fromkeys(found))
 
 
 def _why_skipped(
@@ -918,6 +967,7 @@ def _judge(
     notes: list[str],
     names: Mapping[int, str] | None = None,
     off: list[int] | None = None,
+    vendor: str = "",
 ) -> float | None:
     """Compare a bound process with its plan: CPUs of every thread, memory policy, where
     its own pages are; the main thread belongs on the compute CPUs, any other thread may
@@ -939,7 +989,9 @@ def _judge(
             f"bound by someone else: every thread runs on CPUs {fmt(sample)}, plan {fmt(cpus)}"
         )
     elif escaped:
-        shown = [_escaped_text(t, c, expected, names) for t, c in sorted(escaped.items())[:5]]
+        shown = [
+            _escaped_text(t, c, expected, names, vendor) for t, c in sorted(escaped.items())[:5]
+        ]
         problems.append(
             f"threads that left the plan's CPUs {fmt(cpus)}: {'; '.join(shown)}"
             + (f"; and {len(escaped) - 5} more" if len(escaped) > 5 else "")

@@ -777,6 +777,7 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
             )
     out += cpuset_findings(machine, environ)
     out += nic_findings(machine)
+    out += binder_findings(machine, environ)
     balancing = machine.numa_balancing
     if balancing is not None:
         out.append(
@@ -790,6 +791,20 @@ def machine_findings(machine: Any, environ: Mapping[str, str] | None = None) -> 
             )
         )
     return out
+
+
+def binder_findings(machine: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """The other binders this environment and machine show (numabind._binders): each
+    variable that makes a library re-pin a rank started from here, and an active sched_ext
+    scheduler, with what it will do to numabind's binding and the fix."""
+    from .._binders import env_lines, sched_ext_line
+
+    env = os.environ if environ is None else environ
+    lines = env_lines(env)
+    scheduler = machine.sched_ext
+    if scheduler is not None:
+        lines.append(sched_ext_line(scheduler))
+    return [Finding(check="binders", status="warn", detail=line) for line in lines]
 
 
 def subnuma_findings(machine: Any, environ: Mapping[str, str]) -> list[Finding]:
