@@ -242,7 +242,7 @@ def test_readme_names_the_one_minute_test_and_what_the_docs_build_needs() -> Non
     project = (ROOT / "pyproject.toml").read_text()  # no tomllib on 3.10
     extras = {
         m.group(1): re.findall(r'"([^"]+)"', m.group(2))
-        for m in re.finditer(r"^(test|docs) = \[(.*)\]$", project, re.MULTILINE)
+        for m in re.finditer(r"^(test|docs) = \[(.*?)\]$", project, re.MULTILINE | re.DOTALL)
     }
     lines = [ln for b in _readme_blocks() for ln in b.text.splitlines()]  # type: ignore[attr-defined]
     quick = [ln for ln in lines if "tests/test_first_hour.py" in ln]

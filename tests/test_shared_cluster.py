@@ -775,7 +775,7 @@ def test_store_usage_and_a_peer_that_is_not_a_store() -> None:
         server.close()
     assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
     assert "not a c10d store: it answered 'HTTP/1.1 400 Bad Request..Conte" in p.stderr, p.stderr
-    assert p.stderr.rstrip().endswith("an HTTP server?)"), p.stderr
+    assert p.stderr.rstrip().endswith(": an HTTP server?"), p.stderr
     p = subprocess.run(
         [sys.executable, "-m", "numabind", "check", "--store", "127.0.0.1:1", "--job", "5"],
         capture_output=True, text=True, env=clean_env(), timeout=60,
