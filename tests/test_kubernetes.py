@@ -286,3 +286,7 @@ def test_two_thousand_metadata_files_bound_the_work_not_the_answer(tmp_path: Pat
         f"{TOTAL_BYTES >> 20} MiB in all); the rest ignored"
     ) in m.warnings, m.warnings
     assert "limits this process to 2 of the nvidia GPUs" in resolve(m, {}).notes[0]
+    from numabind.cli._gather import gather_paths
+
+    copied = [p for p in gather_paths(m.source.root) if p.startswith(ROOT)]  # type: ignore[attr-defined]
+    assert len(copied) == TOTAL_FILES, len(copied)  # gather copies what the reader may use

@@ -87,13 +87,15 @@ _LISTED_HERE: dict[str, Callable[[str], bool]] = {
 
 def gather_paths(root: Root) -> list[str]:
     """Every file the reader would open on this machine (``read_paths()``, expanded)."""
-    from .._dra import ROOT, paths
+    from .._dra import ROOT, TOTAL_FILES, paths
 
     cgroup = SysfsSource(root).allowed(frozenset()).directory
     out: list[str] = []
     for pattern in read_paths():
         if pattern.startswith(ROOT):
-            out.extend(paths(root))  # a pod's DRA device metadata: numabind._dra walks it
+            # a pod's DRA device metadata: numabind._dra walks it, and uses no more than
+            # its first TOTAL_FILES (nor does gather copy more)
+            out.extend(paths(root)[:TOTAL_FILES])
             continue
         out.extend(_expand(root, pattern, cgroup))
     return list(dict.fromkeys(out))
