@@ -132,10 +132,23 @@ def warm(rank: int, extra: list[str] | None = None) -> list[dict[str, Any]]:
 
 def machine_file() -> bytes | None:
     """The machine file the next rank would read (this process shares its key: user, cgroup,
-    mount namespace), before the change; None when there is none that holds."""
-    from numabind import _cache
+    mount namespace), before the change; None when there is none that holds.
 
-    return _cache.lookup(base_env(), "/").data or None
+    First ``show``'s questions are asked through the cache, as a50e42a's ``show`` did (a
+    reading from the file, what it lacked read from sysfs and written back): the ranks'
+    own reading holds only what planning them asked (node 3's size is not among it), and
+    a copy with less would answer the control from sysfs, as it is now."""
+    from numabind import _cache
+    from numabind.cli._show import plans_for, show_data
+
+    env = base_env()
+    opened = _cache.open_machine("/", env)
+    try:
+        visible, plans, _ = plans_for(opened.machine, env, None, "node", "preferred")
+        show_data(opened.machine, visible, plans)
+    finally:
+        opened.machine.close()  # writes back what the file lacked
+    return _cache.lookup(env, "/").data or None
 
 
 def moment(rank: int, stale: str | None, extra: list[str] | None = None) -> dict[str, Any]:
