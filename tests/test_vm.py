@@ -1054,6 +1054,12 @@ def test_changes_the_drivers_numa_status_appears_and_goes(vm_changes: dict[str, 
         assert (tiers.get("gpu", 0) >= 16 << 20) is (node == 2), (moment, tiers)
         assert (tiers.get("memory", 0) >= 16 << 20) is (node is None), (moment, tiers)
         assert (_checked(m, stale=True)["tiers"].get("gpu", 0) >= 16 << 20) is (was == 2)
+        # and it is a warning while it is GPU memory, a remote-memory problem once it is not
+        proc = _checked(m)
+        gpu_note = "warning: 16 MiB of this rank's memory is on node 2, GPU 1's memory"
+        assert any(n.startswith(gpu_note) for n in proc["notes"]) is (node == 2), proc["notes"]
+        assert proc["ok"] is (node == 2), proc["problems"]
+        assert any("16 MiB on node 2" in p for p in proc["problems"]) is (node is None)
         assert _bound(m) == (1, [2, 3]), m["rank"]
 
 
