@@ -167,6 +167,15 @@ def vm_tiers() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def vm_changes() -> dict[str, Any]:
+    """The machine changed after the cache was written (tests/vm/changes.py, issue 44): 2 CPU
+    nodes of 1 GiB, CPU-less nodes 2 and 3 of 512 MiB (node 3 far), GPU 0 on node 0 and
+    GPU 1 on node 1.  Under 10 minutes of guest time."""
+    extra = {"MEM_NODES": "2:512 3:512", "DISTANCE": "20 *-3:40"}
+    return _boot("tests/vm/changes.py", "0 1", mem="1024", extra=extra)
+
+
+@pytest.fixture(scope="session")
 def vm_launchers() -> dict[str, Any]:
     """Devices 0-1 on node 0, 2-3 on node 1."""
     return _boot("tests/vm/launchers.py", "0 0 1 1")
@@ -945,3 +954,172 @@ def test_a_process_wide_interleave_does_not_reach_a_host_buffer(vm_tiers: dict[s
     assert buf["policy"] == "bind" and buf["numa_maps"] == {"0": 16384}, buf
     assert set(buf["move_pages"]) == {"0"}, buf
     assert len(d["plain_under_interleave"]) >= 3, d  # the process's own pages: spread
+
+
+# --- the machine changed after the cache was written (tests/vm/changes.py, issue 44) ----------
+#
+# Each change has three moments: the cache written (``warm``), the change made (``after``)
+# and the change reversed (``back``).  At ``after`` and ``back`` a new rank ran (held), then
+# ``show --json`` and ``check --pid <it> --json``; ``stale_show`` / ``stale_check`` are the
+# same two answering from the machine file copied just before that moment's change: what a
+# verifier that reads the cache says (a50e42a's).  Where the change is one a cached fact
+# hides, each test asserts that control differs from the live answer: the test can fail.
+
+
+def _moments(vm_changes: dict[str, Any], name: str) -> dict[str, Any]:
+    r: dict[str, Any] = vm_changes[name]
+    assert r["warm"] and r["warm"][-1]["handed_over"] == "", r["warm"]  # an answer was kept
+    for moment in ("after", "back"):
+        m = r[moment]
+        assert "pid" in m["rank"], m["rank"]
+        assert m["show"]["rc"] == 0 and m["show"]["json"], m["show"]
+        assert m["check"]["json"], m["check"]
+    return r
+
+
+def _checked(m: dict[str, Any], stale: bool = False) -> dict[str, Any]:
+    [proc] = m["stale_check" if stale else "check"]["json"]["processes"]
+    return proc  # type: ignore[no-any-return]
+
+
+def _shown(m: dict[str, Any], stale: bool = False) -> dict[str, Any]:
+    return m["stale_show" if stale else "show"]["json"]  # type: ignore[no-any-return]
+
+
+def _device(show: dict[str, Any], pci: str) -> dict[str, Any] | None:
+    found: list[dict[str, Any]] = [d for d in show["devices"] if d["pci"] == pci]
+    return found[0] if found else None
+
+
+def _rank_row(show: dict[str, Any], rank: int) -> dict[str, Any]:
+    [row] = [p for p in show["ranks"] if p["local_rank"] == rank]
+    return row  # type: ignore[no-any-return]
+
+
+def _bound(m: dict[str, Any]) -> tuple[int | None, list[int]]:
+    """The node of the rank's binding (the full path's or the replayed one) and the CPUs
+    its first statement ran on (what the hook left)."""
+    rank = m["rank"]
+    b = rank["last"] or rank["adopted"]
+    return (b["numa_node"] if b else None), rank["first"]
+
+
+def test_changes_numa_balancing_is_read_live(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "balancing")
+    assert r["kernel_after"] != r["kernel_before"] and r["kernel_back"] == r["kernel_before"], r
+    for moment in ("after", "back"):
+        m = r[moment]
+        on = r[f"kernel_{moment}"] != "0"
+        assert _shown(m)["numa_balancing"] is on, moment
+        check = m["check"]["json"]
+        assert check["numa_balancing"] is on and check["node"]["numa_balancing"] is on, moment
+        advised = [n for n in _checked(m)["notes"] if "NUMA balancing" in n]
+        assert bool(advised) is on, (moment, _checked(m)["notes"])
+        assert _bound(m) == (0, [0, 1]), m["rank"]
+        assert _checked(m)["plan"]["numa_node"] == 0
+
+
+def test_changes_a_memory_block_of_node_3_offline_and_back(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "memblock")
+    before, after, back = (r[f"kernel_{k}"]["node3_bytes"] for k in ("before", "after", "back"))
+    block = int(r["kernel_after"]["block_size"], 16)
+    assert after == before - block and back == before, r["kernel_after"]
+    for moment, was in (("after", before), ("back", after)):
+        m = r[moment]
+        live = r[f"kernel_{moment}"]["node3_bytes"]
+        [node3] = [n for n in _shown(m)["nodes"] if n["id"] == 3]
+        assert node3["memory_bytes"] == live, (moment, node3)
+        [stale3] = [n for n in _shown(m, stale=True)["nodes"] if n["id"] == 3]
+        assert stale3["memory_bytes"] == was != live, moment  # the cache's answer: stale
+        assert _bound(m) == (0, [0, 1]), m["rank"]
+        assert _checked(m)["ok"], _checked(m)["problems"]
+
+
+def test_changes_the_drivers_numa_status_appears_and_goes(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "driver")
+    gpu1 = r["gpus"][1]
+    assert r["kernel_before"]["numa_status"].startswith("<") and r["kernel_after"][
+        "numa_status"
+    ].startswith("Node:"), r
+    for moment, node, was in (("after", 2, None), ("back", None, 2)):
+        m = r[moment]
+        dev = _device(_shown(m), gpu1)
+        assert dev is not None and dev["memory_node"] == node, (moment, dev)
+        [node2] = [n for n in _shown(m)["nodes"] if n["id"] == 2]
+        assert (node2["kind"] == "gpu") is (node == 2), (moment, node2)
+        stale = _device(_shown(m, stale=True), gpu1)
+        assert stale is not None and stale["memory_node"] == was, (moment, stale)
+        # the 16 MiB the rank put on node 2 itself: GPU memory only while the driver says so
+        tiers = _checked(m)["tiers"]
+        assert (tiers.get("gpu", 0) >= 16 << 20) is (node == 2), (moment, tiers)
+        assert (tiers.get("memory", 0) >= 16 << 20) is (node is None), (moment, tiers)
+        assert (_checked(m, stale=True)["tiers"].get("gpu", 0) >= 16 << 20) is (was == 2)
+        # and it is a warning while it is GPU memory, a remote-memory problem once it is not
+        proc = _checked(m)
+        gpu_note = "warning: 16 MiB of this rank's memory is on node 2, GPU 1's memory"
+        assert any(n.startswith(gpu_note) for n in proc["notes"]) is (node == 2), proc["notes"]
+        assert proc["ok"] is (node == 2), proc["problems"]
+        assert any("16 MiB on node 2" in p for p in proc["problems"]) is (node is None)
+        assert _bound(m) == (1, [2, 3]), m["rank"]
+
+
+def test_changes_a_gpus_numa_node_rewritten_by_root(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "numa_node")
+    gpu0 = r["gpus"][0]
+    assert (r["kernel_before"], r["kernel_after"], r["kernel_back"]) == ("0", "1", "0"), r
+    for moment, node, cpus, was in (("after", 1, [2, 3], 0), ("back", 0, [0, 1], 1)):
+        m = r[moment]
+        assert m["rank"]["handed_over"].startswith("the machine changed since it was read")
+        assert _bound(m) == (node, cpus), m["rank"]
+        dev = _device(_shown(m), gpu0)
+        assert dev is not None and dev["numa_node"] == node, dev
+        assert _rank_row(_shown(m), 0)["numa_node"] == node
+        assert _rank_row(_shown(m, stale=True), 0)["numa_node"] == was  # the cache's: stale
+        proc = _checked(m)
+        assert proc["ok"] and proc["plan"]["numa_node"] == node, proc
+
+
+def test_changes_a_gpu_removed_from_the_bus_and_rescanned(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "removal")
+    gpu0, gpu1 = r["gpus"]
+    assert r["kernel_after"]["present"] is False and r["kernel_back"]["present"] is True, r
+    assert r["kernel_back"]["vendor"] == "0x10de", r["kernel_back"]  # spoofed again
+    after, back = r["after"], r["back"]
+    # rank 1 of the one GPU left: on GPU 0's node; show no longer lists GPU 1
+    assert after["rank"]["handed_over"].startswith("the machine changed since it was read")
+    assert _bound(after) == (0, [0, 1]), after["rank"]
+    assert _device(_shown(after), gpu1) is None and _device(_shown(after), gpu0) is not None
+    assert [p["device_pci"] for p in _shown(after)["ranks"]] == [gpu0]  # one rank, GPU 0's
+    assert _device(_shown(after, stale=True), gpu1) is not None  # the cache's: still there
+    assert _checked(after)["ok"] and _checked(after)["plan"]["numa_node"] == 0
+    # rescanned: rank 1 is GPU 1's again
+    assert back["rank"]["handed_over"].startswith("the machine changed since it was read")
+    assert _bound(back) == (1, [2, 3]), back["rank"]
+    dev = _device(_shown(back), gpu1)
+    assert dev is not None and dev["numa_node"] == 1, dev
+    assert _device(_shown(back, stale=True), gpu1) is None  # the cache's: still gone
+    assert _checked(back)["ok"] and _checked(back)["plan"]["numa_node"] == 1
+
+
+def test_changes_a_cpu_offline_and_back(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "cpu")
+    assert (r["kernel_before"], r["kernel_after"], r["kernel_back"]) == ("0-3", "0-2", "0-3")
+    for moment, cpus in (("after", [2]), ("back", [2, 3])):
+        m = r[moment]
+        assert m["rank"]["handed_over"] != "", m["rank"]  # not the answer kept before
+        assert _bound(m) == (1, cpus), m["rank"]
+        assert _shown(m)["online_cpus"] == [0, 1, *cpus]
+        proc = _checked(m)
+        assert proc["ok"] and sorted(proc["plan"]["cpus"]) == cpus, proc
+
+
+def test_changes_a_narrowed_cpuset_and_back(vm_changes: dict[str, Any]) -> None:
+    r = _moments(vm_changes, "cpuset")
+    assert (r["kernel_before"], r["kernel_after"], r["kernel_back"]) == ("0-3", "0-2", "0-3")
+    for moment, cpus in (("after", [2]), ("back", [2, 3])):
+        m = r[moment]
+        assert m["rank"]["handed_over"] != "", m["rank"]
+        assert _bound(m) == (1, cpus), m["rank"]
+        assert _shown(m)["allowed"]["cpus"] == [0, 1, *cpus]
+        proc = _checked(m)
+        assert proc["ok"] and sorted(proc["plan"]["cpus"]) == cpus, proc
