@@ -1003,6 +1003,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a warm rank's first watched import loads the guards and not the binder",
         ("tests/test_warm.py",),
     ),
+    M(
+        "M92",
+        "src/numabind/_cache.py",
+        '    if memo.get("cpu_siblings"):  # the cores',
+        "    if False:  # the cores",
+        "the rank that writes the machine file asks every allowed CPU's cores",
+        ("tests/test_cache.py",),
+    ),
     # --- issue 45: the binding exporter (check --format openmetrics) ----------------------
     M(
         "E01",

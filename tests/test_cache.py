@@ -556,8 +556,8 @@ COUNT = (
 
 @pytest.mark.parametrize(
     ("ranks", "extra"),
-    [(8, {}), (8, {"NUMABIND_VERBOSE": "1"})],
-    ids=["quiet", "verbose"],
+    [(8, {}), (8, {"NUMABIND_VERBOSE": "1"}), (8, {"NUMABIND_RESERVE": "1/node"})],
+    ids=["quiet", "verbose", "reserve"],  # reserve: each rank asks its own CPUs' cores
 )
 def test_ranks_that_start_at_once_read_the_machine_once(
     tmp_path: Path, ranks: int, extra: dict[str, str]

@@ -38,7 +38,12 @@ def main() -> None:
 
     b = numabind._startup.last or _apply.adopted()  # planned here, or the replayed answer
     start = sys.modules.get("_numabind_start")
-    masks = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
+    masks = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            masks.append(sorted(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:
+            continue  # the thread joined above, still listed while its kernel thread exits
     policy = _kernel.get_mempolicy()
     data = {
         "rank": int(os.environ["LOCAL_RANK"]),
