@@ -771,9 +771,10 @@ def prune(dir_fd: int, keep: str, prefix: str = "machine-") -> None:
 
 
 def _for_every_device(machine: Machine) -> None:
-    """What a rank asked of its own device (its details, its node) or of its own CPUs (their
-    core siblings), asked of every device and allowed CPU before the file is written: the node's other ranks ask the same of theirs, and would
-    each read sysfs and write the file again (eight ranks, eight rewrites)."""
+    """What a rank asked of its own device (its details, its node) or of its own CPUs
+    (their core siblings), asked of every device and allowed CPU before the file is
+    written: the node's other ranks ask the same of theirs, and would each read sysfs and
+    write the file again (eight ranks, eight rewrites)."""
     memo = machine.source.memo if isinstance(machine.source, Recording) else {}
     detail = any(k.endswith(".1") for k in memo.get("accelerator", {}))
     locate = bool(memo.get("locate"))
