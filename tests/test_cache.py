@@ -65,7 +65,8 @@ def _planned(opened: _cache.Opened, rank: int, **knobs: str) -> _cache.Opened:
 
     m, cfg = opened.machine, Config.from_env(knobs)
     visible = resolve(m, {})
-    plan(m, Request(local_rank=rank, local_world_size=8, visible=visible, mode=cfg.mode))
+    request = Request(local_rank=rank, local_world_size=8, visible=visible, mode=cfg.mode)
+    plan(m, request.replace(priority=cfg.priority))
     m.close()
     return opened
 
@@ -96,7 +97,7 @@ def test_the_first_reading_is_written_and_the_next_is_read(tmp_path: Path, base:
 
 
 def test_what_the_file_lacks_is_read_added_and_kept(tmp_path: Path, base: Path) -> None:
-    """A rank in another mode asks for more (the cores, the kinds): read once from sysfs,
+    """A rank with other knobs asks for more (priority cores: the kinds): read once from sysfs,
     said (the origin is not "cache" alone: the registry entry and verbose say it), added
     to the file; the next such rank has every fact from the file."""
     root = synth.write(synth.dgx_b300(), str(tmp_path / "b300"))
@@ -104,11 +105,11 @@ def test_what_the_file_lacks_is_read_added_and_kept(tmp_path: Path, base: Path) 
     _planned(_cache.open_machine(root, env), 0)
     first = _cache.open_machine(root, env)
     assert first.origin == "cache"
-    more = _planned(first, 0, NUMABIND_MODE="exclusive")
+    more = _planned(first, 0, NUMABIND_PRIORITY="rank")
     assert isinstance(more.machine.source, _cache.Cached) and more.machine.source.misses
     said = _cache.origin_of(more)
     assert said.startswith("cache, and sysfs for what it lacked (") and said.endswith("; added)")
-    again = _planned(_cache.open_machine(root, env), 0, NUMABIND_MODE="exclusive")
+    again = _planned(_cache.open_machine(root, env), 0, NUMABIND_PRIORITY="rank")
     assert again.origin == "cache" and _cache.origin_of(again) == "cache"
     assert again.machine.core_kinds == Machine.from_root(root).core_kinds
 
