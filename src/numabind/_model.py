@@ -489,8 +489,8 @@ class CoreKinds(Record):
         """The kinds of core that ``cpus`` (a node's) hold, fastest first, as (highest
         value, lowest value, CPUs): one per level; but a ranking (``KindFile.ranked``: one
         value per core) is an order, not kinds, so where one step between its values
-        stands out (:data:`RANKING_GAP`) it is split there into two kinds, the group above
-        the gap and the rest.  Taken one kind per value, the node's priority kind would be
+        stands out (``RANKING_GAP`` times every other step) it is split there into two
+        kinds, the group above the gap and the rest.  Taken one kind per value, the node's priority kind would be
         its single best core, and all its ranks' main threads would share it."""
         found = self.within(cpus)
         plain = tuple((v, v, c) for v, c in found)
