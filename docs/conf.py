@@ -30,5 +30,4 @@ nitpick_ignore = [
     ("py:class", "threading.Thread"),
     ("py:class", "mmap.mmap"),
     ("py:class", "multiprocessing.process.BaseProcess"),
-    ("py:class", "Config"),  # numabind._environ.Config (private), in numabind.vllm's hints
 ]

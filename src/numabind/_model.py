@@ -490,8 +490,9 @@ class CoreKinds(Record):
         value, lowest value, CPUs): one per level; but a ranking (``KindFile.ranked``: one
         value per core) is an order, not kinds, so where one step between its values
         stands out (``RANKING_GAP`` times every other step) it is split there into two
-        kinds, the group above the gap and the rest.  Taken one kind per value, the node's priority kind would be
-        its single best core, and all its ranks' main threads would share it."""
+        kinds, the group above the gap and the rest.  Taken one kind per value, the node's
+        priority kind would be its single best core, and all its ranks' main threads
+        would share it."""
         found = self.within(cpus)
         plain = tuple((v, v, c) for v, c in found)
         if self.source not in RANKED_FILES or len(found) <= 2:
