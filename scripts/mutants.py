@@ -1011,6 +1011,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the rank that writes the machine file asks every allowed CPU's cores",
         ("tests/test_cache.py",),
     ),
+    M(
+        "M93",
+        "src/numabind/_cache.py",
+        '    for listed in memo.get("accelerators", {}).values():  # a scan the plan made itself',
+        "    for listed in ():  # a scan the plan made itself",
+        "the writer asks every GPU of a bus scan (no driver's list) what it asked of its own",
+        ("tests/test_cache.py",),
+    ),
     # --- issue 45: the binding exporter (check --format openmetrics) ----------------------
     M(
         "E01",

@@ -557,8 +557,13 @@ COUNT = (
 
 @pytest.mark.parametrize(
     ("ranks", "extra"),
-    [(8, {}), (8, {"NUMABIND_VERBOSE": "1"}), (8, {"NUMABIND_RESERVE": "1/node"})],
-    ids=["quiet", "verbose", "reserve"],  # reserve: each rank asks its own CPUs' cores
+    [
+        (8, {}),
+        (8, {"NUMABIND_VERBOSE": "1"}),
+        (8, {"NUMABIND_RESERVE": "1/node"}),  # each rank asks its own share's cores
+        (8, {"NO_DRIVER": "1"}),  # no driver's list: the plan scans the bus for its GPUs
+    ],
+    ids=["quiet", "verbose", "reserve", "no-driver"],
 )
 def test_ranks_that_start_at_once_read_the_machine_once(
     tmp_path: Path, ranks: int, extra: dict[str, str]
@@ -568,7 +573,11 @@ def test_ranks_that_start_at_once_read_the_machine_once(
     (the cpuset files of the key aside: every rank reads those), one of them read it and
     every other waited for its file; each rank's state and CPUs are what it gets without
     a cache."""
-    root = synth.write(synth.dgx_h100(), str(tmp_path / "dgx"))
+    spec, extra = synth.dgx_h100(), dict(extra)
+    if extra.pop("NO_DRIVER", None):
+        for gpu in spec.gpus:
+            gpu.driver = False
+    root = synth.write(spec, str(tmp_path / "dgx"))
     env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", **extra)
     # a sysroot is read by names relative to its directory (and the key by whole paths)
     code = f"FILES = {(root + '/', 'sys/', 'proc/')!r}\n" + COUNT

@@ -786,8 +786,11 @@ def _for_every_device(machine: Machine) -> None:
     source = machine.source
     # the devices this reading already knows of (the driver's list, read brief), never a
     # scan of the whole PCI bus for them (~1,400 files on a DGX)
-    known = sorted({k.rsplit(".", 1)[0] for k in memo.get("accelerator", {})})
-    for bdf in known[:256]:  # a bound of its own: the list comes from a file
+    known = {k.rsplit(".", 1)[0] for k in memo.get("accelerator", {})}
+    for listed in memo.get("accelerators", {}).values():  # a scan the plan made itself
+        if isinstance(listed, tuple):
+            known.update(a.pci for a in listed if isinstance(a, Accelerator))
+    for bdf in sorted(known)[:256]:  # a bound of its own: the list comes from a file
         if detail:
             source.accelerator(bdf, detail=True)
         if locate:
