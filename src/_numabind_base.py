@@ -373,7 +373,7 @@ def root_owned_path(path: str) -> "str | None":
 
 # --- the cache: its directory, key, witnesses and checksum --------------------------------------
 
-FORMAT = 2  # bump whenever what a cache file holds changes: an old file is then refused
+FORMAT = 3  # bump whenever what a cache file holds changes: an old file is then refused
 CACHE_DIR = "numabind-cache-"  # <base>/numabind-cache-UID (the registry's is numabind-UID)
 CACHE_FALLBACK = "numabind-cache"  # $XDG_RUNTIME_DIR/numabind-cache
 CACHE_CAP = 4 << 20  # bytes: a 8192-CPU machine with every fact is ~1 MiB
@@ -514,7 +514,7 @@ def witness(kind: str, path: str) -> str:
         finally:
             os.close(fd)
         return ",".join(sorted(names[:4096])) if len(names) <= 4096 else "-"
-    data = read_small(path, 16384)
+    data = _read_once(path)
     if data is None:
         return "-"
     if kind == "m":
@@ -523,6 +523,23 @@ def witness(kind: str, path: str) -> str:
                 return line.split(b"MemTotal:", 1)[1].strip().decode("ascii", "replace")
         return "-"
     return data.decode("utf-8", "replace").strip()
+
+
+def _read_once(path: str) -> "bytes | None":
+    """At most 16 KiB of ``path`` in one read: every warm rank reads the witnesses, and a
+    sysfs attribute comes whole in one (a FIFO or a device cannot block, O_NONBLOCK; what
+    it says merely differs from what the file recorded, and the rank plans)."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 16385)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= 16384 else None
 
 
 def holds(prefix: str, witnesses: "list[tuple[str, str, str]]") -> "str | None":

@@ -165,7 +165,9 @@ def test_a_file_that_is_not_exactly_this_processes_is_refused(tmp_path: Path, ba
     cases = {
         "truncated": good[: len(good) - 10],
         "damaged": good.replace(b"m node 0.0 RNode ( i0 c0", b"m node 0.0 RNode ( i0 c1", 1),
-        "format 9": good.replace(b"numabind-machine 2 ", b"numabind-machine 9 ", 1),
+        "format 9": good.replace(
+            f"numabind-machine {nb.FORMAT} ".encode(), b"numabind-machine 99 ", 1
+        ),
         "another machine reading": _rekey(good, b"boot=", b"boot=0000"),
         "not a numabind machine file": b"#!/bin/sh\nrm -rf /\n",
     }

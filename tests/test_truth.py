@@ -113,9 +113,41 @@ def test_a_gpu_removed_from_a_capture_is_followed(tmp_path: Path) -> None:
     for gone_dir in ("sys/bus/pci/devices/0000:02:00.0", "proc/driver/nvidia/gpus/0000:02:00.0"):
         shutil.rmtree(Path(root, gone_dir))  # off the bus, and so out of the driver's list
     gone = _rank(root, LOCAL_RANK="1")
-    assert "/sys/bus/pci/devices" in str(gone["handed_over"]), gone
+    # the driver's list is the witness of the GPUs it names (the bus is listed only where
+    # the plan scanned it: a rank lists ~400 functions of a DGX otherwise)
+    assert "/proc/driver/nvidia/gpus" in str(gone["handed_over"]), gone
     # three GPUs left (0000:01, 03, 04 on nodes 0, 0, 1): rank 1 drives 0000:03:00.0
     assert gone["cpus"] == [0], gone
+
+
+@two_cpus
+def test_a_gpu_gone_from_the_bus_alone_is_seen_by_its_own_files(tmp_path: Path) -> None:
+    """Where the driver's list still names a GPU that left the bus, the GPU's own node file
+    is the witness that says so."""
+    root = _machine(tmp_path)
+    assert _rank(root, LOCAL_RANK="1")["cpus"] == [1]
+    assert _rank(root, LOCAL_RANK="1")["handed_over"] == ""
+    shutil.rmtree(Path(root, "sys/bus/pci/devices/0000:02:00.0"))
+    gone = _rank(root, LOCAL_RANK="1")
+    assert "0000:02:00.0/numa_node" in str(gone["handed_over"]), gone
+
+
+@two_cpus
+def test_a_gpu_added_to_a_bus_the_plan_scanned_is_followed(tmp_path: Path) -> None:
+    """No driver's list (the driver not loaded): the plan scans the bus, and the bus's
+    listing is then a witness, so a GPU that appears on it (hot-plugged, rescanned) is seen
+    by the next rank, which plans with it."""
+    root = _machine(tmp_path)
+    shutil.rmtree(Path(root, "proc/driver/nvidia"))
+    devices = Path(root, "sys/bus/pci/devices")
+    shutil.move(str(devices / "0000:01:00.0"), str(tmp_path / "away"))
+    # GPUs 0000:02 (node 1), 03 (node 0), 04 (node 1): rank 0 drives 0000:02:00.0
+    assert _rank(root, LOCAL_RANK="0")["cpus"] == [1]
+    assert _rank(root, LOCAL_RANK="0")["handed_over"] == ""
+    shutil.move(str(tmp_path / "away"), str(devices / "0000:01:00.0"))
+    back = _rank(root, LOCAL_RANK="0")
+    assert "/sys/bus/pci/devices" in str(back["handed_over"]), back
+    assert back["cpus"] == [0], "rank 0 drives 0000:01:00.0 again, on node 0"
 
 
 @two_cpus

@@ -407,7 +407,9 @@ def test_an_answers_file_that_is_not_exactly_whole_is_not_replayed(tmp_path: Pat
     elsewhere.write_bytes(good)
     cases: dict[str, object] = {
         "a damaged answers file": good[:-5],
-        "an answers file of another format": good.replace(b"answers 2 ", b"answers 9 ", 1),
+        "an answers file of another format": good.replace(
+            f"answers {base.FORMAT} ".encode(), b"answers 99 ", 1
+        ),
         "not an answers file": b"#!/bin/sh\n",
         "the sysroot's ownership changed": _reheader(
             body.replace(b"\nsysroot ", b"\nsysroot /x", 1)

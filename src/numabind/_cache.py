@@ -171,11 +171,11 @@ def _devices_of(answers: dict[str, object]) -> list[Accelerator]:
 
 
 def _w_devices(answers: dict[str, object]) -> list[tuple[str, str]]:
-    """The PCI devices present, each GPU's node (root rewrites it: a firmware
-    workaround), its driver's directory (a GH200's GPU memory node is learned when the
-    driver loads: its numa_status file appears) and its partition modes (amd-smi switches
-    them): a few files per GPU, read by every warm rank."""
-    out = [("l", SYS_PCI)]
+    """Each GPU's node (root rewrites it: a firmware workaround; a GPU taken off the bus
+    takes the file with it), its driver's directory (a GH200's GPU memory node is learned
+    when the driver loads: its numa_status file appears) and its partition modes (amd-smi
+    switches them): a few files per GPU, read by every warm rank."""
+    out = []
     for acc in _devices_of(answers):
         out.append(("f", f"{SYS_PCI}/{acc.pci}/numa_node"))
         vendor = BY_KEY.get(acc.vendor)
@@ -221,12 +221,12 @@ FACTS: tuple[Fact, ...] = (
     # the cpuset's files are the key's witnesses (cpuset_files): read by every rank
     Fact(method="allowed", truth="witnessed", records=(Allowed,)),
     Fact(method="core_kinds", truth="expensive", records=(CoreKinds,)),
-    Fact(
+    Fact(  # a scan of the bus: the devices present are its witness too (a GPU added)
         method="accelerators",
         truth="witnessed",
         argkey=lambda detail=False: str(int(bool(detail))),
         records=(Accelerator,),
-        witness=_w_devices,
+        witness=lambda answers: [("l", SYS_PCI), *_w_devices(answers)],
     ),
     Fact(
         method="accelerator",
