@@ -149,6 +149,8 @@ def _machine_holds(lines: "list[str]", env: "os._Environ[str]") -> int:
 def _input_holds(line: str, env: "os._Environ[str]", state: "dict[str, Any]") -> bool:
     """Whether one input line of an answer says what this process has."""
     kind, _, rest = line.partition(" ")
+    if kind == "absent":  # the names the full path looked up and did not find
+        return all(base.unescape(name) not in env for name in rest.split(" "))
     if kind == "i":
         name, _, said = rest.partition(" ")
         got = env.get(base.unescape(name))
@@ -292,7 +294,7 @@ def _pages(args: "list[str]") -> None:
     target = base.parse_cpulist(args[0], base.MAX_NODES) if args else None
     if target is None or len(args) != 4 or not args[2].isdigit():
         raise ValueError("a damaged answer (pages)")
-    from numabind._kernel import anon_pages_outside
+    from numabind._sysfs import anon_pages_outside
 
     if not anon_pages_outside(target):
         return

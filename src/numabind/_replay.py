@@ -137,9 +137,12 @@ def _code(policy: str) -> int | None:
 def _lines_in(
     rec: Recorder, start_mask: frozenset[int], policy: tuple[int, frozenset[int]] | None
 ) -> list[str]:
-    out = [
+    absent = [base.escape(k) for k, v in rec.reads.items() if v == "-"]
+    out = ["absent " + " ".join(absent)] if absent else []  # most names: one line, one test
+    out += [
         f"i {base.escape(k)} {v if v[:1] != '=' else '=' + base.escape(v[1:])}"
         for k, v in rec.reads.items()
+        if v != "-"
     ]
     argv = getattr(sys, "orig_argv", None) or sys.argv
     out.append("argv " + " ".join(base.escape(a) for a in argv))
