@@ -1090,7 +1090,7 @@ def _migrate(b: Binding, plan: Plan) -> None:
     """Move the private anonymous pages off the plan's nodes onto them, under the policy
     the table says moves pages for the policy applied (the range applier, loaded only
     when numa_maps shows a page elsewhere: a rank starting where it belongs skips it)."""
-    from ._kernel import anon_pages_outside
+    from ._sysfs import anon_pages_outside
 
     target = plan.memory_nodes
     try:

@@ -32,11 +32,11 @@ import _numabind_base as base
 
 from . import _sysfs
 from ._model import POLICIES, POLICY_BY_CODE, Record, parse_numa_maps_policy
-from ._sysfs import MAX_NODES, format_cpulist
+from ._sysfs import MAX_NODES, Lines, format_cpulist, node_counts  # numa_maps' reader
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable
     from typing import Any
 
     from ._errors import KernelError
@@ -479,9 +479,6 @@ def set_thread_affinity(tid: int, cpus: frozenset[int]) -> None:
 
 ENVIRON_CAP = 4 << 20
 STATUS_CAP = 16384
-MAPS_BYTES_CAP = 32 << 20  # bytes read of one maps or numa_maps file
-MAPS_LINES_CAP = 1 << 18  # lines of one (vm.max_map_count defaults to 65,530)
-_LINE_CAP = 8192  # longer lines (file mappings with long paths) are skipped, not kept
 _SPECIAL = ("[vdso]", "[vvar]", "[vsyscall]", "[vectors]", "[sigpage]", "[uprobes]")
 
 
@@ -618,54 +615,6 @@ def char_devices(pid: int | str) -> set[tuple[int, int]]:
     return found
 
 
-class Lines:
-    """The lines of a /proc file, read as a stream under a byte and a line cap; lines
-    longer than 8 KiB (file mappings with long paths, which numabind never measures) are
-    skipped without being kept.  ``truncated`` says whether a cap cut it short."""
-
-    def __init__(
-        self, path: str, max_bytes: int = MAPS_BYTES_CAP, max_lines: int = MAPS_LINES_CAP
-    ) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.max_lines = max_lines
-        self.truncated = False
-        self.skipped = 0
-
-    def __iter__(self) -> Iterator[str]:
-        fd = os.open(self.path, _sysfs.OPEN_FLAGS)
-        try:
-            total = lines = 0
-            rest = b""
-            long_line = False
-            while True:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                total += len(chunk)
-                parts = (rest + chunk).split(b"\n")
-                rest = parts.pop()
-                for part in parts:
-                    if long_line:
-                        long_line = False
-                        self.skipped += 1
-                        continue
-                    lines += 1
-                    if lines > self.max_lines:
-                        self.truncated = True
-                        return
-                    yield part.decode("utf-8", "replace")
-                if len(rest) > _LINE_CAP:
-                    rest, long_line = b"", True
-                if total >= self.max_bytes:
-                    self.truncated = True
-                    return
-            if rest and not long_line:
-                yield rest.decode("utf-8", "replace")
-        finally:
-            os.close(fd)
-
-
 class Region(Record):
     """One private anonymous mapping and its resident pages per node (in its own page
     size; ``anon`` pages counted as the kernel's ``anon=``)."""
@@ -689,14 +638,6 @@ def hex_int(text: str) -> int | None:
         return int(text, 16)
     except ValueError:
         return None
-
-
-def node_counts(fields: list[str]) -> Iterator[tuple[int, int]]:
-    for f in fields:
-        if f[:1] == "N" and "=" in f:
-            node, _, count = f[1:].partition("=")
-            if node.isdigit() and count.isdigit() and len(node) < 5 and len(count) < 16:
-                yield int(node), int(count)
 
 
 class Maps:
@@ -857,19 +798,6 @@ class _MemoryReader:
 def private_anon_regions(pid: int | str = "self") -> list[Region]:
     """Private anonymous mappings of ``pid`` with their resident pages per NUMA node."""
     return read_maps(pid).regions
-
-
-def anon_pages_outside(nodes: frozenset[int], pid: int | str = "self") -> int:
-    """Resident pages of anonymous mappings outside ``nodes``, from numa_maps alone: a cheap
-    first look that lets the startup hook skip the full walk when nothing is remote."""
-    count = 0
-    for line in Lines(f"/proc/{pid}/numa_maps"):
-        if "file=" in line:
-            continue
-        for node, n in node_counts(line.split()[2:]):
-            if node not in nodes:
-                count += n
-    return count
 
 
 def task_policy(pid: int | str) -> tuple[str, frozenset[int]] | None:

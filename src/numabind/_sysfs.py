@@ -29,7 +29,7 @@ import _numabind_base
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
 # Hard ceilings on what numabind accepts from any input.  Linux is built with at most
 # 8192 CPUs (x86_64/powerpc MAXSMP; arm64 4096) and 1024 NUMA nodes (CONFIG_NODES_SHIFT
@@ -451,3 +451,79 @@ def redirect(
             notes.append(f"{name}={short(raw)} ignored for root: {why}")
             return default
     return raw
+
+
+# --- /proc/PID/numa_maps: where a process's pages are ------------------------------------------
+
+MAPS_BYTES_CAP = 32 << 20  # bytes read of one maps or numa_maps file
+MAPS_LINES_CAP = 1 << 18  # lines of one (vm.max_map_count defaults to 65,530)
+_LINE_CAP = 8192  # longer lines (file mappings with long paths) are skipped, not kept
+
+
+class Lines:
+    """The lines of a /proc file, read as a stream under a byte and a line cap; lines
+    longer than 8 KiB (file mappings with long paths, which numabind never measures) are
+    skipped without being kept.  ``truncated`` says whether a cap cut it short."""
+
+    def __init__(
+        self, path: str, max_bytes: int = MAPS_BYTES_CAP, max_lines: int = MAPS_LINES_CAP
+    ) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.max_lines = max_lines
+        self.truncated = False
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[str]:
+        fd = os.open(self.path, OPEN_FLAGS)
+        try:
+            total = lines = 0
+            rest = b""
+            long_line = False
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                total += len(chunk)
+                parts = (rest + chunk).split(b"\n")
+                rest = parts.pop()
+                for part in parts:
+                    if long_line:
+                        long_line = False
+                        self.skipped += 1
+                        continue
+                    lines += 1
+                    if lines > self.max_lines:
+                        self.truncated = True
+                        return
+                    yield part.decode("utf-8", "replace")
+                if len(rest) > _LINE_CAP:
+                    rest, long_line = b"", True
+                if total >= self.max_bytes:
+                    self.truncated = True
+                    return
+            if rest and not long_line:
+                yield rest.decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+
+
+def node_counts(fields: list[str]) -> Iterator[tuple[int, int]]:
+    for f in fields:
+        if f[:1] == "N" and "=" in f:
+            node, _, count = f[1:].partition("=")
+            if node.isdigit() and count.isdigit() and len(node) < 5 and len(count) < 16:
+                yield int(node), int(count)
+
+
+def anon_pages_outside(nodes: frozenset[int], pid: int | str = "self") -> int:
+    """Resident pages of anonymous mappings outside ``nodes``, from numa_maps alone: a cheap
+    first look that lets the startup hook skip the full walk when nothing is remote."""
+    count = 0
+    for line in Lines(f"/proc/{pid}/numa_maps"):
+        if "file=" in line:
+            continue
+        for node, n in node_counts(line.split()[2:]):
+            if node not in nodes:
+                count += n
+    return count

@@ -651,7 +651,7 @@ def check_pid(
     if maps.truncated:
         notes.append(
             f"/proc/{pid}/maps or numa_maps is larger than numabind reads "
-            f"({_kernel.MAPS_BYTES_CAP >> 20} MiB, {_kernel.MAPS_LINES_CAP} lines): its pages "
+            f"({_sysfs.MAPS_BYTES_CAP >> 20} MiB, {_sysfs.MAPS_LINES_CAP} lines): its pages "
             "are counted from the part read"
         )
     if machine.numa_balancing:
