@@ -415,14 +415,59 @@ def open_cache_dir(
 
 
 def refusal(bad: str, path: str) -> str:
-    """Why a file of :func:`read_private`'s answer ``bad`` is not read, in words (the
-    package's cache and the warm start say it alike)."""
+    """Why a file of :func:`read_private`'s answer ``bad`` is not read, in words."""
     return {
         "missing": "no cache yet",
         "special": f"{path} is not a regular file (a link or a device): refused",
         "foreign": f"{path} is another user's: refused",
         "huge": f"{path} is larger than {CACHE_CAP >> 20} MiB: refused",
     }.get(bad, f"{path}: {bad}")
+
+
+def read_cache(
+    environ: "Mapping[str, str]", name: str, base: str = DEFAULT_BASE
+) -> "tuple[bytes | None, str, str]":
+    """A file of this user's cache directory: (its bytes, its path, "") or (None, its path
+    or "", why not), by the rules of private files (ours, regular, not a link, capped)."""
+    fd, label, why = open_cache_dir(environ, False, base)
+    if fd is None:
+        if "(No such file" in why.split(";", 1)[0]:
+            return None, "", "no cache yet"
+        return None, "", f"no cache directory ({why})"
+    try:
+        bad, data, _ = read_private(fd, name, (os.geteuid(),), CACHE_CAP)
+    finally:
+        os.close(fd)
+    path = f"{label}/{name}"
+    return (data, path, "") if bad is None else (None, path, refusal(bad, path))
+
+
+def frame(kind: str, lines: "list[str]") -> bytes:
+    """A cache file of ``kind`` (``machine``, ``answers``): a header that says the format,
+    the body's length and checksum, then the lines."""
+    body = ("\n".join(lines) + "\n").encode("utf-8")
+    return f"numabind-{kind} {FORMAT} {len(body)} {checksum(body)}\n".encode() + body
+
+
+def unframe(data: bytes, kind: str) -> "tuple[list[str], str]":
+    """The lines of a file :func:`frame` wrote, or ([], why not): another kind or format,
+    truncated, damaged."""
+    head, sep, body = data.partition(b"\n")
+    fields = head.split(b" ")
+    if not sep or len(fields) != 4 or fields[0] != f"numabind-{kind}".encode():
+        return [], f"not a numabind {kind} file"
+    if fields[1] != str(FORMAT).encode():
+        return [], f"format {fields[1].decode('ascii', 'replace')[:8]}, not {FORMAT}"
+    if not all(f.isdigit() and len(f) < 24 for f in fields[2:]):
+        return [], "a damaged header"
+    if int(fields[2]) != len(body):
+        return [], f"truncated ({len(body)} of {int(fields[2])} bytes)"
+    if int(fields[3]) != checksum(body):
+        return [], "damaged (its checksum does not match)"
+    try:
+        return body.decode("utf-8").split("\n", 1 << 20), ""
+    except UnicodeDecodeError:
+        return [], "not UTF-8"
 
 
 def answers_name(raw_sysroot: "str | None") -> str:
@@ -542,13 +587,35 @@ def _read_once(path: str) -> "bytes | None":
     return data if len(data) <= 16384 else None
 
 
-def holds(prefix: str, witnesses: "list[tuple[str, str, str]]") -> "str | None":
-    """None when every witness (kind, path, what it said) says the same under ``prefix``
-    (a sysroot's tree, "" for the live one), else the first path that changed."""
-    for kind, path, said in witnesses:
+def tree(sysroot: str) -> str:
+    """The prefix of every path read under ``sysroot`` ("" for the live system)."""
+    return "" if sysroot in ("", "/") else sysroot.rstrip("/")
+
+
+def witness_lines(found: "list[tuple[str, str, str]]") -> "list[str]":
+    """The lines of a cache file that say what each witness (kind, path, text) said."""
+    return [f"w {k} {escape(p)} {escape(v)}" for k, p, v in found]
+
+
+def machine_holds(lines: "list[str]", sysroot: str, i: int) -> "tuple[int, str]":
+    """Whether a cache file's machine part holds for this process: its key (line 0) is this
+    process's and each witness line from ``i`` on says what its file says now under
+    ``sysroot``.  (The index after the witnesses, "") or (it, why not)."""
+    if lines[0] != f"key {machine_key(sysroot)}":
+        return i, "made for another machine reading (boot, kernel, cgroup, sysroot or code)"
+    prefix = tree(sysroot)
+    while i < len(lines) and lines[i][:2] == "w ":
+        parts = lines[i].split(" ")
+        try:
+            kind, path, said = parts[1], unescape(parts[2]), unescape(parts[3])
+        except (IndexError, ValueError):
+            return i, "a damaged witness"
+        if len(parts) != 4 or kind not in WITNESS_KINDS:
+            return i, "a damaged witness"
         if witness(kind, prefix + path) != said:
-            return path
-    return None
+            return i, f"the machine changed since it was read ({path} says otherwise)"
+        i += 1
+    return i, ""
 
 
 # --- the kernel calls that bind the process -----------------------------------------------------

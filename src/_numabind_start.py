@@ -90,37 +90,21 @@ class Handover(Exception):
 
 
 def _read_answers(env: "os._Environ[str]") -> "list[str]":
-    """The lines of this process's answers file, its header checked."""
+    """The lines of this process's answers file, whole and of this format."""
     off = base.no_replay(env)
     if off is not None:
         raise Handover(off)
-    fd, label, why = base.open_cache_dir(env, create=False)
-    if fd is None:
-        if "(No such file" in why.split(";", 1)[0]:
-            raise Handover("no cache directory yet")
-        raise Handover(f"no cache directory ({why})")
-    name = base.answers_name(env.get("NUMABIND_SYSROOT"))
-    try:
-        bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
-    finally:
-        os.close(fd)
-    if bad is not None:
-        raise Handover(
-            "no answer yet" if bad == "missing" else base.refusal(bad, f"{label}/{name}")
-        )
-    head, _, body = data.partition(b"\n")
-    fields = head.split(b" ")
-    if len(fields) != 4 or fields[0] != b"numabind-answers":
-        raise Handover("not an answers file")
-    if fields[1] != str(base.FORMAT).encode() or not fields[2].isdigit():
-        raise Handover("an answers file of another format")
-    if int(fields[2]) != len(body) or fields[3] != str(base.checksum(body)).encode():
-        raise Handover("a damaged answers file")
-    return body.decode("utf-8", "replace").split("\n")
+    data, path, why = base.read_cache(env, base.answers_name(env.get("NUMABIND_SYSROOT")))
+    if data is None:
+        raise Handover("no answer yet" if why == "no cache yet" else why)
+    lines, why = base.unframe(data, "answers")
+    if not lines:
+        raise Handover(f"{path} refused: {why}")
+    return lines
 
 
 def _machine_holds(lines: "list[str]", env: "os._Environ[str]") -> int:
-    """Check the file's machine part against this process (its key, the sysroot decision,
+    """Check the file's machine part against this process (the sysroot decision, the key,
     the witnesses); the index of its first answer line."""
     sysroot_line = lines[1].split(" ") if len(lines) > 1 else []
     if len(sysroot_line) != 3 or sysroot_line[0] != "sysroot":
@@ -131,18 +115,9 @@ def _machine_holds(lines: "list[str]", env: "os._Environ[str]") -> int:
     sysroot = base.unescape(sysroot_line[1])
     if raw and os.geteuid() == 0 and (sysroot == raw) != (base.root_owned_path(raw) is None):
         raise Handover("the sysroot's ownership changed")  # the redirect rule's for root
-    if lines[0] != f"key {base.machine_key(sysroot)}":
-        raise Handover("the machine or numabind changed (boot, kernel, cgroup, code)")
-    prefix = "" if sysroot in ("", "/") else sysroot.rstrip("/")
-    witnesses = []
-    i = 2
-    while i < len(lines) and lines[i][:2] == "w ":
-        kind, path, said = lines[i][2:].split(" ")
-        witnesses.append((kind, base.unescape(path), base.unescape(said)))
-        i += 1
-    changed = base.holds(prefix, witnesses)
-    if changed is not None:
-        raise Handover(f"the machine changed since it was read ({changed})")
+    i, why = base.machine_holds(lines, sysroot, 2)
+    if why:
+        raise Handover(why)
     return i
 
 

@@ -165,9 +165,11 @@ def test_a_file_that_is_not_exactly_this_processes_is_refused(tmp_path: Path, ba
     cases = {
         "truncated": good[: len(good) - 10],
         "damaged": good.replace(b"m node 0.0 RNode ( i0 c0", b"m node 0.0 RNode ( i0 c1", 1),
-        "format 9": good.replace(
+        "format 99": good.replace(
             f"numabind-machine {nb.FORMAT} ".encode(), b"numabind-machine 99 ", 1
         ),
+        # a length of 5,000 digits: past int()'s limit, refused before it is converted
+        "a damaged header": f"numabind-machine {nb.FORMAT} {'9' * 5000} 1\n".encode(),
         "another machine reading": _rekey(good, b"boot=", b"boot=0000"),
         "not a numabind machine file": b"#!/bin/sh\nrm -rf /\n",
     }

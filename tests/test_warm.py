@@ -406,15 +406,13 @@ def test_an_answers_file_that_is_not_exactly_whole_is_not_replayed(tmp_path: Pat
     elsewhere = tmp_path / "elsewhere"
     elsewhere.write_bytes(good)
     cases: dict[str, object] = {
-        "a damaged answers file": good[:-5],
-        "an answers file of another format": good.replace(
-            f"answers {base.FORMAT} ".encode(), b"answers 99 ", 1
-        ),
-        "not an answers file": b"#!/bin/sh\n",
+        "truncated": good[:-5],
+        "format 99, not": good.replace(f"answers {base.FORMAT} ".encode(), b"answers 99 ", 1),
+        "not a numabind answers file": b"#!/bin/sh\n",
         "the sysroot's ownership changed": _reheader(
             body.replace(b"\nsysroot ", b"\nsysroot /x", 1)
         ),
-        "the machine or numabind changed": _reheader(body.replace(b"boot=", b"boot=0", 1)),
+        "made for another machine reading": _reheader(body.replace(b"boot=", b"boot=0", 1)),
         "is not a regular file": elsewhere,
         "is larger than 4 MiB": good + b"x" * (base.CACHE_CAP + 1),
     }

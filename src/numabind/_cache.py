@@ -16,7 +16,7 @@ its answer stays true (``truth``), so that a new fact must choose:
   node's size, a device's node, the GPUs present, the driver's per-GPU files, memory tiers,
   RDMA adapters, GPU partitions, the cpuset): the file keeps *witnesses*, (kind, path,
   what it said) for the files behind the answer (:data:`WITNESSES`), and every reader
-  compares them before it trusts the file (``_numabind_base.holds``);
+  compares them before it trusts the file (``_numabind_base.machine_holds``);
 * ``live``: cheaper to read than to witness (one sysctl: ``numa_balancing``): never kept,
   read every time;
 * ``expensive``: changeable but slow (the frequency files behind core kinds, which an
@@ -556,40 +556,33 @@ def witnesses(source: Recording, sysroot: str) -> list[tuple[str, str, str]] | N
         answers = source.memo.get(fact.method)
         if answers and fact.witness is not None:
             paths.update(dict.fromkeys(fact.witness(answers)))
-    prefix = "" if sysroot in ("", "/") else sysroot.rstrip("/")
+    prefix = base.tree(sysroot)
     return [(kind, path, base.witness(kind, prefix + path)) for kind, path in paths]
-
-
-def witness_lines(found: list[tuple[str, str, str]]) -> list[str]:
-    return [f"w {k} {_escape(p)} {_escape(v)}" for k, p, v in found]
 
 
 def render(
     key: str, memo: dict[str, dict[str, object]], seen: list[str], extra: dict[str, object]
 ) -> bytes:
-    """The whole file: header (format, length, checksum), key, witnesses, the record (the
-    answers of every fact whose truth lets it be kept)."""
+    """The whole file: key, witnesses, the record (the answers of every fact whose truth
+    lets it be kept), framed (``_numabind_base.frame``)."""
     lines = [f"key {key}", *seen, "--"]
     for method, answers in memo.items():
         for argkey, value in answers.items():
             lines.append(f"m {method} {argkey} {encode(value)}")
     for name, value in extra.items():
         lines.append(f"x {name} {encode(value)}")
-    body = ("\n".join(lines) + "\n").encode("utf-8")
-    head = f"numabind-machine {base.FORMAT} {len(body)} {base.checksum(body)}\n".encode()
-    return head + body
+    return base.frame("machine", lines)
 
 
 def parse_record(
-    data: bytes,
+    lines: list[str],
 ) -> tuple[dict[str, dict[str, object]], dict[str, object]]:
-    """The record part of a file :func:`render` wrote (its header already checked):
-    (memo, extras).  ``ValueError`` on anything out of place."""
-    body = data.partition(b"\n")[2].decode("utf-8")
+    """The record part of a file's lines (:func:`render`'s; the frame, key and witnesses
+    already checked): (memo, extras).  ``ValueError`` on anything out of place."""
     memo: dict[str, dict[str, object]] = {}
     extra: dict[str, object] = {}
     seen = False
-    for line in body.split("\n"):
+    for line in lines:
         if line == "--":
             seen = True
             continue
@@ -615,12 +608,13 @@ def parse_record(
 
 
 class Lookup(Record):
-    """What looking for this process's cache found: the path and the file's bytes, or
+    """What looking for this process's cache found: the path and the file's lines, or
     why there is none (``why``, for verbose mode and the registry entry)."""
 
     path: str = ""
     data: bytes = b""
     why: str = ""
+    lines: tuple[str, ...] = ()  # data's, checked
 
 
 def cache_name(key: str) -> str:
@@ -628,80 +622,19 @@ def cache_name(key: str) -> str:
     return f"machine-{base.checksum(key.encode('utf-8', 'replace')):016x}"
 
 
-refusal = base.refusal
-
-
-def _header(data: bytes, kind: str) -> tuple[str, str]:
-    """The body of a cache file of ``kind`` whose header holds (format, length,
-    checksum), or ("", why not)."""
-    head, sep, body = data.partition(b"\n")
-    fields = head.split(b" ")
-    if not sep or len(fields) != 4 or fields[0] != f"numabind-{kind}".encode():
-        return "", f"not a numabind {kind} file"
-    if fields[1] != str(base.FORMAT).encode():
-        return "", f"format {fields[1].decode('ascii', 'replace')[:8]}, not {base.FORMAT}"
-    if not (fields[2].isdigit() and fields[3].isdigit()):
-        return "", "a damaged header"
-    if int(fields[2]) != len(body):
-        return "", f"truncated ({len(body)} of {int(fields[2])} bytes)"
-    if int(fields[3]) != base.checksum(body):
-        return "", "damaged (its checksum does not match)"
-    try:
-        return body.decode("utf-8"), ""
-    except UnicodeDecodeError:
-        return "", "not UTF-8"
-
-
-def checked(data: bytes, kind: str, key: str, sysroot: str) -> tuple[str, list[str]]:
-    """The body of a cache file of ``kind`` (``machine``, ``answers``) and its witness
-    lines, or ("", [why it is refused]): another format, key, truncated, damaged, a
-    witness that says otherwise."""
-    text, why = _header(data, kind)
-    if not text:
-        return "", [why]
-    lines = text.split("\n", 1 << 20)
-    if lines[0] != f"key {key}":
-        return "", ["made for another machine reading (boot, kernel, cgroup, sysroot or version)"]
-    seen = []
-    for line in lines[1:]:
-        if not line.startswith("w "):
-            if line.startswith("sysroot "):
-                continue  # an answers file says which sysroot decision it was made under
-            break
-        seen.append(line)
-    found = []
-    for line in seen:
-        parts = line.split(" ")
-        if len(parts) != 4 or parts[1] not in base.WITNESS_KINDS:
-            return "", ["a damaged witness"]
-        found.append((parts[1], _unescape(parts[2]), _unescape(parts[3])))
-    changed = base.holds("" if sysroot in ("", "/") else sysroot.rstrip("/"), found)
-    if changed is not None:
-        return "", [f"the machine changed since it was read ({changed} says otherwise)"]
-    return text, seen
-
-
 def lookup(environ: Mapping[str, str], sysroot: str) -> Lookup:
-    """This process's machine file, validated: key, format, length, checksum, witnesses."""
-    key = base.machine_key(sysroot)
-    fd, label, why = base.open_cache_dir(environ, False, _base(environ))
-    if fd is None:
-        first = why.split(";", 1)[0]
-        if "cannot be opened (No such file" in first:
-            return Lookup(why="no cache yet")
-        return Lookup(why=f"no cache directory ({why})")
-    name = cache_name(key)
-    try:
-        bad, data, _ = base.read_private(fd, name, (os.geteuid(),), CACHE_CAP)
-    finally:
-        os.close(fd)
-    path = f"{label}/{name}"
-    if bad is not None:
-        return Lookup(path=path, why=refusal(bad, path))
-    text, seen = checked(data, "machine", key, sysroot)
-    if not text:
-        return Lookup(path=path, why=f"{path} refused: {seen[0]}")
-    return Lookup(path=path, data=data)
+    """This process's machine file, validated: frame, key and witnesses
+    (``_numabind_base``'s rules, the warm start's too)."""
+    name = cache_name(base.machine_key(sysroot))
+    data, path, why = base.read_cache(environ, name, _base(environ))
+    if data is None:
+        return Lookup(path=path, why=why)
+    lines, why = base.unframe(data, "machine")
+    if lines:
+        _, why = base.machine_holds(lines, sysroot, 1)
+    if why:
+        return Lookup(path=path, why=f"{path} refused: {why}")
+    return Lookup(path=path, data=data, lines=tuple(lines))
 
 
 class _Lock:
@@ -816,7 +749,7 @@ def write(environ: Mapping[str, str], sysroot: str, machine: Machine) -> str | N
     }
     if source.environ is not None:
         extra["environ"] = tuple(f"{k}={v}" for k, v in sorted(source.environ.items()))
-    data = render(key, source.memo, witness_lines(found), extra)
+    data = render(key, source.memo, base.witness_lines(found), extra)
     if len(data) > CACHE_CAP:
         return None
     fd, label, _ = base.open_cache_dir(environ, True, _base(environ))
@@ -841,12 +774,18 @@ def _live(sysroot: str) -> Source:
     return Machine.from_root(sysroot).source
 
 
-def from_file(data: bytes, sysroot: str, environ: Mapping[str, str] | None = None) -> Machine:
-    """The machine of a cache file's record (``ValueError`` when it is out of place);
-    with ``environ``, closing it writes back what it had to read."""
+def from_file(
+    data: bytes | tuple[str, ...], sysroot: str, environ: Mapping[str, str] | None = None
+) -> Machine:
+    """The machine of a cache file (its bytes, or its lines as :func:`lookup` checked them)
+    (``ValueError`` when it is out of place); with ``environ``, closing it writes back what
+    it had to read."""
     from ._topology import Machine
 
-    memo, extra = parse_record(data)
+    lines, why = (list(data), "") if isinstance(data, tuple) else base.unframe(data, "machine")
+    if not lines:
+        raise ValueError(why)
+    memo, extra = parse_record(lines)
     recorded = extra.get("environ")  # the source's own (a capture's recorded variables)
     source_env = dict(e.split("=", 1) for e in recorded) if isinstance(recorded, tuple) else None
     warnings = extra.get("warnings", ())
@@ -885,7 +824,7 @@ def _from(found: Lookup, sysroot: str, environ: Mapping[str, str]) -> Opened | N
         return None
     try:
         return Opened(
-            machine=from_file(found.data, sysroot, environ), origin="cache", path=found.path
+            machine=from_file(found.lines, sysroot, environ), origin="cache", path=found.path
         )
     except (ValueError, TypeError, UnicodeDecodeError):
         return None

@@ -274,7 +274,7 @@ def _store(
     head = [
         f"key {key}",
         f"sysroot {base.escape(sysroot)} {base.escape(raw) if raw is not None else '~'}",
-        *_cache.witness_lines(found),
+        *base.witness_lines(found),
     ]
     if base.no_replay(environ) is not None:
         return None  # never read back: nothing is written
@@ -291,17 +291,15 @@ def _store(
             _cache._sleep(0.002)
         kept: list[list[str]] = []
         bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
-        if bad is None:
-            text, _seen = _cache.checked(data, "answers", key, sysroot)
-            if text:
-                kept = _answers(text.split("\n"))
+        lines, _ = base.unframe(data, "answers") if bad is None else ([], "")
+        if lines and not base.machine_holds(lines, sysroot, 2)[1]:
+            kept = _answers(lines)
         kept = [a for a in kept if a[: a.index("=")] != answer[: answer.index("=")]]
         kept = [*kept[-(MAX_ANSWERS - 1) :], answer]
-        body = ("\n".join([*head, *(line for a in kept for line in a)]) + "\n").encode()
-        if len(body) > base.CACHE_CAP:
+        data = base.frame("answers", [*head, *(line for a in kept for line in a)])
+        if len(data) > base.CACHE_CAP:
             return None
-        data = f"numabind-answers {base.FORMAT} {len(body)} {base.checksum(body)}\n".encode()
-        if base.write_private(fd, name, data + body, "answers") is not None:
+        if base.write_private(fd, name, data, "answers") is not None:
             return None
         _cache.prune(fd, name, "answers-")  # one file per sysroot value: the oldest go
     finally:
