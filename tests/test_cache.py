@@ -26,7 +26,7 @@ import pytest
 import _numabind_base as nb
 import synth
 from _numabind_base import MODULES
-from numabind import _cache
+from numabind import _cache, _facts
 from numabind._topology import Machine
 from support import clean_env, python_for, two_cpus
 
@@ -87,7 +87,7 @@ def test_the_first_reading_is_written_and_the_next_is_read(tmp_path: Path, base:
 
     for m in (live, cached):  # a rank's plan needs nothing the file does not hold
         plan(m, Request(local_rank=3, local_world_size=8, visible=resolve(m, {})))
-    assert isinstance(cached.source, _cache.Cached) and cached.source.misses == 0
+    assert isinstance(cached.source, _facts.Cached) and cached.source.misses == 0
     assert cached.cpu_nodes == live.cpu_nodes and cached.allowed == live.allowed
     assert cached.all_accelerators == live.all_accelerators
     assert [cached.detailed(a).uuid for a in cached.accelerators] == [
@@ -106,7 +106,7 @@ def test_what_the_file_lacks_is_read_added_and_kept(tmp_path: Path, base: Path) 
     first = _cache.open_machine(root, env)
     assert first.origin == "cache"
     more = _planned(first, 0, NUMABIND_PRIORITY="rank")
-    assert isinstance(more.machine.source, _cache.Cached) and more.machine.source.misses
+    assert isinstance(more.machine.source, _facts.Cached) and more.machine.source.misses
     said = _cache.origin_of(more)
     assert said.startswith("cache, and sysfs for what it lacked (") and said.endswith("; added)")
     again = _planned(_cache.open_machine(root, env), 0, NUMABIND_PRIORITY="rank")
@@ -132,7 +132,7 @@ def test_the_facts_other_readers_add_are_kept_too(tmp_path: Path, base: Path, ex
     cached, live = again.machine, Machine.from_root(root)
     assert (cached.nics, cached.ethernet, cached.dra_devices) == asked
     assert asked == (live.nics, live.ethernet, live.dra_devices)
-    assert isinstance(cached.source, _cache.Cached) and cached.source.misses == 0
+    assert isinstance(cached.source, _facts.Cached) and cached.source.misses == 0
     assert example != "k8s-pod" or cached.dra_devices, "the pod's list is in the file"
 
 
@@ -258,10 +258,10 @@ def test_a_waiting_rank_takes_the_file_the_holder_writes(tmp_path: Path, base: P
     assert holder.take()
     writer = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; time.sleep(0.3); from numabind import _cache; "
+         "import sys, time; time.sleep(0.3); from numabind import _cache, _facts; "
          "from numabind._topology import Machine; "
          "_cache.write(dict(NUMABIND_REGISTRY=sys.argv[2]), sys.argv[1], "
-         "Machine(_cache.Recording(_cache._live(sys.argv[1]))))",
+         "Machine(_facts.Recording(_cache._live(sys.argv[1]))))",
          root, str(base)],
     )  # fmt: skip
     try:

@@ -2,7 +2,7 @@
 after it was read (issue 44).
 
 A machine read once per node is only as true as what can change under it.  Every cached
-fact says how long it stays true (``_cache.FACTS``'s ``truth``); the changeable ones are
+fact says how long it stays true (``_facts.FACTS``'s ``truth``); the changeable ones are
 witnessed, and every rank compares the witnesses before it replays an answer.  Played on a
 capture (``NUMABIND_SYSROOT``: the same reader as the live tree, and this host's kernel for
 the binding): an answer is written, the capture is changed deep inside, and the next rank
@@ -22,7 +22,7 @@ import pytest
 
 import _numabind_base as base
 import synth
-from numabind import _cache
+from numabind import _cache, _facts
 from numabind._sources import SysfsSource
 from support import clean_env, two_cpus
 
@@ -52,14 +52,14 @@ def _machine(tmp: Path) -> str:
 def test_every_fact_says_how_long_it_stays_true() -> None:
     """A fact with no class cannot be made (``truth`` has no default), and the classes are
     the four the cache knows; every witnessed fact but the cpuset's names its witnesses."""
-    for fact in _cache.FACTS:
-        assert fact.truth in _cache.TRUTHS, fact
+    for fact in _facts.FACTS:
+        assert fact.truth in _facts.TRUTHS, fact
         if fact.truth == "witnessed" and fact.method != "allowed":
             assert fact.witness is not None, fact.method
     with pytest.raises(TypeError, match="truth"):
-        _cache.Fact(method="new_fact")
+        _facts.Fact(method="new_fact")
     methods = {m for m in dir(SysfsSource) if not m.startswith("_")}
-    asked = {f.method for f in _cache.FACTS}
+    asked = {f.method for f in _facts.FACTS}
     assert asked <= methods
 
 

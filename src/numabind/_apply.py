@@ -1137,10 +1137,11 @@ def _adopt() -> Binding | None:
     record = _numabind_base.applied
     if not isinstance(record, dict) or not record.get("plan"):
         return None
-    from ._cache import decode_plan
+    from ._plan import Plan
+    from ._text import decode_record
 
     try:
-        plan = decode_plan(str(record["plan"]))
+        plan = decode_record(str(record["plan"]), Plan)
     except (ValueError, TypeError, KeyError):
         return None
     b = Binding(plan)

@@ -10,7 +10,7 @@ planner and the keep/replace rule read), and the outputs (the CPUs, the memory p
 pages to look at, the variables, the registry entry, the guard, the plan itself for
 numabind to adopt later).  Answers live in the per-user cache directory, one file per
 ``NUMABIND_SYSROOT`` value, under the machine's key and the witnesses of its changeable
-facts (numabind._cache): a machine that changed, or another numabind, is another file.
+facts (numabind._facts): a machine that changed, or another numabind, is another file.
 
 An answer is kept only where replaying it is exactly what the full path did: a process
 that said nothing (no warning, no verbose line), applied cleanly (no refusal, no mask
@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 
 import _numabind_base as base
 
-from . import _cache
+from . import _cache, _facts, _text
 from ._model import POLICIES
 
 TYPE_CHECKING = False
@@ -181,7 +181,7 @@ def _lines_out(
                     dest = min(plan.memory_nodes, key=lambda n: (n != plan.numa_node, n))
                     mask = base.cpulist(plan.memory_mask) or "-"
                     out.append(f"pages {base.cpulist(plan.memory_nodes)} {move_as} {dest} {mask}")
-        out.append("plan " + _cache.encode(plan, _cache.all_records()))
+        out.append("plan " + _text.encode(plan, _text.all_records()))
         out.append(f"binding {int(bool(b.threads_rebound))} {b.policy_applied or '~'}")
     for name, value in rec.writes.items():
         out.append(
@@ -246,10 +246,10 @@ def keep(
         return None
     m = machine if isinstance(machine, Machine) else None
     source = getattr(m, "source", None)
-    if not isinstance(source, _cache.Recording):
+    if not isinstance(source, _facts.Recording):
         return None
     sysroot = cfg.sysroot
-    found = _cache.witnesses(source, sysroot)
+    found = _facts.witnesses(source, sysroot)
     if found is None:
         return None
     outputs = _lines_out(rec, b, cfg, m, start_mask)
