@@ -546,45 +546,28 @@ WITNESS_KINDS = ("f", "l", "m")
 def witness(kind: str, path: str) -> str:
     """What ``path`` says now, as a witness of ``kind`` records it: ``f`` the file's
     contents, ``l`` a directory's sorted names, ``m`` a meminfo's MemTotal line; ``-`` for
-    one that is absent or unreadable."""
-    if kind == "l":
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except OSError:
-            return "-"
-        try:
-            names = os.listdir(fd)
-        except OSError:
-            return "-"
-        finally:
-            os.close(fd)
-        return ",".join(sorted(names[:4096])) if len(names) <= 4096 else "-"
-    data = _read_once(path)
-    if data is None:
-        return "-"
-    if kind == "m":
-        for line in data.split(b"\n"):
-            if b"MemTotal:" in line:
-                return line.split(b"MemTotal:", 1)[1].strip().decode("ascii", "replace")
-        return "-"
-    return data.decode("utf-8", "replace").strip()
-
-
-def _read_once(path: str) -> "bytes | None":
-    """At most 16 KiB of ``path`` in one read: every warm rank reads the witnesses, and a
-    sysfs attribute comes whole in one (a FIFO or a device cannot block, O_NONBLOCK; what
-    it says merely differs from what the file recorded, and the rank plans)."""
+    one that is absent or unreadable.  A file is read in one read(2) of at most 16 KiB:
+    every warm rank reads them all, and sysfs gives an attribute whole in one (a FIFO or a
+    device cannot block, O_NONBLOCK; it merely reads as changed, and the rank plans)."""
     try:
-        fd = os.open(path, _READ)
+        fd = os.open(path, _DIR_FLAGS if kind == "l" else _READ)
     except OSError:
-        return None
+        return "-"
     try:
-        data = os.read(fd, 16385)
+        got = os.listdir(fd) if kind == "l" else os.read(fd, 16385)
     except OSError:
-        return None
+        return "-"
     finally:
         os.close(fd)
-    return data if len(data) <= 16384 else None
+    if isinstance(got, list):
+        return ",".join(sorted(got[:4096])) if len(got) <= 4096 else "-"
+    if len(got) > 16384:
+        return "-"
+    if kind == "m":
+        at = got.find(b"MemTotal:")
+        line = got[at + 9 :].split(b"\n", 1)[0]
+        return "-" if at < 0 else line.strip().decode("ascii", "replace")
+    return got.decode("utf-8", "replace").strip()
 
 
 def tree(sysroot: str) -> str:
@@ -606,11 +589,12 @@ def machine_holds(lines: "list[str]", sysroot: str, i: int) -> "tuple[int, str]"
     prefix = tree(sysroot)
     while i < len(lines) and lines[i][:2] == "w ":
         parts = lines[i].split(" ")
-        try:
-            kind, path, said = parts[1], unescape(parts[2]), unescape(parts[3])
-        except (IndexError, ValueError):
+        if len(parts) != 4 or parts[1] not in WITNESS_KINDS:
             return i, "a damaged witness"
-        if len(parts) != 4 or kind not in WITNESS_KINDS:
+        _, kind, path, said = parts
+        try:  # most need no unescaping: not even the call
+            path, said = (unescape(path) if "%" in path else path), unescape(said)
+        except ValueError:
             return i, "a damaged witness"
         if witness(kind, prefix + path) != said:
             return i, f"the machine changed since it was read ({path} says otherwise)"
