@@ -124,8 +124,8 @@ def _machine_holds(lines: "list[str]", env: "os._Environ[str]") -> int:
 def _input_holds(line: str, env: "os._Environ[str]", state: "dict[str, Any]") -> bool:
     """Whether one input line of an answer says what this process has."""
     kind, _, rest = line.partition(" ")
-    if kind == "absent":  # the names the full path looked up and did not find
-        return all(base.unescape(name) not in env for name in rest.split(" "))
+    if kind == "absent":
+        return _absent(rest, env)
     if kind == "i":
         name, _, said = rest.partition(" ")
         got = env.get(base.unescape(name))
@@ -143,6 +143,15 @@ def _input_holds(line: str, env: "os._Environ[str]", state: "dict[str, Any]") ->
         mode, nodes = _policy(state)
         return rest == f"{mode} {base.cpulist(nodes)}"
     return False  # an input of a kind this module does not know: not this answer
+
+
+def _absent(rest: str, env: "os._Environ[str]") -> bool:
+    """Whether none of the names the full path looked up and did not find is set: one set
+    test, as the .pth line's, where no name needed escaping."""
+    data = getattr(env, "_data", None)
+    if isinstance(data, dict) and "%" not in rest:
+        return data.keys().isdisjoint(rest.encode("utf-8", "surrogateescape").split(b" "))
+    return all(base.unescape(name) not in env for name in rest.split(" "))
 
 
 def _policy(state: "dict[str, Any]") -> "tuple[int, frozenset[int]]":

@@ -105,31 +105,44 @@ def test_a_gpu_moved_to_another_node_inside_a_capture_is_followed(tmp_path: Path
 @two_cpus
 def test_a_gpu_removed_from_a_capture_is_followed(tmp_path: Path) -> None:
     """A GPU gone from the PCI bus: rank 1 of two no longer goes to the node of a GPU that
-    is not there."""
+    is not there; rescanned, it is rank 1's again."""
     root = _machine(tmp_path)
     # rank 1 drives GPU 1 (0000:02:00.0, node 1)
     assert _rank(root, LOCAL_RANK="1")["cpus"] == [1]
     assert _rank(root, LOCAL_RANK="1")["handed_over"] == ""
     for gone_dir in ("sys/bus/pci/devices/0000:02:00.0", "proc/driver/nvidia/gpus/0000:02:00.0"):
-        shutil.rmtree(Path(root, gone_dir))  # off the bus, and so out of the driver's list
+        shutil.move(str(Path(root, gone_dir)), str(tmp_path / gone_dir.split("/")[0]))
     gone = _rank(root, LOCAL_RANK="1")
     # the driver's list is the witness of the GPUs it names (the bus is listed only where
     # the plan scanned it: a rank lists ~400 functions of a DGX otherwise)
     assert "/proc/driver/nvidia/gpus" in str(gone["handed_over"]), gone
     # three GPUs left (0000:01, 03, 04 on nodes 0, 0, 1): rank 1 drives 0000:03:00.0
     assert gone["cpus"] == [0], gone
+    assert _rank(root, LOCAL_RANK="1")["handed_over"] == ""
+    for back_dir in ("sys/bus/pci/devices/0000:02:00.0", "proc/driver/nvidia/gpus/0000:02:00.0"):
+        shutil.move(str(tmp_path / back_dir.split("/")[0]), str(Path(root, back_dir)))
+    back = _rank(root, LOCAL_RANK="1")
+    assert back["handed_over"] and back["cpus"] == [1], back
 
 
 @two_cpus
 def test_a_gpu_gone_from_the_bus_alone_is_seen_by_its_own_files(tmp_path: Path) -> None:
     """Where the driver's list still names a GPU that left the bus, the GPU's own node file
-    is the witness that says so."""
+    is the witness that says so; and when it is back on the bus, the node file of the GPU
+    the reading found missing says that too."""
     root = _machine(tmp_path)
     assert _rank(root, LOCAL_RANK="1")["cpus"] == [1]
     assert _rank(root, LOCAL_RANK="1")["handed_over"] == ""
-    shutil.rmtree(Path(root, "sys/bus/pci/devices/0000:02:00.0"))
+    away = tmp_path / "away"
+    shutil.move(str(Path(root, "sys/bus/pci/devices/0000:02:00.0")), str(away))
     gone = _rank(root, LOCAL_RANK="1")
     assert "0000:02:00.0/numa_node" in str(gone["handed_over"]), gone
+    assert gone["state"] == "LOCAL_RANK=1||node|none#skipped", gone  # its GPU is not there
+    shutil.move(str(away), str(Path(root, "sys/bus/pci/devices/0000:02:00.0")))
+    # another answer's inputs (a size given), so that this rank plans from the machine
+    # file the last reading wrote, which found the GPU missing: that is witnessed too
+    back = _rank(root, LOCAL_RANK="1", LOCAL_WORLD_SIZE="4")
+    assert back["cpus"] == [1], back
 
 
 @two_cpus

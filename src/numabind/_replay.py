@@ -137,16 +137,19 @@ def _code(policy: str) -> int | None:
 def _lines_in(
     rec: Recorder, start_mask: frozenset[int], policy: tuple[int, frozenset[int]] | None
 ) -> list[str]:
-    absent = [base.escape(k) for k, v in rec.reads.items() if v == "-"]
-    out = ["absent " + " ".join(absent)] if absent else []  # most names: one line, one test
+    # cheapest and most telling first (the warm start stops at the first that differs):
+    # the command line, the mask, the names found, those not found (one line, one test),
+    # and last the policy (reading it loads _ctypes)
+    argv = getattr(sys, "orig_argv", None) or sys.argv
+    out = ["argv " + " ".join(base.escape(a) for a in argv), f"mask {base.cpulist(start_mask)}"]
     out += [
         f"i {base.escape(k)} {v if v[:1] != '=' else '=' + base.escape(v[1:])}"
         for k, v in rec.reads.items()
         if v != "-"
     ]
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    out.append("argv " + " ".join(base.escape(a) for a in argv))
-    out.append(f"mask {base.cpulist(start_mask)}")
+    absent = [base.escape(k) for k, v in rec.reads.items() if v == "-"]
+    if absent:
+        out.append("absent " + " ".join(absent))
     if policy is not None:
         out.append(f"policy {policy[0]} {base.cpulist(policy[1])}")
     return out
