@@ -167,7 +167,13 @@ def escape(value: str) -> str:
     """``value`` as one token of a cache file: every byte outside :data:`_SAFE` as %XX."""
     if not value.strip(_SAFE):
         return value  # nothing to escape (PCI addresses, CPU lists, names): the common case
-    return "".join(c if c in _SAFE else "".join(f"%{b:02x}" for b in c.encode()) for c in value)
+    if not _ESCAPES:  # made on first use: most processes never escape anything
+        _ESCAPES.update({i: f"%{i:02x}" for i in range(256) if chr(i) not in _SAFE})
+    return value.encode("utf-8").decode("latin-1").translate(_ESCAPES)  # in C: a long
+    # command line is compared by every warm rank
+
+
+_ESCAPES: "dict[int, str]" = {}
 
 
 def unescape(token: str) -> str:
