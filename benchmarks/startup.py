@@ -27,6 +27,8 @@ cache files of that row are removed before each of its runs, untimed) and ``full
             one-GPU cloud VM), read as a capture: the hook plans and has nothing to bind
   numactl   the peer a user would pick instead: ``numactl --cpunodebind=0 --membind=0``
             in front of the bare venv's ``python -c pass``
+  witnesses the capture rank beside the same answer with its witness lines taken out,
+            in rounds of their own: what checking that the machine is unchanged costs
   nvml      a bare venv with nvidia-ml-py doing what NVML-based discovery (accelerate's
             --enable_cpu_affinity) pays before it knows anything: import pynvml + nvmlInit
 
@@ -256,6 +258,57 @@ def _report_numpy(times: dict[str, list[float]]) -> None:
     print(line)
 
 
+def _witness_rounds(
+    args: argparse.Namespace, tmp: Path, pythons: dict[str, str], rank: dict[str, str]
+) -> dict[str, list[float]]:
+    """What the witnesses cost a warm rank: the capture rank against the same rank on a
+    second copy of the machine whose answers file has had its witness lines taken out
+    (everything else replayed alike), in rounds of their own beside bare.  Both answers are
+    made by a first, untimed run of each; only then are the copy's witnesses removed."""
+    sys.path.insert(0, str(ROOT / "src"))
+    import _numabind_base as base
+
+    copy = synth.write(synth.dgx_h100(), str(tmp / "dgx-unwitnessed"))
+    python = pythons["numabind"]
+    rows: Variants = {
+        "bare": ([pythons["bare"], "-c", "pass"], clean_env()),
+        "witnessed": ([python, "-c", "pass"], rank),
+        "unwitnessed": ([python, "-c", "pass"], dict(rank, NUMABIND_SYSROOT=copy)),
+    }
+    for argv, env in rows.values():
+        subprocess.run(argv, env=env, check=True)
+    fd, _, why = base.open_cache_dir(os.environ, False)
+    if fd is None:
+        raise SystemExit(f"startup.py: no cache directory to take the witnesses out of ({why})")
+    try:
+        name = base.answers_name(copy)
+        bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
+        lines, why = base.unframe(data, "answers") if bad is None else ([], bad)
+        if not lines or not any(line.startswith("w ") for line in lines):
+            raise SystemExit(f"startup.py: the copy's answers file has no witnesses ({why})")
+        kept = [line for line in lines if not line.startswith("w ")]
+        if kept[-1] == "":  # the newline that ends the body (frame() adds it back)
+            kept.pop()
+        base.write_private(fd, name, base.frame("answers", kept), "answers")
+    finally:
+        os.close(fd)
+    return interleaved(rows, args.rounds, args.clock)
+
+
+def _report_witnesses(times: dict[str, list[float]]) -> None:
+    """Both estimates, which disagree by more than the target on a noisy host: the two
+    rows' costs over bare (as every other row is given) and their paired difference."""
+    cost = _costs(times)
+    with_them, without = cost["witnessed"], cost["unwitnessed"]
+    pairs = [a - b for a, b in zip(times["witnessed"], times["unwitnessed"])]
+    print(
+        f"  witnesses (capture rank, its own rounds): warm {with_them:+.2f} ms, the same "
+        f"answer without its witness lines {without:+.2f} ms: witnesses "
+        f"{with_them - without:+.3f} ms (median of the paired differences "
+        f"{statistics.median(pairs) * 1000:+.3f} ms; target: at most 0.1 ms)"
+    )
+
+
 def _own_imports_ms(python: str, namespace: list[str], env: dict[str, str]) -> float:
     """The hook's own imports by ``-X importtime``, run twice, the second counted: the
     command line is an input of the answer, and the first run of this one plans it."""
@@ -359,6 +412,7 @@ def main() -> int:
             ):
                 counts[name] = _instructions(variants[name][0][0], variants[name][1])
         live_one = _live_one_node(args, variants)
+        witness_times = _witness_rounds(args, tmp, pythons, variants["capture"][1])
         hook = "active" if namespace else "capture"
         own_ms = {
             "warm": _own_imports_ms(pythons["numabind"], namespace, variants[hook][1]),
@@ -367,6 +421,7 @@ def main() -> int:
     _report(args, times, counts, own_ms, why_not)
     _report_numpy(times)
     _report_live_one(live_one)
+    _report_witnesses(witness_times)
     return 0
 
 

@@ -87,8 +87,12 @@ def failed(err: BaseException) -> None:
 
 # --- small files, bounded, non-blocking, regular only -------------------------------------------
 
-_READ = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+# how every input file is opened (numabind._sysfs takes it): never blocking (a FIFO), never
+# a controlling terminal
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+_READ = OPEN_FLAGS
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+LIST_CAP = 1 << 16  # entries listed from one directory (numabind._sysfs takes it)
 
 
 def read_small(path: str, cap: int = 65536, dir_fd: "int | None" = None) -> "bytes | None":
@@ -113,6 +117,19 @@ def read_small(path: str, cap: int = 65536, dir_fd: "int | None" = None) -> "byt
         return None
     finally:
         os.close(fd)
+
+
+def entries(where: "str | int", cap: int = LIST_CAP) -> "tuple[list[str], bool]":
+    """A directory's entry names (a path or an open descriptor), at most ``cap`` of them,
+    and whether the cap was reached; raises ``OSError``.  The one bounded directory walk:
+    a directory of a million entries costs ``cap``, never more."""
+    out: list[str] = []
+    with os.scandir(where) as it:
+        for entry in it:
+            out.append(entry.name)
+            if len(out) >= cap:
+                return out, True
+    return out, False
 
 
 def text(path: str, cap: int = 65536) -> "str | None":
@@ -379,7 +396,7 @@ def root_owned_path(path: str) -> "str | None":
 
 # --- the cache: its directory, key, witnesses and checksum --------------------------------------
 
-FORMAT = 3  # bump whenever what a cache file holds changes: an old file is then refused
+FORMAT = 4  # bump whenever what a cache file holds changes: an old file is then refused
 CACHE_DIR = "numabind-cache-"  # <base>/numabind-cache-UID (the registry's is numabind-UID)
 CACHE_FALLBACK = "numabind-cache"  # $XDG_RUNTIME_DIR/numabind-cache
 CACHE_CAP = 4 << 20  # bytes: a 8192-CPU machine with every fact is ~1 MiB
@@ -544,36 +561,42 @@ def machine_key(sysroot: str) -> str:
     return "|".join(parts).replace("\n", ";").replace(" ", "_")
 
 
-# Witness kinds: what of a file or directory is compared (the package's _cache says which
-# files, per fact; every rank compares them before it trusts a cached answer)
+# Witness kinds: what of a file or directory is compared (numabind._facts says which files,
+# per fact; every rank compares them before it trusts a cached answer)
 WITNESS_KINDS = ("f", "l", "m")
+WITNESS_CAP = 16384  # bytes of a witnessed file
 
 
 def witness(kind: str, path: str) -> str:
-    """What ``path`` says now, as a witness of ``kind`` records it: ``f`` the file's
-    contents, ``l`` a directory's sorted names, ``m`` a meminfo's MemTotal line; ``-`` for
-    one that is absent or unreadable.  A file is read in one read(2) of at most 16 KiB:
-    every warm rank reads them all, and sysfs gives an attribute whole in one (a FIFO or a
-    device cannot block, O_NONBLOCK; it merely reads as changed, and the rank plans)."""
+    """What ``path`` says now, as a witness of ``kind`` records it: ``=`` and, for ``f``,
+    the file's contents, for ``l`` a directory's sorted names, for ``m`` a meminfo's
+    MemTotal line; ``-`` for one that is absent or unreadable (no contents can be taken
+    for that); ``+`` for one too large to witness (more than :data:`WITNESS_CAP` bytes or
+    :data:`LIST_CAP` names: a reading with such a witness is not kept, and a file that
+    says it is refused).  A file is read in one read(2): every warm rank reads them all,
+    and sysfs gives an attribute whole in one (a FIFO or a device cannot block,
+    O_NONBLOCK; it merely reads as changed, and the rank plans)."""
     try:
         fd = os.open(path, _DIR_FLAGS if kind == "l" else _READ)
     except OSError:
         return "-"
     try:
-        got = os.listdir(fd) if kind == "l" else os.read(fd, 16385)
+        if kind == "l":
+            names, cut = entries(fd, LIST_CAP)
+            return "+" if cut else "=" + ",".join(sorted(names))
+        got = os.read(fd, WITNESS_CAP + 1)
     except OSError:
         return "-"
     finally:
         os.close(fd)
-    if isinstance(got, list):
-        return ",".join(sorted(got[:4096])) if len(got) <= 4096 else "-"
-    if len(got) > 16384:
-        return "-"
+    if len(got) > WITNESS_CAP:
+        return "+"
     if kind == "m":
         at = got.find(b"MemTotal:")
-        line = got[at + 9 :].split(b"\n", 1)[0]
-        return "-" if at < 0 else line.strip().decode("ascii", "replace")
-    return got.decode("utf-8", "replace").strip()
+        if at < 0:
+            return "=?"  # there, but no MemTotal (a file that is absent says "-")
+        got = got[at + 9 :].split(b"\n", 1)[0]
+    return "=" + got.decode("utf-8", "replace").strip()
 
 
 def tree(sysroot: str) -> str:
@@ -602,7 +625,7 @@ def machine_holds(lines: "list[str]", sysroot: str, i: int) -> "tuple[int, str]"
             path, said = (unescape(path) if "%" in path else path), unescape(said)
         except ValueError:
             return i, "a damaged witness"
-        if witness(kind, prefix + path) != said:
+        if said == "+" or witness(kind, prefix + path) != said:
             return i, f"the machine changed since it was read ({path} says otherwise)"
         i += 1
     return i, ""

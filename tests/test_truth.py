@@ -82,6 +82,56 @@ def test_a_live_fact_is_never_kept(tmp_path: Path) -> None:
     again.machine.close()
 
 
+def test_a_witness_tells_a_file_that_says_dash_from_an_absent_one(tmp_path: Path) -> None:
+    """Present contents are marked (``=``), so no file can say what absence says (``-``):
+    a file that read ``-`` and is then removed, or a meminfo with no MemTotal line that is
+    then removed, is a changed machine."""
+    sysroot = str(tmp_path)  # the files one level down: the root's own time is in the key
+    (tmp_path / "w").mkdir()
+    dash, meminfo = tmp_path / "w/dash", tmp_path / "w/meminfo"
+    dash.write_text("-\n")
+    meminfo.write_text("Node 0 MemFree: 1 kB\n")
+    assert base.witness("f", str(dash)) == "=-"
+    assert base.witness("m", str(meminfo)) == "=?"
+    assert base.witness("f", str(tmp_path / "absent")) == "-"
+    assert base.witness("m", str(tmp_path / "absent")) == "-"
+    assert base.witness("l", str(tmp_path / "absent")) == "-"
+    found = [(k, f"/w/{p.name}", base.witness(k, str(p))) for k, p in (("f", dash), ("m", meminfo))]
+    lines = [f"key {base.machine_key(sysroot)}", *base.witness_lines(found)]
+    assert base.machine_holds(lines, sysroot, 1) == (3, "")
+    for path in (dash, meminfo):
+        kept = path.read_bytes()
+        path.unlink()
+        _, why = base.machine_holds(lines, sysroot, 1)
+        assert f"/w/{path.name} says otherwise" in why
+        path.write_bytes(kept)
+
+
+def test_a_reading_too_large_to_witness_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory of more names than the walk lists, or a file larger than one read, says
+    ``+``: no reading is kept with it (a truncated witness would hold while what lies past
+    it changes), and a file that says it anyway is refused."""
+    root = _machine(tmp_path)
+    source = _facts.Recording(_cache._live(root))
+    source.node(0, source.online_cpus(), source.node_ids())  # witnessed by the node list
+    assert _facts.witnesses(source, root) is not None
+    nodes = Path(root, "sys/devices/system/node")
+    monkeypatch.setattr(base, "LIST_CAP", len(os.listdir(nodes)))
+    assert base.witness("l", str(nodes)) == "+"
+    assert _facts.witnesses(source, root) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(base, "WITNESS_CAP", 2)
+    assert base.witness("f", str(nodes / "node0/cpulist")) in ("=0", "+")
+    Path(nodes, "node0/cpulist").write_text("0-1\n")
+    assert base.witness("f", str(nodes / "node0/cpulist")) == "+"
+    assert _facts.witnesses(source, root) is None
+    lines = [f"key {base.machine_key(root)}", f"w f {base.escape('/sys/x')} +"]
+    Path(root, "sys/x").write_text("x" * 4)
+    assert base.machine_holds(lines, root, 1)[1]
+
+
 @two_cpus
 def test_a_gpu_moved_to_another_node_inside_a_capture_is_followed(tmp_path: Path) -> None:
     """Root rewrites a GPU's numa_node (a firmware workaround), deep inside the capture:

@@ -171,7 +171,8 @@ def _w_file(*paths: str) -> Callable[[dict[str, object]], list[tuple[str, str]]]
 # tiers, NICs read only when asked) is one row here, and the cache holds it as its truth says.
 FACTS: tuple[Fact, ...] = (
     Fact(method="online_cpus", truth="witnessed", witness=_w_file(f"{SYS_CPU}/online")),
-    Fact(method="node_ids", truth="witnessed", witness=_w_file(f"{SYS_NODE}/online")),
+    # the node list is read from the node directory: its names are the witness
+    Fact(method="node_ids", truth="witnessed", witness=lambda answers: [("l", SYS_NODE)]),
     Fact(method="node", truth="witnessed", argkey=_node_key, records=(Node,), witness=_w_nodes),
     Fact(method="cpu_package", truth="boot", argkey=_cpu_key),
     Fact(method="cpu_siblings", truth="boot", argkey=_cpu_key),
@@ -374,7 +375,8 @@ def cpuset_files(allowed: Allowed) -> list[tuple[str, str]] | None:
 
 def witnesses(source: Recording, sysroot: str) -> list[tuple[str, str, str]] | None:
     """(kind, path, what it says now) for every witnessed answer ``source`` gave, read
-    under ``sysroot``; None when the machine cannot be witnessed (its cpuset unreadable)."""
+    under ``sysroot``; None when the machine cannot be witnessed (its cpuset unreadable, a
+    file or directory too large to witness: ``_numabind_base.witness``)."""
     allowed = source.memo.get("allowed", {}).get("-")
     if allowed is None:  # a plan that did not ask (one node): the cpuset is witnessed all the same
         allowed = source.allowed(source.online_cpus())
@@ -389,4 +391,5 @@ def witnesses(source: Recording, sysroot: str) -> list[tuple[str, str, str]] | N
         if answers and fact.witness is not None:
             paths.update(dict.fromkeys(fact.witness(answers)))
     prefix = base.tree(sysroot)
-    return [(kind, path, base.witness(kind, prefix + path)) for kind, path in paths]
+    found = [(kind, path, base.witness(kind, prefix + path)) for kind, path in paths]
+    return None if any(said == "+" for _, _, said in found) else found

@@ -42,10 +42,9 @@ MAX_NODES = _numabind_base.MAX_NODES
 # (numa_maps, environ, tarballs) pass their own cap.
 READ_CAP = 1 << 20
 # Entries listed from one directory (a PCI bus of a big host has ~1000 functions).
-LIST_CAP = 1 << 16
-
+LIST_CAP = _numabind_base.LIST_CAP
 # how every input file is opened: never blocking (a FIFO), never a controlling terminal
-OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+OPEN_FLAGS = _numabind_base.OPEN_FLAGS
 
 
 class ReadError(OSError):
@@ -115,17 +114,7 @@ def read_opt(path: str, cap: int = READ_CAP) -> str | None:
     return data.decode("utf-8", "replace").strip()
 
 
-def entries(where: str | int, cap: int = LIST_CAP) -> tuple[list[str], bool]:
-    """A directory's entry names (a path or an open descriptor), at most ``cap`` of them,
-    and whether the cap was reached; raises ``OSError``.  The one bounded directory walk:
-    a directory of a million entries costs ``cap``, never more."""
-    out: list[str] = []
-    with os.scandir(where) as it:
-        for entry in it:
-            out.append(entry.name)
-            if len(out) >= cap:
-                return out, True
-    return out, False
+entries = _numabind_base.entries  # the one bounded directory walk (the witnesses' too)
 
 
 def listdir(path: str, cap: int = LIST_CAP) -> list[str]:
