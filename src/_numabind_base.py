@@ -51,6 +51,9 @@ MODULES = ("_numabind_base", "_numabind_start")
 # the one line a hook that cannot load says (sitecustomize and the .pth carry the same
 # text for when this module cannot be imported; a test keeps them in step)
 FAILED = "numabind: startup hook failed to load (%r); this process runs unbound\n"
+# the one vocabulary of numabind's boolean settings (numabind._environ takes it)
+FLAG_TRUE = ("1", "true", "yes", "on")
+FLAG_FALSE = ("0", "false", "no", "off", "")
 DEFAULT_BASE = "/dev/shm"  # the base of the per-user registry and cache directories
 MAX_CPUS = 16384  # no CPU number at or above this is read (numabind._sysfs takes it)
 MAX_NODES = 1024  # node masks are this many bits (CONFIG_NODES_SHIFT <= 10)
@@ -401,14 +404,21 @@ CACHE_DIR = "numabind-cache-"  # <base>/numabind-cache-UID (the registry's is nu
 CACHE_FALLBACK = "numabind-cache"  # $XDG_RUNTIME_DIR/numabind-cache
 CACHE_CAP = 4 << 20  # bytes: a 8192-CPU machine with every fact is ~1 MiB
 _MODULUS = (1 << 61) - 1
-CACHE_OFF = ("0", "off", "no", "false")  # NUMABIND_CACHE values that turn the cache off
+
+
+def cache_off(environ: "Mapping[str, str]") -> bool:
+    """Whether ``NUMABIND_CACHE`` turns the cache off: set, to anything but a true value
+    (one that is not a boolean at all is the full path's to report; nothing is replayed or
+    kept meanwhile).  The warm start, the full path and ``doctor`` all ask this."""
+    raw = environ.get("NUMABIND_CACHE")
+    return raw is not None and raw.strip().lower() not in FLAG_TRUE
 
 
 def no_replay(environ: "Mapping[str, str]") -> "str | None":
     """Why this process's answer is neither replayed nor kept (None: it may be): the cache
     turned off, or a registry base of the user's choosing (where the cache directory is
     then is the full path's rule, ``numabind._cache``)."""
-    if environ.get("NUMABIND_CACHE", "").strip().lower() in CACHE_OFF:
+    if cache_off(environ):
         return "NUMABIND_CACHE=0"
     if environ.get("NUMABIND_REGISTRY"):
         return "NUMABIND_REGISTRY is set (where the cache is is the full path's rule)"

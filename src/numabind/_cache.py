@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 CACHE_CAP = base.CACHE_CAP
 WAIT = 5.0  # seconds a rank waits for another rank's reading (its lock) before reading itself
 MAX_FILES = 32  # machine files kept per user (a cpuset per job step, a boot each)
-OFF = base.CACHE_OFF
 
 
 def _base(environ: Mapping[str, str]) -> str:
@@ -65,8 +64,8 @@ def _base(environ: Mapping[str, str]) -> str:
 
 
 def enabled(environ: Mapping[str, str]) -> bool:
-    """Whether the cache is used (``NUMABIND_CACHE``, on unless 0/off/no/false)."""
-    return environ.get("NUMABIND_CACHE", "").strip().lower() not in OFF
+    """Whether the cache is used (``NUMABIND_CACHE``: ``_numabind_base.cache_off``)."""
+    return not base.cache_off(environ)
 
 
 def render(

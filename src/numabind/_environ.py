@@ -70,8 +70,8 @@ if TYPE_CHECKING:
 
     from ._errors import ConfigError
 
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("0", "false", "no", "off", "")
+TRUE = _numabind_base.FLAG_TRUE
+FALSE = _numabind_base.FLAG_FALSE
 ENABLE_VALUES = ("auto", "force", "respect", "0", "off")
 MAX_RESERVE = 4096  # cores: no node has more (x86_64 MAXSMP is 8192 CPUs in all)
 MAX_THREADS = 1 << 16

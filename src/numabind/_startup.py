@@ -131,7 +131,7 @@ def run(environ: Mapping[str, str] | None = None) -> Binding | None:
     _done = True
     import _numabind_base
 
-    off = os.environ.get("NUMABIND_CACHE", "").strip().lower() in _numabind_base.CACHE_OFF
+    off = _numabind_base.cache_off(os.environ)
     if environ is not None or off:
         return _guarded(os.environ if environ is None else environ)
     from . import _output, _replay
