@@ -181,19 +181,23 @@ def parse_cpulist(text: str, limit: int = MAX_CPUS) -> "frozenset[int] | None":
 
 
 _SAFE = "+,-./0123456789:=@ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
+_HEX = "0123456789abcdef"
 
 
 def escape(value: str) -> str:
-    """``value`` as one token of a cache file: every byte outside :data:`_SAFE` as %XX."""
+    """``value`` as one token of a cache file: every byte outside :data:`_SAFE` as %XX, of
+    its UTF-8 with surrogates passed (a command line, a variable or a file name that is
+    not UTF-8 holds them, as Python decodes such bytes: its token is still its own)."""
     if not value.strip(_SAFE):
         return value  # nothing to escape (PCI addresses, CPU lists, names): the common case
-    if not _ESCAPES:  # made on first use: most processes never escape anything
-        _ESCAPES.update({i: f"%{i:02x}" for i in range(256) if chr(i) not in _SAFE})
-    return value.encode("utf-8").decode("latin-1").translate(_ESCAPES)  # in C: a long
-    # command line is compared by every warm rank
+    if not _ESCAPES:  # made on first use (most processes never escape anything), whole
+        # before it is seen: a thread that finds it finds all of it
+        _ESCAPES.append({i: f"%{i:02x}" for i in range(256) if chr(i) not in _SAFE})
+    return value.encode("utf-8", "surrogatepass").decode("latin-1").translate(_ESCAPES[0])
+    # (translate: in C, and a long command line is compared by every warm rank)
 
 
-_ESCAPES: "dict[int, str]" = {}
+_ESCAPES: "list[dict[int, str]]" = []
 
 
 def unescape(token: str) -> str:
@@ -204,12 +208,15 @@ def unescape(token: str) -> str:
     i = 0
     while i < len(token):
         if token[i] == "%":
-            out.append(int(token[i + 1 : i + 3], 16))
+            pair = token[i + 1 : i + 3]
+            if len(pair) != 2 or pair[0] not in _HEX or pair[1] not in _HEX:
+                raise ValueError(f"a bad escape in {token[:40]!r}")
+            out.append(int(pair, 16))
             i += 3
         else:
             out += token[i].encode()
             i += 1
-    return out.decode("utf-8")
+    return out.decode("utf-8", "surrogatepass")
 
 
 # --- private files in shared places (the registry's and the cache's rules) ---------------------

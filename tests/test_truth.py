@@ -228,6 +228,55 @@ def test_a_new_job_of_the_same_shape_replays(tmp_path: Path) -> None:
     assert other["handed_over"] == "no answer for this process's inputs yet", other
 
 
+def _escaped_byte_by_byte(value: str) -> str:
+    # the rule as first written: each byte of the UTF-8 outside the safe set as %XX
+    safe = set(base._SAFE.encode())
+    data = value.encode("utf-8", "surrogatepass")
+    return "".join(chr(b) if b in safe else f"%{b:02x}" for b in data)
+
+
+def test_escape_gives_each_text_its_own_token_and_unescape_takes_only_those() -> None:
+    """Any text, a command line's or a file name's that is not UTF-8 too (Python holds its
+    bytes as surrogates), is one token without spaces that reads back as itself; a token
+    escape cannot make is refused, not read as something else."""
+    import random
+
+    rng = random.Random(7)
+    alphabet = [*"aZ09 %,=+-./:@_\n\t\x00", "\u00e9", "\u20ac", "\U0001f600"]
+    alphabet += ["\udcff", "\udc80", "\ud800", "\udfff"]  # surrogateescape's and others
+    samples = ["", "plain", "a b", "%", "%41", "-", "\udcff", "caf\u00e9 \udc80"]
+    samples += ["".join(rng.choices(alphabet, k=rng.randrange(1, 24))) for _ in range(3000)]
+    for value in samples:
+        token = base.escape(value)
+        assert " " not in token and "\n" not in token and token.isascii(), value
+        assert token == _escaped_byte_by_byte(value), value
+        assert base.unescape(token) == value, value
+    for bad in ("%4", "%+f", "% f", "%zz", "%\u0663\u0663", "%4G", "%ff"):
+        with pytest.raises(ValueError):
+            base.unescape(bad)
+
+
+@two_cpus
+def test_a_rank_whose_command_line_is_not_utf8_replays(tmp_path: Path) -> None:
+    """A command line with a byte that is not UTF-8 (a file name from another locale) is an
+    input like any other: kept, and replayed by the next such rank."""
+    root = _machine(tmp_path)
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, NUMABIND_MEMORY="none", LOCAL_RANK="1")
+    argv = [sys.executable.encode(), bytes(script), b"caf\xe9"]
+
+    def rank() -> dict[str, object]:
+        r = subprocess.run(argv, capture_output=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out: dict[str, object] = json.loads(r.stdout)
+        return out
+
+    assert rank()["handed_over"] == "no answer yet"
+    again = rank()
+    assert again["handed_over"] == "" and again["cpus"] == [1], again
+
+
 def test_the_code_is_in_the_key(tmp_path: Path) -> None:
     """A module added to (or replaced in) the package is another key: no answer of another
     numabind is replayed."""
