@@ -407,6 +407,7 @@ def root_owned_path(path: str) -> "str | None":
 # --- the cache: its directory, key, witnesses and checksum --------------------------------------
 
 FORMAT = 4  # bump whenever what a cache file holds changes: an old file is then refused
+MAX_ANSWERS = 64  # answers kept per answers file (numabind._replay keeps to it; more: damaged)
 CACHE_DIR = "numabind-cache-"  # <base>/numabind-cache-UID (the registry's is numabind-UID)
 CACHE_FALLBACK = "numabind-cache"  # $XDG_RUNTIME_DIR/numabind-cache
 CACHE_CAP = 4 << 20  # bytes: a 8192-CPU machine with every fact is ~1 MiB
@@ -454,10 +455,13 @@ def open_cache_dir(
     return fd, label, ""
 
 
+NO_CACHE = "no cache yet"  # read_cache's why for a file (or its directory) not made yet
+
+
 def refusal(bad: str, path: str) -> str:
     """Why a file of :func:`read_private`'s answer ``bad`` is not read, in words."""
     return {
-        "missing": "no cache yet",
+        "missing": NO_CACHE,
         "special": f"{path} is not a regular file (a link or a device): refused",
         "foreign": f"{path} is another user's: refused",
         "huge": f"{path} is larger than {CACHE_CAP >> 20} MiB: refused",
@@ -472,7 +476,7 @@ def read_cache(
     fd, label, why = open_cache_dir(environ, False, base)
     if fd is None:
         if "(No such file" in why.split(";", 1)[0]:
-            return None, "", "no cache yet"
+            return None, "", NO_CACHE
         return None, "", f"no cache directory ({why})"
     try:
         bad, data, _ = read_private(fd, name, (os.geteuid(),), CACHE_CAP)
@@ -553,7 +557,7 @@ def machine_key(sysroot: str) -> str:
     container's /sys is its own), the user, the cgroup, the sysroot's identity, and the
     code.  One line of text without spaces, compared whole."""
     live = sysroot in ("", "/")
-    cgroup = text(("" if live else sysroot.rstrip("/")) + "/proc/self/cgroup")
+    cgroup = text(tree(sysroot) + "/proc/self/cgroup")
     try:
         mnt = os.readlink("/proc/self/ns/mnt")
     except OSError:
@@ -621,9 +625,45 @@ def tree(sysroot: str) -> str:
     return "" if sysroot in ("", "/") else sysroot.rstrip("/")
 
 
-def witness_lines(found: "list[tuple[str, str, str]]") -> "list[str]":
-    """The lines of a cache file that say what each witness (kind, path, text) said."""
+# where each kind of cache file's witnesses start (machine_head, answers_head)
+WITNESSES_FROM = {"machine": 1, "answers": 2}
+
+
+def _witness_lines(found: "list[tuple[str, str, str]]") -> "list[str]":
     return [f"w {k} {escape(p)} {escape(v)}" for k, p, v in found]
+
+
+def machine_head(sysroot: str, found: "list[tuple[str, str, str]]") -> "list[str]":
+    """The first lines of a machine file: its key, then the witnesses (kind, path, what it
+    said) of what it holds."""
+    return [f"key {machine_key(sysroot)}", *_witness_lines(found)]
+
+
+def answers_head(
+    sysroot: str, raw: "str | None", found: "list[tuple[str, str, str]]"
+) -> "list[str]":
+    """The first lines of an answers file: its key, the sysroot its witnesses are read
+    under and the NUMABIND_SYSROOT value it answers (``~``: unset), then the witnesses."""
+    value = "~" if raw is None else escape(raw)  # "~" itself is escaped: %7e
+    return [
+        f"key {machine_key(sysroot)}",
+        f"sysroot {escape(sysroot)} {value}",
+        *_witness_lines(found),
+    ]
+
+
+def answers_sysroot(lines: "list[str]", raw: "str | None") -> "tuple[str | None, str]":
+    """The sysroot an answers file's witnesses are read under, where it answers this
+    NUMABIND_SYSROOT value (``raw``); else (None, why not)."""
+    parts = lines[1].split(" ") if len(lines) > 1 else []
+    if len(parts) != 3 or parts[0] != "sysroot":
+        return None, "a damaged answers file"
+    if parts[2] != ("~" if raw is None else escape(raw)):
+        return None, "another NUMABIND_SYSROOT"
+    try:
+        return unescape(parts[1]), ""
+    except ValueError:
+        return None, "a damaged answers file"
 
 
 def machine_holds(lines: "list[str]", sysroot: str, i: int) -> "tuple[int, str]":

@@ -43,7 +43,6 @@ handed_over = ""
 # where the binding came from: "answer" (replayed), else the full path's machine origin
 machine_origin = ""
 _done: list[bool] = []
-MAX_ANSWERS = 64  # answers kept per file (the package keeps to it; more is a damaged file)
 
 
 def start() -> None:
@@ -96,7 +95,7 @@ def _read_answers(env: "os._Environ[str]") -> "list[str]":
         raise Handover(off)
     data, path, why = base.read_cache(env, base.answers_name(env.get("NUMABIND_SYSROOT")))
     if data is None:
-        raise Handover("no answer yet" if why == "no cache yet" else why)
+        raise Handover("no answer yet" if why == base.NO_CACHE else why)
     lines, why = base.unframe(data, "answers")
     if not lines:
         raise Handover(f"{path} refused: {why}")
@@ -106,16 +105,13 @@ def _read_answers(env: "os._Environ[str]") -> "list[str]":
 def _machine_holds(lines: "list[str]", env: "os._Environ[str]") -> int:
     """Check the file's machine part against this process (the sysroot decision, the key,
     the witnesses); the index of its first answer line."""
-    sysroot_line = lines[1].split(" ") if len(lines) > 1 else []
-    if len(sysroot_line) != 3 or sysroot_line[0] != "sysroot":
-        raise Handover("a damaged answers file")
     raw = env.get("NUMABIND_SYSROOT")
-    if base.unescape(sysroot_line[2]) != (raw if raw is not None else "~"):
-        raise Handover("another NUMABIND_SYSROOT")
-    sysroot = base.unescape(sysroot_line[1])
+    sysroot, why = base.answers_sysroot(lines, raw)
+    if sysroot is None:
+        raise Handover(why)
     if raw and os.geteuid() == 0 and (sysroot == raw) != (base.root_owned_path(raw) is None):
         raise Handover("the sysroot's ownership changed")  # the redirect rule's for root
-    i, why = base.machine_holds(lines, sysroot, 2)
+    i, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"])
     if why:
         raise Handover(why)
     return i
@@ -171,7 +167,7 @@ def _find(
     seen = 0
     while i < len(lines) and lines[i] == "a":
         seen += 1
-        if seen > MAX_ANSWERS:
+        if seen > base.MAX_ANSWERS:
             break
         i += 1
         ok = True

@@ -97,7 +97,7 @@ def test_a_witness_tells_a_file_that_says_dash_from_an_absent_one(tmp_path: Path
     assert base.witness("m", str(tmp_path / "absent")) == "-"
     assert base.witness("l", str(tmp_path / "absent")) == "-"
     found = [(k, f"/w/{p.name}", base.witness(k, str(p))) for k, p in (("f", dash), ("m", meminfo))]
-    lines = [f"key {base.machine_key(sysroot)}", *base.witness_lines(found)]
+    lines = base.machine_head(sysroot, found)
     assert base.machine_holds(lines, sysroot, 1) == (3, "")
     for path in (dash, meminfo):
         kept = path.read_bytes()
@@ -226,6 +226,20 @@ def test_a_new_job_of_the_same_shape_replays(tmp_path: Path) -> None:
     assert again["handed_over"] == "" and again["cpus"] == [0], again
     other = _rank(root, SLURM_LOCALID="0", SLURM_JOB_ID="4712")
     assert other["handed_over"] == "no answer for this process's inputs yet", other
+
+
+def test_an_answers_file_says_which_numabind_sysroot_value_it_answers() -> None:
+    """The head both sides share (``_numabind_base.answers_head``): the sysroot the
+    witnesses are read under, and the variable's value, compared as written, so that
+    unset and a value of ``~`` are two values; a line out of shape is a damaged file."""
+    unset, tilde = base.answers_head("/x y", None, []), base.answers_head("/x y", "~", [])
+    assert base.answers_sysroot(unset, None) == ("/x y", "")
+    assert base.answers_sysroot(tilde, "~") == ("/x y", "")
+    assert base.answers_sysroot(unset, "~") == (None, "another NUMABIND_SYSROOT")
+    assert base.answers_sysroot(tilde, None) == (None, "another NUMABIND_SYSROOT")
+    for line in ("sysroot /x", "sysroot %zz ~", "root /x ~"):
+        assert base.answers_sysroot([unset[0], line], None) == (None, "a damaged answers file")
+    assert len(unset) == base.WITNESSES_FROM["answers"]  # no witnesses given: none follow
 
 
 def _escaped_byte_by_byte(value: str) -> str:

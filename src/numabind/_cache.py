@@ -68,12 +68,10 @@ def enabled(environ: Mapping[str, str]) -> bool:
     return not base.cache_off(environ)
 
 
-def render(
-    key: str, memo: dict[str, dict[str, object]], seen: list[str], extra: dict[str, object]
-) -> bytes:
-    """The whole file: key, witnesses, the record (the answers of every fact whose truth
-    lets it be kept), framed (``_numabind_base.frame``)."""
-    lines = [f"key {key}", *seen, "--"]
+def render(head: list[str], memo: dict[str, dict[str, object]], extra: dict[str, object]) -> bytes:
+    """The whole file: its head (``_numabind_base.machine_head``: key, witnesses), the
+    record (the answers of every fact whose truth lets it be kept), framed."""
+    lines = [*head, "--"]
     for method, answers in memo.items():
         for argkey, value in answers.items():
             lines.append(f"m {method} {argkey} {encode(value, RECORDS)}")
@@ -139,7 +137,7 @@ def lookup(environ: Mapping[str, str], sysroot: str) -> Lookup:
         return Lookup(path=path, why=why)
     lines, why = base.unframe(data, "machine")
     if lines:
-        _, why = base.machine_holds(lines, sysroot, 1)
+        _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["machine"])
     if why:
         return Lookup(path=path, why=f"{path} refused: {why}")
     return Lookup(path=path, data=data, lines=tuple(lines))
@@ -257,7 +255,7 @@ def write(environ: Mapping[str, str], sysroot: str, machine: Machine) -> str | N
     }
     if source.environ is not None:
         extra["environ"] = tuple(f"{k}={v}" for k, v in sorted(source.environ.items()))
-    data = render(key, source.memo, base.witness_lines(found), extra)
+    data = render(base.machine_head(sysroot, found), source.memo, extra)
     if len(data) > CACHE_CAP:
         return None
     fd, label, _ = base.open_cache_dir(environ, True, _base(environ))

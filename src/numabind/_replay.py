@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._environ import Config
     from ._topology import Machine
 
-MAX_ANSWERS = 64  # per file: the oldest go first (_numabind_start reads at most this many)
+MAX_ANSWERS = base.MAX_ANSWERS  # per file: the oldest go first
 
 
 class Recorder(MutableMapping[str, str]):
@@ -273,12 +273,7 @@ def _store(
     answer: list[str],
 ) -> str | None:
     raw = environ.get("NUMABIND_SYSROOT")
-    key = base.machine_key(sysroot)
-    head = [
-        f"key {key}",
-        f"sysroot {base.escape(sysroot)} {base.escape(raw) if raw is not None else '~'}",
-        *base.witness_lines(found),
-    ]
+    head = base.answers_head(sysroot, raw, found)
     if base.no_replay(environ) is not None:
         return None  # never read back: nothing is written
     fd, label, _ = base.open_cache_dir(environ, True)
@@ -295,8 +290,12 @@ def _store(
         kept: list[list[str]] = []
         bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
         lines, _ = base.unframe(data, "answers") if bad is None else ([], "")
-        if lines and not base.machine_holds(lines, sysroot, 2)[1]:
-            kept = _answers(lines)
+        if (
+            lines
+            and base.answers_sysroot(lines, raw)[0] == sysroot
+            and not base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"])[1]
+        ):
+            kept = _answers(lines)  # made under this sysroot, of this machine: kept beside
         kept = [a for a in kept if a[: a.index("=")] != answer[: answer.index("=")]]
         kept = [*kept[-(MAX_ANSWERS - 1) :], answer]
         data = base.frame("answers", [*head, *(line for a in kept for line in a)])
