@@ -29,8 +29,10 @@ from support import clean_env, two_cpus
 PROBE = (
     "import json, os, sys\n"
     "s = sys.modules['_numabind_start']\n"
+    "full = getattr(sys.modules.get('numabind._startup'), 'last', None)\n"
     "print(json.dumps({'handed_over': s.handed_over, 'cpus': sorted(os.sched_getaffinity(0)),"
-    " 'state': os.environ.get('NUMABIND_STATE')}))\n"
+    " 'state': os.environ.get('NUMABIND_STATE'),"
+    " 'machine': full.machine if full is not None else s.machine_origin}))\n"
 )
 
 
@@ -172,7 +174,8 @@ def test_a_gpu_removed_from_a_capture_is_followed(tmp_path: Path) -> None:
     for back_dir in ("sys/bus/pci/devices/0000:02:00.0", "proc/driver/nvidia/gpus/0000:02:00.0"):
         shutil.move(str(tmp_path / back_dir.split("/")[0]), str(Path(root, back_dir)))
     back = _rank(root, LOCAL_RANK="1")
-    assert back["handed_over"] and back["cpus"] == [1], back
+    assert "/proc/driver/nvidia/gpus says otherwise" in str(back["handed_over"]), back
+    assert back["cpus"] == [1], back
 
 
 @two_cpus
@@ -193,6 +196,7 @@ def test_a_gpu_gone_from_the_bus_alone_is_seen_by_its_own_files(tmp_path: Path) 
     # file the last reading wrote, which found the GPU missing: that is witnessed too
     back = _rank(root, LOCAL_RANK="1", LOCAL_WORLD_SIZE="4")
     assert back["cpus"] == [1], back
+    assert "0000:02:00.0/numa_node says otherwise" in str(back["machine"]), back
 
 
 @two_cpus
@@ -240,6 +244,26 @@ def test_an_answers_file_says_which_numabind_sysroot_value_it_answers() -> None:
     for line in ("sysroot /x", "sysroot %zz ~", "root /x ~"):
         assert base.answers_sysroot([unset[0], line], None) == (None, "a damaged answers file")
     assert len(unset) == base.WITNESSES_FROM["answers"]  # no witnesses given: none follow
+
+
+def test_the_names_looked_up_and_not_found_are_one_test_either_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``absent`` holds while none of its names is set: by one set test where no name
+    needed escaping, and name by name where one did (the same answer both ways)."""
+    import _numabind_start as start
+
+    odd = "X WEIRD\u00e9"  # a name escape() must escape: the slow path
+    for name in ("NUMABIND_TEST_ABSENT", odd):
+        monkeypatch.delenv(name, raising=False)
+    plain = "NUMABIND_TEST_ABSENT OTHER_TEST_ABSENT"
+    escaped = f"NUMABIND_TEST_ABSENT {base.escape(odd)}"
+    assert "%" in escaped
+    assert start._absent(plain, os.environ) and start._absent(escaped, os.environ)
+    monkeypatch.setenv(odd, "1")
+    assert start._absent(plain, os.environ) and not start._absent(escaped, os.environ)
+    monkeypatch.setenv("NUMABIND_TEST_ABSENT", "")
+    assert not start._absent(plain, os.environ) and not start._absent(escaped, os.environ)
 
 
 def _escaped_byte_by_byte(value: str) -> str:
