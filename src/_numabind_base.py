@@ -666,10 +666,13 @@ def answers_sysroot(lines: "list[str]", raw: "str | None") -> "tuple[str | None,
         return None, "a damaged answers file"
 
 
-def machine_holds(lines: "list[str]", sysroot: str, i: int) -> "tuple[int, str]":
+def machine_holds(
+    lines: "list[str]", sysroot: str, i: int, seen: "list[tuple[str, str, str]] | None" = None
+) -> "tuple[int, str]":
     """Whether a cache file's machine part holds for this process: its key (line 0) is this
     process's and each witness line from ``i`` on says what its file says now under
-    ``sysroot``.  (The index after the witnesses, "") or (it, why not)."""
+    ``sysroot``.  (The index after the witnesses, "") or (it, why not); ``seen`` gets the
+    witnesses (kind, path, what it says) that held."""
     if lines[0] != f"key {machine_key(sysroot)}":
         return i, "made for another machine reading (boot, kernel, cgroup, sysroot or code)"
     prefix = tree(sysroot)
@@ -684,6 +687,8 @@ def machine_holds(lines: "list[str]", sysroot: str, i: int) -> "tuple[int, str]"
             return i, "a damaged witness"
         if said == "+" or witness(kind, prefix + path) != said:
             return i, f"the machine changed since it was read ({path} says otherwise)"
+        if seen is not None:
+            seen.append((kind, path, said))
         i += 1
     return i, ""
 

@@ -178,6 +178,40 @@ def test_a_gpu_removed_from_a_capture_is_followed(tmp_path: Path) -> None:
     assert back["cpus"] == [1], back
 
 
+def test_an_answers_file_witnesses_every_answer_it_keeps(tmp_path: Path) -> None:
+    """Each rank writes the file's witnesses from what its own plan asked; a rank that read
+    the machine itself (it waited too long for the node's reading) may have asked less
+    than the rank whose answer it keeps (an AMD GPU's own partition files).  The file
+    witnesses both, so the kept answer is not replayed after its own files changed."""
+    from numabind import _replay
+
+    root = tmp_path / "root"  # the files one level down: the root's own time is in the key
+    (root / "w").mkdir(parents=True)
+    mine, theirs = root / "w/mine", root / "w/theirs"
+    mine.write_text("CPX\n")
+    theirs.write_text("SPX\n")
+    sysroot = str(root)
+    env = {"NUMABIND_SYSROOT": sysroot}
+
+    def found(*paths: Path) -> list[tuple[str, str, str]]:
+        return [("f", f"/w/{p.name}", base.witness("f", str(p))) for p in paths]
+
+    first = ["a", "i X =1", "=", "plan theirs", "."]
+    second = ["a", "i X =2", "=", "plan mine", "."]
+    assert _replay._store(env, sysroot, found(mine, theirs), first)
+    where = _replay._store(env, sysroot, found(mine), second)  # asked less: its own file
+    assert where
+    lines, why = base.unframe(Path(where).read_bytes(), "answers")
+    assert not why and lines.count("a") == 2, lines
+    held: list[tuple[str, str, str]] = []
+    _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"], held)
+    assert not why and {p for _, p, _ in held} == {"/w/mine", "/w/theirs"}, held
+    theirs.write_text("CPX\n")  # amd-smi switched the kept answer's GPU
+    _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"])
+    assert "/w/theirs says otherwise" in why
+    os.unlink(where)
+
+
 @two_cpus
 def test_a_gpu_gone_from_the_bus_alone_is_seen_by_its_own_files(tmp_path: Path) -> None:
     """Where the driver's list still names a GPU that left the bus, the GPU's own node file

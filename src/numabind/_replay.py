@@ -273,7 +273,6 @@ def _store(
     answer: list[str],
 ) -> str | None:
     raw = environ.get("NUMABIND_SYSROOT")
-    head = base.answers_head(sysroot, raw, found)
     if base.no_replay(environ) is not None:
         return None  # never read back: nothing is written
     fd, label, _ = base.open_cache_dir(environ, True)
@@ -290,12 +289,19 @@ def _store(
         kept: list[list[str]] = []
         bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
         lines, _ = base.unframe(data, "answers") if bad is None else ([], "")
+        held: list[tuple[str, str, str]] = []
         if (
             lines
             and base.answers_sysroot(lines, raw)[0] == sysroot
-            and not base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"])[1]
+            and not base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"], held)[1]
         ):
             kept = _answers(lines)  # made under this sysroot, of this machine: kept beside
+        # the file's witnesses are those of every answer in it: a rank that read the machine
+        # itself (it waited too long for the node's reading) witnesses what its own plan
+        # asked, and the answers kept beside its own still need theirs
+        merged = {(kind, path): said for kind, path, said in held if kept}
+        merged.update({(kind, path): said for kind, path, said in found})
+        head = base.answers_head(sysroot, raw, [(k, p, v) for (k, p), v in merged.items()])
         kept = [a for a in kept if a[: a.index("=")] != answer[: answer.index("=")]]
         kept = [*kept[-(MAX_ANSWERS - 1) :], answer]
         data = base.frame("answers", [*head, *(line for a in kept for line in a)])
