@@ -625,6 +625,11 @@ def tree(sysroot: str) -> str:
     return "" if sysroot in ("", "/") else sysroot.rstrip("/")
 
 
+# An answers file's answers after its head: "a", its inputs, "=", its outputs, ".".  The
+# kinds of line (numabind._replay writes them, the warm start reads them and hands over on
+# a kind it does not know; a test holds both to these tables)
+ANSWER_INPUTS = ("argv", "mask", "i", "absent", "policy")
+ANSWER_OUTPUTS = ("cpus", "mempolicy", "pages", "plan", "binding", "env", "entry", "guard")
 # where each kind of cache file's witnesses start (machine_head, answers_head)
 WITNESSES_FROM = {"machine": 1, "answers": 2}
 

@@ -199,6 +199,9 @@ def replay(env: "os._Environ[str]") -> str:
             threads = []
         if len(threads) != 1:
             raise Handover("more than one thread at start")
+        for line in out:  # a newer writer's output, seen before anything is applied
+            if line.partition(" ")[0] not in base.ANSWER_OUTPUTS:
+                raise Handover(f"an answer this start module cannot replay ({line[:16]})")
         _apply(out, env, state)
     except Handover as h:
         return str(h)
@@ -225,7 +228,7 @@ def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, Any]") -
                 _set_policy(rest, state, done)
             elif kind == "pages":
                 _pages(rest.split(" "))
-            elif kind in ("plan", "binding", "keep"):
+            elif kind in ("plan", "binding"):
                 record[kind] = rest
     except (OSError, ValueError) as err:
         _undo(done)

@@ -463,6 +463,49 @@ def test_each_shape_of_rank_keeps_its_own_answer(tmp_path: Path) -> None:
     assert _answers(root).read_bytes().count(b"\na\n") == 3
 
 
+def _kinds_read(function: str) -> set[str]:
+    """The line kinds a function of the start module tells apart (``kind == "..."``,
+    ``kind in (...)``), read from its source."""
+    import ast
+    import inspect
+
+    import _numabind_start
+
+    tree = ast.parse(inspect.getsource(getattr(_numabind_start, function)))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and getattr(node.left, "id", None) == "kind":
+            for right in node.comparators:
+                consts = right.elts if isinstance(right, ast.Tuple) else [right]
+                out |= {c.value for c in consts if isinstance(c, ast.Constant)}
+    return out
+
+
+@two_cpus
+def test_the_answer_vocabulary_is_one_table_for_its_writer_and_its_reader(tmp_path: Path) -> None:
+    """Every kind of line an answer holds is in ``_numabind_base``'s tables, the warm start
+    tells each apart, and an output of a kind it does not know is handed over, not
+    skipped (a replay that left out what the full path did would not be the full path's)."""
+    assert _kinds_read("_input_holds") == set(base.ANSWER_INPUTS)
+    assert _kinds_read("_apply") == set(base.ANSWER_OUTPUTS)
+    root = _two_core_nodes(tmp_path)
+    env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, LOCAL_RANK="0")  # node 0: a policy
+    _run(env)
+    assert _run(env)["handed_over"] == ""
+    lines, why = base.unframe(_answers(root).read_bytes(), "answers")
+    assert not why
+    body = lines[lines.index("a") :]
+    inputs, outputs = body[1 : body.index("=")], body[body.index("=") + 1 : body.index(".")]
+    assert {line.split(" ")[0] for line in inputs} <= set(base.ANSWER_INPUTS), inputs
+    assert {line.split(" ")[0] for line in outputs} <= set(base.ANSWER_OUTPUTS), outputs
+    assert {"cpus", "mempolicy", "plan", "env", "entry"} <= {o.split(" ")[0] for o in outputs}
+    data = "\n".join([*lines[: lines.index("a")], *body[: body.index(".")], "later 1", "."])
+    _answers(root).write_bytes(_reheader((data + "\n").encode()))
+    newer = _run(env)
+    assert newer["handed_over"] == "an answer this start module cannot replay (later 1)"
+    assert newer["cpus"] == [0], newer  # the full path bound it
+
+
 @two_cpus
 def test_no_answer_is_kept_under_a_registry_base_of_the_users_choosing(tmp_path: Path) -> None:
     """NUMABIND_REGISTRY moves where the cache is (the full path's rule): the warm start
