@@ -672,13 +672,17 @@ def answers_sysroot(lines: "list[str]", raw: "str | None") -> "tuple[str | None,
 
 
 def machine_holds(
-    lines: "list[str]", sysroot: str, i: int, seen: "list[tuple[str, str, str]] | None" = None
+    lines: "list[str]",
+    sysroot: str,
+    i: int,
+    seen: "list[tuple[str, str, str]] | None" = None,
+    key: "str | None" = None,
 ) -> "tuple[int, str]":
     """Whether a cache file's machine part holds for this process: its key (line 0) is this
-    process's and each witness line from ``i`` on says what its file says now under
-    ``sysroot``.  (The index after the witnesses, "") or (it, why not); ``seen`` gets the
-    witnesses (kind, path, what it says) that held."""
-    if lines[0] != f"key {machine_key(sysroot)}":
+    process's (``key``, where the caller made it already) and each witness line from ``i``
+    on says what its file says now under ``sysroot``.  (The index after the witnesses, "")
+    or (it, why not); ``seen`` gets the witnesses (kind, path, what it says) that held."""
+    if lines[0] != f"key {key or machine_key(sysroot)}":
         return i, "made for another machine reading (boot, kernel, cgroup, sysroot or code)"
     prefix = tree(sysroot)
     while i < len(lines) and lines[i][:2] == "w ":

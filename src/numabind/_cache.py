@@ -131,13 +131,13 @@ def cache_name(key: str) -> str:
 def lookup(environ: Mapping[str, str], sysroot: str) -> Lookup:
     """This process's machine file, validated: frame, key and witnesses
     (``_numabind_base``'s rules, the warm start's too)."""
-    name = cache_name(base.machine_key(sysroot))
-    data, path, why = base.read_cache(environ, name, _base(environ))
+    key = base.machine_key(sysroot)
+    data, path, why = base.read_cache(environ, cache_name(key), _base(environ))
     if data is None:
         return Lookup(path=path, why=why)
     lines, why = base.unframe(data, "machine")
     if lines:
-        _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["machine"])
+        _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["machine"], key=key)
     if why:
         return Lookup(path=path, why=f"{path} refused: {why}")
     return Lookup(path=path, data=data, lines=tuple(lines))
