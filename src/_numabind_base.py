@@ -415,11 +415,12 @@ _MODULUS = (1 << 61) - 1
 
 
 def cache_off(environ: "Mapping[str, str]") -> bool:
-    """Whether ``NUMABIND_CACHE`` turns the cache off: set, to anything but a true value
-    (one that is not a boolean at all is the full path's to report; nothing is replayed or
-    kept meanwhile).  The warm start, the full path and ``doctor`` all ask this."""
+    """Whether ``NUMABIND_CACHE`` turns the cache off: set to a false value (the empty one
+    too), as the settings read it (a value that is no boolean at all is warned of there and
+    taken as the default, on; a process that warned keeps no answer).  The warm start, the
+    full path and ``doctor`` all ask this."""
     raw = environ.get("NUMABIND_CACHE")
-    return raw is not None and raw.strip().lower() not in FLAG_TRUE
+    return raw is not None and raw.strip().lower() in FLAG_FALSE
 
 
 def no_replay(environ: "Mapping[str, str]") -> "str | None":
@@ -567,9 +568,9 @@ def machine_key(sysroot: str) -> str:
     else:
         try:
             st = os.stat(sysroot)
-            where = f"{sysroot}|{st.st_dev}.{st.st_ino}.{st.st_uid}.{st.st_mtime_ns}"
+            where = f"{escape(sysroot)}|{st.st_dev}.{st.st_ino}.{st.st_uid}.{st.st_mtime_ns}"
         except OSError:
-            where = f"{sysroot}|?"
+            where = f"{escape(sysroot)}|?"  # escaped: a path that is not UTF-8 is one too
     parts = (
         f"boot={text('/proc/sys/kernel/random/boot_id', 128) or '?'}",
         f"kernel={os.uname().release}",
@@ -599,12 +600,13 @@ def witness(kind: str, path: str) -> str:
     O_NONBLOCK; it merely reads as changed, and the rank plans)."""
     try:
         fd = os.open(path, _DIR_FLAGS if kind == "l" else _READ)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path no file system can name (a NUL, a
+        # surrogate no encoding takes)
         return "-"
     try:
         if kind == "l":
-            names, cut = entries(fd, LIST_CAP)
-            return "+" if cut else "=" + ",".join(sorted(names))
+            names, _ = entries(fd, LIST_CAP + 1)
+            return "+" if len(names) > LIST_CAP else "=" + ",".join(sorted(names))
         got = os.read(fd, WITNESS_CAP + 1)
     except OSError:
         return "-"

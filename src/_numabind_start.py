@@ -199,13 +199,27 @@ def replay(env: "os._Environ[str]") -> str:
             threads = []
         if len(threads) != 1:
             raise Handover("more than one thread at start")
-        for line in out:  # a newer writer's output, seen before anything is applied
-            if line.partition(" ")[0] not in base.ANSWER_OUTPUTS:
-                raise Handover(f"an answer this start module cannot replay ({line[:16]})")
+        _check(out)
         _apply(out, env, state)
     except Handover as h:
         return str(h)
     return ""
+
+
+def _check(out: "list[str]") -> None:
+    """What :func:`_apply` would find wrong once the calls are made, found before any is:
+    an output of a kind this module does not know (a newer writer's), a token of the
+    variables or the registry entry that is not one escape() makes."""
+    for line in out:
+        kind, _, rest = line.partition(" ")
+        if kind not in base.ANSWER_OUTPUTS:
+            raise Handover(f"an answer this start module cannot replay ({line[:16]})")
+        if kind in ("env", "entry"):
+            try:
+                for token in rest.split(" "):
+                    base.unescape(token[1:] if token[:1] == "=" else token)
+            except ValueError:
+                raise Handover(f"a damaged answer ({kind})") from None
 
 
 def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, Any]") -> None:

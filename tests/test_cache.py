@@ -146,23 +146,25 @@ def test_numabind_cache_means_the_same_to_the_warm_start_the_config_and_doctor(
     tmp_path: Path, base: Path
 ) -> None:
     """One reading of NUMABIND_CACHE: a value the settings take as false (the empty one
-    too), or no boolean at all, keeps the warm start from replaying, the full path from
-    using the file and ``doctor`` from calling it valid; unset or true, all three use it."""
+    too) keeps the warm start from replaying, the full path from using the file and
+    ``doctor`` from calling it valid; unset, true, or no boolean at all (which the settings
+    warn of and take as the default), all three use it."""
     from numabind._environ import Config
 
     root = synth.write(synth.two_nodes(), str(tmp_path / "two"))
     _cache.open_machine(root, _env(base)).machine.close()  # a file doctor would call valid
-    for raw in ("", "0", " OFF ", "no", "false", "maybe"):
+    for raw in ("", "0", " OFF ", "no", "false"):
         env = _env(base, NUMABIND_CACHE=raw)
-        assert nb.cache_off(env) and nb.no_replay(env), raw
+        assert nb.cache_off(env) and not Config.from_env(env).cache, raw
         assert _cache.status(env, root).startswith("off"), raw
         assert _cache.open_machine(root, env).origin.startswith("sysfs"), raw
-        if raw != "maybe":  # not a boolean: the settings refuse it (a ConfigError)
-            assert not Config.from_env(env).cache, raw
-    for raw in (None, "1", "yes", " On ", "TRUE"):
+    for raw in (None, "1", "yes", " On ", "TRUE", "maybe"):
         env = _env(base) if raw is None else _env(base, NUMABIND_CACHE=raw)
-        assert not nb.cache_off(env) and Config.from_env(env).cache, raw
+        cfg = Config.from_env(env)
+        assert not nb.cache_off(env) and cfg.cache, raw
+        assert (raw == "maybe") == any("NUMABIND_CACHE" in w for w in cfg.warnings), raw
         assert "valid for this process" in _cache.status(env, root), raw
+        assert _cache.open_machine(root, env).origin == "cache", raw
 
 
 def _path(root: str, base: Path) -> Path:

@@ -121,6 +121,9 @@ def test_a_reading_too_large_to_witness_is_not_kept(
     assert _facts.witnesses(source, root) is not None
     nodes = Path(root, "sys/devices/system/node")
     monkeypatch.setattr(base, "LIST_CAP", len(os.listdir(nodes)))
+    whole = base.witness("l", str(nodes))  # as many names as the cap: all of them
+    assert whole[:1] == "=" and "node1" in whole.split(","), whole
+    monkeypatch.setattr(base, "LIST_CAP", len(os.listdir(nodes)) - 1)
     assert base.witness("l", str(nodes)) == "+"
     assert _facts.witnesses(source, root) is None
     monkeypatch.undo()
@@ -130,8 +133,8 @@ def test_a_reading_too_large_to_witness_is_not_kept(
     assert base.witness("f", str(nodes / "node0/cpulist")) == "+"
     assert _facts.witnesses(source, root) is None
     lines = [f"key {base.machine_key(root)}", f"w f {base.escape('/sys/x')} +"]
-    Path(root, "sys/x").write_text("x" * 4)
-    assert base.machine_holds(lines, root, 1)[1]
+    Path(root, "sys/x").write_text("x" * 4)  # too large now too: it would "hold"
+    assert "/sys/x says otherwise" in base.machine_holds(lines, root, 1)[1]
 
 
 @two_cpus
@@ -206,6 +209,13 @@ def test_an_answers_file_witnesses_every_answer_it_keeps(tmp_path: Path) -> None
     held: list[tuple[str, str, str]] = []
     _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"], held)
     assert not why and {p for _, p, _ in held} == {"/w/mine", "/w/theirs"}, held
+    stale = found(mine, theirs)  # what a third rank read before amd-smi switched it
+    theirs.write_text("DPX\n")
+    before = Path(where).read_bytes()
+    third = ["a", "i X =3", "=", "plan stale", "."]
+    assert _replay._store(env, sysroot, stale, third) is None, "made under what is gone"
+    assert Path(where).read_bytes() == before
+    theirs.write_text("SPX\n")
     theirs.write_text("CPX\n")  # amd-smi switched the kept answer's GPU
     _, why = base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"])
     assert "/w/theirs says otherwise" in why
@@ -298,6 +308,11 @@ def test_the_names_looked_up_and_not_found_are_one_test_either_way(
     assert start._absent(plain, os.environ) and not start._absent(escaped, os.environ)
     monkeypatch.setenv("NUMABIND_TEST_ABSENT", "")
     assert not start._absent(plain, os.environ) and not start._absent(escaped, os.environ)
+    for present in (True, False):  # the same line both ways: a mapping without _data is
+        if not present:  # read name by name
+            monkeypatch.delenv("NUMABIND_TEST_ABSENT")
+        assert start._absent(plain, os.environ) == start._absent(plain, dict(os.environ))
+        assert start._absent(plain, os.environ) is not present
 
 
 def _escaped_byte_by_byte(value: str) -> str:
@@ -309,8 +324,9 @@ def _escaped_byte_by_byte(value: str) -> str:
 
 def test_escape_gives_each_text_its_own_token_and_unescape_takes_only_those() -> None:
     """Any text, a command line's or a file name's that is not UTF-8 too (Python holds its
-    bytes as surrogates), is one token without spaces that reads back as itself; a token
-    escape cannot make is refused, not read as something else."""
+    bytes as surrogates), is one token without spaces that reads back as itself; a
+    malformed escape (not % and two lowercase hex digits, or bytes no text encodes to) is
+    refused, not read as something else."""
     import random
 
     rng = random.Random(7)
@@ -323,7 +339,7 @@ def test_escape_gives_each_text_its_own_token_and_unescape_takes_only_those() ->
         assert " " not in token and "\n" not in token and token.isascii(), value
         assert token == _escaped_byte_by_byte(value), value
         assert base.unescape(token) == value, value
-    for bad in ("%4", "%+f", "% f", "%zz", "%\u0663\u0663", "%4G", "%ff"):
+    for bad in ("%4", "%+f", "% f", "%zz", "%\u0663\u0663", "%4G", "%4A", "%ff"):
         with pytest.raises(ValueError):
             base.unescape(bad)
 
@@ -347,6 +363,32 @@ def test_a_rank_whose_command_line_is_not_utf8_replays(tmp_path: Path) -> None:
     assert rank()["handed_over"] == "no answer yet"
     again = rank()
     assert again["handed_over"] == "" and again["cpus"] == [1], again
+
+
+@two_cpus
+def test_a_sysroot_whose_path_is_not_utf8_is_cached_and_replayed(tmp_path: Path) -> None:
+    """A capture under a directory whose name is not UTF-8: its key and its answers file
+    hold the path escaped, so its ranks replay like any other's."""
+    root = _machine(tmp_path / os.fsdecode(b"caf\xe9"))
+    assert _rank(root, LOCAL_RANK="1")["handed_over"] == "no answer yet"
+    again = _rank(root, LOCAL_RANK="1")
+    assert again["handed_over"] == "" and again["cpus"] == [1], again
+
+
+@two_cpus
+def test_an_answer_with_a_token_escape_cannot_make_applies_nothing(tmp_path: Path) -> None:
+    """A variable of the answer that does not unescape (a checksum-valid file, damaged by
+    its own user) is seen before the CPUs are set: the full path does the rank."""
+    root = _machine(tmp_path)
+    assert _rank(root, LOCAL_RANK="1", OMP_NUM_THREADS="3")["cpus"] == [1]
+    path = Path(f"/dev/shm/numabind-cache-{os.geteuid()}", base.answers_name(root))
+    lines, why = base.unframe(path.read_bytes(), "answers")
+    assert not why and any(line.startswith("env ") for line in lines), lines
+    lines = [f"{line} %ZZ" if line.startswith("env ") else line for line in lines]
+    path.write_bytes(base.frame("answers", lines[:-1]))
+    damaged = _rank(root, LOCAL_RANK="1", OMP_NUM_THREADS="3")
+    assert damaged["handed_over"] == "a damaged answer (env)", damaged
+    assert damaged["cpus"] == [1], damaged
 
 
 def test_the_code_is_in_the_key(tmp_path: Path) -> None:

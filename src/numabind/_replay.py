@@ -296,6 +296,11 @@ def _store(
             and not base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"], held)[1]
         ):
             kept = _answers(lines)  # made under this sysroot, of this machine: kept beside
+        # this answer was made under what its witnesses said when it was read: where any
+        # says otherwise now (the machine changed while it planned), it is not kept
+        prefix = base.tree(sysroot)
+        if any(base.witness(kind, prefix + path) != said for kind, path, said in found):
+            return None
         # the file's witnesses are those of every answer in it: a rank that read the machine
         # itself (it waited too long for the node's reading) witnesses what its own plan
         # asked, and the answers kept beside its own still need theirs
