@@ -20,7 +20,7 @@ another file; any witness that says otherwise, a file read again.
 **The rules of the registry apply** (the one copy is in ``_numabind_base``): a per-user
 directory ``<base>/numabind-cache-UID`` owned by the user, mode 0700, never opened through
 a link; the file written to a fresh name and renamed into place; read only if it is a
-regular file of the user's, at most :data:`CACHE_CAP` bytes, whose header says this
+regular file of the user's, at most ``CACHE_CAP`` bytes, whose header says this
 format, whose length and checksum match, whose key is this process's and whose witnesses
 hold.  Anything else is refused and the rank reads sysfs itself, silently (NUMABIND_DEBUG=1
 says why).  Ranks that start at once and find no file do not all read: one takes the lock
@@ -34,7 +34,7 @@ at most :data:`WAIT` seconds for its file, then read themselves.  At most
 from __future__ import annotations
 
 import os
-import sys
+import time
 
 import _numabind_base as base
 
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
     from ._topology import Machine
 
-CACHE_CAP = base.CACHE_CAP
 WAIT = 5.0  # seconds a rank waits for another rank's reading (its lock) before reading itself
 MAX_FILES = 32  # machine files kept per user (a cpuset per job step, a boot each)
 
@@ -256,7 +255,7 @@ def write(environ: Mapping[str, str], sysroot: str, machine: Machine) -> str | N
     if source.environ is not None:
         extra["environ"] = tuple(f"{k}={v}" for k, v in sorted(source.environ.items()))
     data = render(base.machine_head(sysroot, found), source.memo, extra)
-    if len(data) > CACHE_CAP:
+    if len(data) > base.CACHE_CAP:
         return None
     fd, label, _ = base.open_cache_dir(environ, True, _base(environ))
     if fd is None:
@@ -367,16 +366,16 @@ def open_machine(sysroot: str, environ: Mapping[str, str], wait: float = WAIT) -
     lock: _Lock | None = _Lock(fd, cache_name(key))
     assert lock is not None
     try:
-        deadline = _now() + wait
+        deadline = time.monotonic() + wait
         while not lock.take():
             opened = _from(lookup(environ, sysroot), sysroot, environ)
             if opened is not None:
                 return opened
-            if _now() >= deadline or lock.fd is None:
+            if time.monotonic() >= deadline or lock.fd is None:
                 why = f"another rank held the lock for {wait:g} s" if lock.fd else why
                 machine = Machine(Recording(Machine.from_root(sysroot).source))
                 return Opened(machine=machine, origin=f"sysfs (cache: {why})")
-            _sleep(0.002)
+            time.sleep(0.002)
         # the rank before us may have written it meanwhile
         opened = _from(lookup(environ, sysroot), sysroot, environ)
         if opened is not None:
@@ -414,18 +413,6 @@ class _Writer(Recording):
         super().close()
 
 
-def _now() -> float:
-    import time
-
-    return time.monotonic()
-
-
-def _sleep(seconds: float) -> None:
-    import time
-
-    time.sleep(seconds)
-
-
 def status(environ: Mapping[str, str], sysroot: str) -> str:
     """One line for ``doctor``: whether this process's cache file still holds, and why not."""
     if not enabled(environ):
@@ -444,4 +431,3 @@ __all__ = [
     "status",
     "write",
 ]
-del sys

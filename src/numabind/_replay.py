@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 
 import _numabind_base as base
@@ -281,11 +282,11 @@ def _store(
     name = base.answers_name(raw)
     lock = _cache._Lock(fd, name)  # a node's ranks start at once: no answer lost between them
     try:
-        deadline = _cache._now() + STORE_WAIT
+        deadline = time.monotonic() + STORE_WAIT
         while not lock.take():
-            if lock.fd is None or _cache._now() >= deadline:
+            if lock.fd is None or time.monotonic() >= deadline:
                 return None  # the next rank of this shape keeps it
-            _cache._sleep(0.002)
+            time.sleep(0.002)
         kept: list[list[str]] = []
         bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
         lines, _ = base.unframe(data, "answers") if bad is None else ([], "")
