@@ -1410,8 +1410,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "C08",
         "src/_numabind_start.py",
-        '        if kind in ("env", "entry"):',
-        '        if kind in ("entry",):',
+        '                said = None if value == "-" else base.unescape(value[1:])',
+        '                said = None if value == "-" else value[1:]',
         "an answer whose variables do not unescape applies nothing",
         ("tests/test_truth.py",),
     ),

@@ -199,33 +199,45 @@ def replay(env: "os._Environ[str]") -> str:
             threads = []
         if len(threads) != 1:
             raise Handover("more than one thread at start")
-        _check(out)
-        _apply(out, env, state)
+        _apply(out, _after_calls(out), env, state)
     except Handover as h:
         return str(h)
     return ""
 
 
-def _check(out: "list[str]") -> None:
-    """What :func:`_apply` would find wrong once the calls are made, found before any is:
-    an output of a kind this module does not know (a newer writer's), a token of the
-    variables or the registry entry that is not one escape() makes."""
+def _after_calls(out: "list[str]") -> "list[tuple[str, str, str | None]]":
+    """The outputs that follow the calls (the variables, the registry entry, the guards),
+    decoded before any call is made: a token escape() cannot have made, or an output of a
+    kind this module does not know (a newer writer's), hands over with nothing applied."""
+    later: list[tuple[str, str, str | None]] = []
     for line in out:
         kind, _, rest = line.partition(" ")
         if kind not in base.ANSWER_OUTPUTS:
             raise Handover(f"an answer this start module cannot replay ({line[:16]})")
-        if kind in ("env", "entry"):
-            try:
-                for token in rest.split(" "):
-                    base.unescape(token[1:] if token[:1] == "=" else token)
-            except ValueError:
-                raise Handover(f"a damaged answer ({kind})") from None
+        try:
+            if kind == "env":
+                name, _, value = rest.partition(" ")
+                said = None if value == "-" else base.unescape(value[1:])
+                later.append((kind, base.unescape(name), said))
+            elif kind == "entry":
+                label, _, data = rest.partition(" ")
+                later.append((kind, base.unescape(label), base.unescape(data)))
+            elif kind == "guard":
+                later.append((kind, "", None))
+        except ValueError:
+            raise Handover(f"a damaged answer ({kind})") from None
+    return later
 
 
-def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, Any]") -> None:
-    """The answer's outputs, in the full path's order: CPUs, memory policy, pages, the
-    variables, the registry entry, the guards.  A failed call undoes what was done and
-    hands over (the full path then says what failed)."""
+def _apply(
+    out: "list[str]",
+    later: "list[tuple[str, str, str | None]]",
+    env: "os._Environ[str]",
+    state: "dict[str, Any]",
+) -> None:
+    """The answer's outputs, in the full path's order: CPUs, memory policy, pages, then
+    ``later`` (:func:`_after_calls`: the variables, the registry entry, the guards).  A
+    failed call undoes what was done and hands over (the full path then says what failed)."""
     done: dict[str, object] = {}
     record: dict[str, object] = {"plan": "", "binding": "", "registered": None}
     try:
@@ -252,21 +264,17 @@ def _apply(out: "list[str]", env: "os._Environ[str]", state: "dict[str, Any]") -
         raise
     record.setdefault("cpus", state["mask"])
     record.update(done)
-    for line in out:  # nothing below can fail in a way that needs the calls undone
-        kind, _, rest = line.partition(" ")
+    for kind, name, value in later:  # nothing below can fail in a way that needs an undo
         if kind == "env":
-            name, _, value = rest.partition(" ")
-            if value == "-":
-                env.pop(base.unescape(name), None)
+            if value is None:
+                env.pop(name, None)
             else:
-                env[base.unescape(name)] = base.unescape(value[1:])
+                env[name] = value
         elif kind == "entry":
-            label, _, data = rest.partition(" ")
-            where = base.unescape(label)
             head = f"pid={os.getpid()}\nstart={base.start_time()}\n"
-            if base.register(where, (head + base.unescape(data)).encode()) is None:
-                record["registered"] = f"{where}/{os.getpid()}"
-                record["registered_label"] = where
+            if base.register(name, (head + (value or "")).encode()) is None:
+                record["registered"] = f"{name}/{os.getpid()}"
+                record["registered_label"] = name
         elif kind == "guard":
             sys.meta_path.insert(0, _Armer())
     global machine_origin
