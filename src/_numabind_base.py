@@ -640,20 +640,20 @@ def _witness_lines(found: "list[tuple[str, str, str]]") -> "list[str]":
     return [f"w {k} {escape(p)} {escape(v)}" for k, p, v in found]
 
 
-def machine_head(sysroot: str, found: "list[tuple[str, str, str]]") -> "list[str]":
-    """The first lines of a machine file: its key, then the witnesses (kind, path, what it
-    said) of what it holds."""
-    return [f"key {machine_key(sysroot)}", *_witness_lines(found)]
+def machine_head(key: str, found: "list[tuple[str, str, str]]") -> "list[str]":
+    """The first lines of a machine file: its key (:func:`machine_key`, which the writer
+    has made already), then the witnesses (kind, path, what it said) of what it holds."""
+    return [f"key {key}", *_witness_lines(found)]
 
 
 def answers_head(
-    sysroot: str, raw: "str | None", found: "list[tuple[str, str, str]]"
+    key: str, sysroot: str, raw: "str | None", found: "list[tuple[str, str, str]]"
 ) -> "list[str]":
     """The first lines of an answers file: its key, the sysroot its witnesses are read
     under and the NUMABIND_SYSROOT value it answers (``~``: unset), then the witnesses."""
     value = "~" if raw is None else escape(raw)  # "~" itself is escaped: %7e
     return [
-        f"key {machine_key(sysroot)}",
+        f"key {key}",
         f"sysroot {escape(sysroot)} {value}",
         *_witness_lines(found),
     ]

@@ -99,7 +99,7 @@ def test_a_witness_tells_a_file_that_says_dash_from_an_absent_one(tmp_path: Path
     assert base.witness("m", str(tmp_path / "absent")) == "-"
     assert base.witness("l", str(tmp_path / "absent")) == "-"
     found = [(k, f"/w/{p.name}", base.witness(k, str(p))) for k, p in (("f", dash), ("m", meminfo))]
-    lines = base.machine_head(sysroot, found)
+    lines = base.machine_head(base.machine_key(sysroot), found)
     assert base.machine_holds(lines, sysroot, 1) == (3, "")
     for path in (dash, meminfo):
         kept = path.read_bytes()
@@ -280,7 +280,8 @@ def test_an_answers_file_says_which_numabind_sysroot_value_it_answers() -> None:
     """The head both sides share (``_numabind_base.answers_head``): the sysroot the
     witnesses are read under, and the variable's value, compared as written, so that
     unset and a value of ``~`` are two values; a line out of shape is a damaged file."""
-    unset, tilde = base.answers_head("/x y", None, []), base.answers_head("/x y", "~", [])
+    key = base.machine_key("/x y")
+    unset, tilde = base.answers_head(key, "/x y", None, []), base.answers_head(key, "/x y", "~", [])
     assert base.answers_sysroot(unset, None) == ("/x y", "")
     assert base.answers_sysroot(tilde, "~") == ("/x y", "")
     assert base.answers_sysroot(unset, "~") == (None, "another NUMABIND_SYSROOT")

@@ -254,7 +254,7 @@ def write(environ: Mapping[str, str], sysroot: str, machine: Machine) -> str | N
     }
     if source.environ is not None:
         extra["environ"] = tuple(f"{k}={v}" for k, v in sorted(source.environ.items()))
-    data = render(base.machine_head(sysroot, found), source.memo, extra)
+    data = render(base.machine_head(key, found), source.memo, extra)
     if len(data) > base.CACHE_CAP:
         return None
     fd, label, _ = base.open_cache_dir(environ, True, _base(environ))

@@ -290,24 +290,29 @@ def _store(
         kept: list[list[str]] = []
         bad, data, _ = base.read_private(fd, name, (os.geteuid(),), base.CACHE_CAP)
         lines, _ = base.unframe(data, "answers") if bad is None else ([], "")
+        key = base.machine_key(sysroot)
         held: list[tuple[str, str, str]] = []
+        first = base.WITNESSES_FROM["answers"]
         if (
             lines
             and base.answers_sysroot(lines, raw)[0] == sysroot
-            and not base.machine_holds(lines, sysroot, base.WITNESSES_FROM["answers"], held)[1]
+            and not base.machine_holds(lines, sysroot, first, held, key=key)[1]
         ):
             kept = _answers(lines)  # made under this sysroot, of this machine: kept beside
         # this answer was made under what its witnesses said when it was read: where any
-        # says otherwise now (the machine changed while it planned), it is not kept
+        # says otherwise now (the machine changed while it planned), it is not kept (what
+        # the old file's witnesses said just now is not read again)
+        now = {(kind, path): said for kind, path, said in held}
         prefix = base.tree(sysroot)
-        if any(base.witness(kind, prefix + path) != said for kind, path, said in found):
-            return None
+        for kind, path, said in found:
+            if (now.get((kind, path)) or base.witness(kind, prefix + path)) != said:
+                return None
         # the file's witnesses are those of every answer in it: a rank that read the machine
         # itself (it waited too long for the node's reading) witnesses what its own plan
         # asked, and the answers kept beside its own still need theirs
         merged = {(kind, path): said for kind, path, said in held if kept}
         merged.update({(kind, path): said for kind, path, said in found})
-        head = base.answers_head(sysroot, raw, [(k, p, v) for (k, p), v in merged.items()])
+        head = base.answers_head(key, sysroot, raw, [(k, p, v) for (k, p), v in merged.items()])
         kept = [a for a in kept if a[: a.index("=")] != answer[: answer.index("=")]]
         kept = [*kept[-(MAX_ANSWERS - 1) :], answer]
         data = base.frame("answers", [*head, *(line for a in kept for line in a)])
