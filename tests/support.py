@@ -68,6 +68,32 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _first_byte(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(1)
+
+
+def started(argv: list[str], **popen: object) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(argv, **popen)``, returned once the child's exec has finished:
+    Popen returns when the close-on-exec pipe closes, which the kernel does before it lays
+    out the new program's arguments and environment, so for a moment /proc/PID/environ and
+    cmdline read empty and a scan of the child would not see a rank (a CI failure on 3.12)."""
+    import time
+
+    child: subprocess.Popen[bytes] = subprocess.Popen(argv, **popen)  # type: ignore[call-overload]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if all(_first_byte(f"/proc/{child.pid}/{name}") for name in ("environ", "cmdline")):
+                return child
+        except OSError:
+            pass
+        time.sleep(0.001)
+    child.kill()
+    child.wait()
+    raise AssertionError(f"{argv[0]} did not finish its exec in 30 s")
+
+
 def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess[str]:
     """``python -c code`` in ``env``, behind an optional wrapper (``setpriv ...``,
     ``unshare ...``, the seccomp launcher)."""

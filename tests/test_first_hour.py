@@ -27,7 +27,7 @@ from numabind import Machine
 from numabind.capture._examples import EXAMPLES
 from numabind.cli import main
 from numabind.cli._matrix import path_class
-from support import as_live, clean_env, py, two_cpus, venv_with_numabind
+from support import as_live, clean_env, py, started, two_cpus, venv_with_numabind
 
 HERE = Path(__file__).resolve().parent
 HWLOC = HERE / "data" / "hwloc"
@@ -445,7 +445,7 @@ def test_defect_6_a_named_device_keeps_its_own_index(tmp_path: Path) -> None:
 
 
 def test_defect_8_check_of_a_process_without_a_rank_is_unknown() -> None:
-    child = subprocess.Popen(["sleep", "30"], env=clean_env())
+    child = started(["sleep", "30"], env=clean_env())
     try:
         r = cli("check", "--pid", str(child.pid))
         j = cli("check", "--pid", str(child.pid), "--json")

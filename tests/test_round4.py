@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from support import clean_env
+from support import clean_env, started
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -115,8 +115,8 @@ def test_a_cgroup_a_user_could_make_is_not_the_job(forgery: str) -> None:
             os.chown(d, ATTACKER, ATTACKER)
         os.chown(forged, ATTACKER, ATTACKER)
     env = clean_env(**CLAIM, SLURM_LOCALID="0")
-    victim = subprocess.Popen(["sleep", "120"], env=env, cwd="/", **_as(VICTIM))  # type: ignore[call-overload]
-    attacker = subprocess.Popen(["sleep", "120"], env=env, cwd="/", **_as(ATTACKER))  # type: ignore[call-overload]
+    victim = started(["sleep", "120"], env=env, cwd="/", **_as(VICTIM))
+    attacker = started(["sleep", "120"], env=env, cwd="/", **_as(ATTACKER))
     try:
         # root places the attacker's process there, as systemd places a user's session in
         # the subtree it delegates to them; the name below is the attacker's own choice

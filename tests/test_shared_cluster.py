@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from _numabind_base import MODULES
-from support import StandInStore, clean_env
+from support import StandInStore, clean_env, started
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -384,8 +384,8 @@ def test_the_job_cgroup_decides_membership() -> None:
     claim = clean_env(
         SLURM_JOB_ID="78", SLURM_STEP_ID="0", SLURMD_NODENAME="nodea", SLURM_LOCALID="0"
     )
-    inside = subprocess.Popen(["sleep", "120"], env=claim)
-    outside = subprocess.Popen(["sleep", "120"], env=claim)
+    inside = started(["sleep", "120"], env=claim)
+    outside = started(["sleep", "120"], env=claim)
     step, top = _job_cgroup("78")
     try:
         (step / "cgroup.procs").write_text(f"{inside.pid}\n")
@@ -432,8 +432,7 @@ def test_the_collector_caps_members_and_says_how_many_were_left(
 
     claim = dict(SLURM_JOB_ID="79", SLURM_STEP_ID="0", SLURMD_NODENAME="nodea")
     ranks = [
-        subprocess.Popen(["sleep", "120"], env=clean_env(**claim, SLURM_LOCALID=str(i)))
-        for i in range(3)
+        started(["sleep", "120"], env=clean_env(**claim, SLURM_LOCALID=str(i))) for i in range(3)
     ]
     try:
         members = Membership(pids=frozenset(r.pid for r in ranks), source="a test's list")

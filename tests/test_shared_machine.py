@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import synth
-from support import clean_env, py, python_for, readable_src
+from support import clean_env, py, python_for, readable_src, started
 
 ATTACKER = 43211
 FORGED = "\x1b]0;pwned\x07\x1b[2J\x1b[H\x1b[32mOK       pid 1: all fine\x1b[0m\r\n\x9b2J\u202e"
@@ -343,7 +343,7 @@ def test_check_reads_a_huge_numa_maps_as_a_bounded_stream(tmp_path: Path) -> Non
 
 def test_check_all_stops_at_its_deadline_and_lists_what_it_skipped() -> None:
     sleepers = [
-        subprocess.Popen(
+        started(
             [sys.executable, "-S", "-c", "import sys; sys.stdin.read()"],
             stdin=subprocess.PIPE,
             env=clean_env(LOCAL_RANK=str(i)),
@@ -368,7 +368,7 @@ def test_check_all_stops_at_its_deadline_and_lists_what_it_skipped() -> None:
 def test_check_of_a_process_another_user_owns_is_one_clear_verdict() -> None:
     """An ordinary user's ``check --pid`` of a root rank: its environ, numa_maps and maps
     are not theirs to read; the verdict says what could not be read, no traceback."""
-    rank = subprocess.Popen(["sleep", "60"], env=clean_env(LOCAL_RANK="0"))
+    rank = started(["sleep", "60"], env=clean_env(LOCAL_RANK="0"))
     try:
         r = subprocess.run(
             [
