@@ -1423,6 +1423,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "an output of a kind the start module does not know is handed over, not skipped",
         ("tests/test_warm.py",),
     ),
+    M(
+        "C10",
+        "src/numabind/_replay.py",
+        'out.append(f"pages {base.cpulist(plan.memory_nodes)}',
+        'out.append(f"page {base.cpulist(plan.memory_nodes)}',
+        "the writer's line kinds are the answer table's, a line no test's rank writes included",
+        ("tests/test_warm.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -481,6 +481,47 @@ def _kinds_read(function: str) -> set[str]:
     return out
 
 
+def _kinds_written(function: str) -> set[str]:
+    """The line kinds a writer of ``numabind._replay`` starts its lines with: the first word
+    of each line it puts in ``out`` (``out = [...]``, ``out += [...]``, ``out.append(...)``),
+    read from its source, so that a line no test's rank happens to write is held too."""
+    import ast
+    import inspect
+
+    from numabind import _replay
+
+    def head(node: ast.expr) -> str:
+        while isinstance(node, ast.BinOp):  # "argv " + ...
+            node = node.left
+        if isinstance(node, ast.JoinedStr):  # f"cpus {...}"
+            node = node.values[0]
+        assert isinstance(node, ast.Constant) and isinstance(node.value, str), ast.dump(node)
+        return node.value.split(" ")[0]
+
+    def lines(node: ast.expr) -> list[ast.expr]:
+        if isinstance(node, ast.List):
+            return list(node.elts)
+        if isinstance(node, ast.ListComp):
+            return [node.elt]
+        return []
+
+    tree = ast.parse(inspect.getsource(getattr(_replay, function)))
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(getattr(t, "id", None) == "out" for t in targets):
+                found += lines(node.value)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "append"
+            and getattr(node.func.value, "id", None) == "out"
+        ):
+            found += node.args
+    return {head(line) for line in found}
+
+
 @two_cpus
 def test_the_answer_vocabulary_is_one_table_for_its_writer_and_its_reader(tmp_path: Path) -> None:
     """Every kind of line an answer holds is in ``_numabind_base``'s tables, the warm start
@@ -488,6 +529,8 @@ def test_the_answer_vocabulary_is_one_table_for_its_writer_and_its_reader(tmp_pa
     skipped (a replay that left out what the full path did would not be the full path's)."""
     assert _kinds_read("_input_holds") == set(base.ANSWER_INPUTS)
     assert _kinds_read("_apply") == set(base.ANSWER_OUTPUTS)
+    assert _kinds_written("_lines_in") == set(base.ANSWER_INPUTS)
+    assert _kinds_written("_lines_out") == set(base.ANSWER_OUTPUTS)
     root = _two_core_nodes(tmp_path)
     env = clean_env(NUMABIND="force", NUMABIND_SYSROOT=root, LOCAL_RANK="0")  # node 0: a policy
     _run(env)
