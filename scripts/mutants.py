@@ -1431,6 +1431,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the writer's line kinds are the answer table's, a line no test's rank writes included",
         ("tests/test_warm.py",),
     ),
+    M(
+        "M94",
+        "src/numabind/_apply.py",
+        "        tids = _kernel.thread_ids()\n",
+        "        break\n",
+        "apply lists the threads again: one started during its pass is bound too",
+        ("tests/test_bind.py",),
+    ),
 )
 
 # What CI runs (--sample 10): one rule from each part (hook, rank variables, plan, the

@@ -55,6 +55,42 @@ print(json.dumps({"masks": sorted(set(out)), "errors": errors}))
     assert all(data["errors"]), "the only errors are out-of-order restores, said as such"
 
 
+def test_a_thread_started_during_the_pass_is_bound_too(two: str) -> None:
+    """A thread started by one not yet rebound, after apply listed the threads, inherits
+    the old mask: apply lists them again until none is new.  The listing is made to miss
+    a real, running thread the first time, as a thread started mid-pass is missed."""
+    code = """
+import json, os, sys, threading, numabind
+from numabind import _kernel
+stop = threading.Event(); tids = []
+t = threading.Thread(target=lambda: (tids.append(threading.get_native_id()), stop.wait()))
+t.start()
+while not tids: pass
+real, calls = _kernel.thread_ids, []
+def listing(*a):
+    if sys._getframe(1).f_code.co_name != "_apply_cpus":
+        return real(*a)
+    calls.append(1)
+    return [x for x in real(*a) if len(calls) > 1 or x != tids[0]]
+_kernel.thread_ids = listing
+b = numabind.apply(1, migrate=False)
+late = sorted(os.sched_getaffinity(tids[0]))
+# threads that never stop appearing: bounded, and said
+n = iter(range(4_000_000, 4_000_100))
+_kernel.thread_ids = lambda *a: [*real(*a), next(n)]
+c = numabind.apply(0, migrate=False)
+stop.set(); t.join()
+print(json.dumps({"late": late, "passes": len(calls), "notes": c.notes}))
+"""
+    r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none", NUMABIND="force"))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["late"] == [1], "the thread the first listing missed is on the plan's CPU"
+    assert data["passes"] == 3, "listed until a listing held nothing new, then no more"
+    assert any("threads kept starting while the CPUs were set (8 passes)" in n
+               for n in data["notes"]), data["notes"]  # fmt: skip
+
+
 def test_restore_out_of_order_raises_and_in_order_restores(two: str) -> None:
     code = """
 import os, json, numabind

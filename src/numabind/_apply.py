@@ -91,6 +91,9 @@ fmt = _sysfs.format_cpulist
 
 LOCK = _thread.RLock()
 ACTIVE: list[Binding] = []  # applied and not restored, oldest first
+# listings of /proc/self/task one apply makes to catch the threads started during its pass
+# (each pass visits only threads not seen; one started by a rebound thread is already right)
+THREAD_PASSES = 8
 
 
 # --- what a binding did ------------------------------------------------------------------------
@@ -989,9 +992,38 @@ def _pin_main(b: Binding, plan: Plan) -> None:
 
 
 def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_inside: bool) -> None:
+    """Every thread on ``cpus``.  A thread started during the pass by one not yet rebound
+    inherits the old mask and is not in the list the pass began with (a dataloader or a
+    watchdog starting its workers while a late ``apply()`` runs), so the threads are
+    listed again until a listing holds none not seen, at most :data:`THREAD_PASSES`
+    times; what still appeared after the last is said in a note."""
     from . import _kernel
 
+    seen: set[int] = set()
     tids = _kernel.thread_ids() if all_threads else [0]
+    for _ in range(THREAD_PASSES):
+        new = [tid for tid in tids if tid not in seen]
+        if not new:
+            break
+        seen.update(new)
+        if not _apply_threads(b, new, cpus, rebind_inside):
+            return  # the calling thread could not be bound: b.errors says why
+        if not all_threads:
+            break
+        tids = _kernel.thread_ids()
+    else:
+        if any(tid not in seen for tid in tids):
+            b.notes.append(
+                f"threads kept starting while the CPUs were set ({THREAD_PASSES} passes): "
+                "the newest may be on the CPUs they were started with; check --pid shows them"
+            )
+    b.cpus_applied = not b.errors
+
+
+def _apply_threads(b: Binding, tids: list[int], cpus: frozenset[int], rebind_inside: bool) -> bool:
+    """One pass of :func:`_apply_cpus`; False when the calling thread could not be bound."""
+    from . import _kernel
+
     self_tid = _thread.get_native_id()
     with LOCK:  # threads inside a bind_thread block that set their CPUs: the outermost
         held = {tid: stack[0] for tid, stack in THREADS.items() if stack and stack[0].pin.cpus_set}
@@ -1018,7 +1050,7 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
         except OSError as err:
             b.errors.append(str(err))
             if tid in (0, self_tid):
-                return
+                return False
             continue
         b._previous_affinity[tid] = current
         b.threads_rebound += 1
@@ -1029,7 +1061,7 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
                 b.notes.append(
                     f"the kernel narrowed the CPUs to {fmt(got)} (a cpuset numabind could not read)"
                 )
-    b.cpus_applied = not b.errors
+    return True
 
 
 _RESTORE_HINT = (
