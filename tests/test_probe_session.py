@@ -57,15 +57,22 @@ with open(MARKS + "/env-%d" % os.getuid(), "w") as f:
 STAY_ATTACK = r"""
 import time
 for own_group in (False, True):
+    ready, said = os.pipe()  # the probe goes on once the sleeper has left its mark
     if os.fork() == 0:
+        os.close(ready)
         if own_group:
             os.setpgid(0, 0)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         open(MARKS + "/stayed-%d" % os.getpid(), "w").close()
+        os.write(said, b"1")
+        os.close(said)
         time.sleep(600)
         os._exit(0)
+    os.close(said)
+    os.read(ready, 1)
+    os.close(ready)
 """
 
 
@@ -220,6 +227,15 @@ def _alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+def _still_alive(pids: list[int], within: float = 10.0) -> list[int]:
+    """Those of ``pids`` alive after up to ``within`` s: SIGKILL is delivered at once, but
+    a task still exiting, or its parent's reaping, may take a moment on a loaded machine."""
+    deadline = time.monotonic() + within
+    while (left := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 @needs_root
 def test_what_another_users_pth_leaves_behind_ends_with_the_probe(
     their_venv: dict[str, Path],
@@ -240,8 +256,7 @@ def test_what_another_users_pth_leaves_behind_ends_with_the_probe(
     assert f"started as uid {ATTACKER}, its owner" in findings(p.stdout)["python"][1]
     stayed = [int(n.split("-")[1]) for n in os.listdir(their_venv["marks"])]
     assert len(stayed) >= 2, stayed  # Debian's python3 may run a venv's .pth twice
-    time.sleep(0.2)  # SIGKILL is delivered at once; its parent may take a moment to reap
-    assert [pid for pid in stayed if _alive(pid)] == []
+    assert _still_alive(stayed) == []
 
 
 def test_run_contained_ends_the_whole_session_at_its_deadline() -> None:
@@ -274,7 +289,7 @@ def test_run_contained_ends_the_whole_session_at_its_deadline() -> None:
     )
     took = time.monotonic() - began
     lines = ran.stdout.decode().splitlines()
-    assert ran.returncode is None and took < 5.0 + 2.5, (ran, took)
+    assert ran.returncode is None and took < 5.0 + 5.0, (ran, took)
     assert lines[:4] == [
         f"tty {errno.ENXIO}",
         "stdin /dev/null",
@@ -284,8 +299,7 @@ def test_run_contained_ends_the_whole_session_at_its_deadline() -> None:
     assert ran.stderr == b"x" * 4096  # the cap: the rest was read and dropped
     children = [int(line.split()[1]) for line in lines if line.startswith("child ")]
     assert len(children) == 2 and ran.killed == 3, (children, ran.killed)
-    time.sleep(0.2)
-    assert [pid for pid in children if _alive(pid)] == []
+    assert _still_alive(children) == []
 
 
 def test_run_contained_returns_once_the_leader_answered() -> None:
@@ -305,8 +319,7 @@ def test_run_contained_returns_once_the_leader_answered() -> None:
     answer, holder = ran.stdout.decode().split()
     assert (answer, ran.returncode, ran.killed) == ("answer", 0, 1), ran
     assert took < 30, took  # at once, never the timeout
-    time.sleep(0.2)
-    assert not _alive(int(holder))
+    assert _still_alive([int(holder)]) == []
 
 
 def test_contained_env_carries_only_numabinds_settings() -> None:

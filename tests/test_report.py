@@ -110,7 +110,8 @@ def test_46_a_silent_peer_is_given_up_on_within_10_s() -> None:
         took = time.monotonic() - began
     finally:
         store.close()
-    assert p.returncode == 3 and 9 < took < 15, (took, p.stderr)
+    # took: the 10 s, plus starting numabind on a loaded machine (the point: not the 60 s)
+    assert p.returncode == 3 and 9 < took < 30, (took, p.stderr)
     (line,) = p.stderr.splitlines()
     assert line.endswith(
         ": cannot read the store: the peer took the connection and said nothing for 10 s; a "
@@ -282,7 +283,7 @@ def test_a_rank_that_never_posts_is_named_after_the_wait(tmp_path: Path) -> None
     env = clean_env(
         REPORT_API="1",
         REPORT_SKIP_RANK="2",
-        REPORT_WAIT="3",
+        REPORT_WAIT="10",
         REPORT_DIR=str(tmp_path),
         HOLD="1",
         PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -300,7 +301,7 @@ def test_a_rank_that_never_posts_is_named_after_the_wait(tmp_path: Path) -> None
     print("\n".join(table))
     assert table[0].endswith("3 ranks on 1 node: 2 ok, 0 warnings, 0 off plan, 1 unreachable")
     assert "NOT POSTED: rank 2 (no record before the wait ended)" in table
-    assert "note: 1 rank(s) posted no record within 3 s" in table
+    assert "note: 1 rank(s) posted no record within 10 s" in table
 
 
 @pytest.mark.torch
