@@ -89,9 +89,11 @@ def started(argv: list[str], **popen: object) -> subprocess.Popen[bytes]:
         except OSError:
             pass
         time.sleep(0.001)
+    if child.poll() is not None:
+        raise AssertionError(f"{argv[0]} exited ({child.returncode}) before it could be read")
     child.kill()
     child.wait()
-    raise AssertionError(f"{argv[0]} did not finish its exec in 30 s")
+    raise AssertionError(f"{argv[0]} did not finish its exec in 30 s (an empty environment?)")
 
 
 def py(code: str, env: dict[str, str], *pre: str) -> subprocess.CompletedProcess[str]:

@@ -57,34 +57,43 @@ print(json.dumps({"masks": sorted(set(out)), "errors": errors}))
 
 def test_a_thread_started_during_the_pass_is_bound_too(two: str) -> None:
     """A thread started by one not yet rebound, after apply listed the threads, inherits
-    the old mask: apply lists them again until none is new.  The listing is made to miss
-    a real, running thread the first time, as a thread started mid-pass is missed."""
+    the old mask: apply lists them again until none is new.  The first listing is made to
+    miss a real, running thread (the second one), as one its starter made mid-pass is
+    missed; a process whose only thread is the caller is listed once."""
     code = """
 import json, os, sys, threading, numabind
 from numabind import _kernel
-stop = threading.Event(); tids = []
-t = threading.Thread(target=lambda: (tids.append(threading.get_native_id()), stop.wait()))
-t.start()
-while not tids: pass
 real, calls = _kernel.thread_ids, []
 def listing(*a):
     if sys._getframe(1).f_code.co_name != "_apply_cpus":
         return real(*a)
     calls.append(1)
-    return [x for x in real(*a) if len(calls) > 1 or x != tids[0]]
+    return [x for x in real(*a) if len(calls) > 1 or x not in tids[1:]]
 _kernel.thread_ids = listing
+tids = []
+alone = numabind.apply(1, migrate=False); alone.restore()
+once = len(calls)
+stop = threading.Event()
+def idle():
+    tids.append(threading.get_native_id()); stop.wait()
+ts = [threading.Thread(target=idle) for _ in range(2)]
+for t in ts:
+    t.start()
+while len(tids) < 2: pass
+del calls[:]
 b = numabind.apply(1, migrate=False)
-late = sorted(os.sched_getaffinity(tids[0]))
+late = sorted(os.sched_getaffinity(tids[1]))
 # threads that never stop appearing: bounded, and said
-n = iter(range(4_000_000, 4_000_100))
+n = iter(range(1 << 22, (1 << 22) + 100))  # above any pid_max: never a process
 _kernel.thread_ids = lambda *a: [*real(*a), next(n)]
 c = numabind.apply(0, migrate=False)
-stop.set(); t.join()
-print(json.dumps({"late": late, "passes": len(calls), "notes": c.notes}))
+stop.set(); [t.join() for t in ts]
+print(json.dumps({"once": once, "late": late, "passes": len(calls), "notes": c.notes}))
 """
     r = py(code, clean_env(NUMABIND_SYSROOT=two, NUMABIND_MEMORY="none", NUMABIND="force"))
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
+    assert data["once"] == 1, "the caller alone: one listing (a rank's start pays no more)"
     assert data["late"] == [1], "the thread the first listing missed is on the plan's CPU"
     assert data["passes"] == 3, "listed until a listing held nothing new, then no more"
     assert any("threads kept starting while the CPUs were set (8 passes)" in n

@@ -223,7 +223,11 @@ def test_check_and_show_name_the_fix_of_where_they_run(tmp_path: Path) -> None:
         assert rank.stdout is not None and rank.stdout.readline() == "ready\n"
         r = cli("check", "--pid", str(rank.pid), "--json", NUMABIND_SYSROOT=root)
     finally:
-        _, hook = rank.communicate(timeout=60)
+        try:
+            _, hook = rank.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            rank.kill()
+            _, hook = rank.communicate()
     (proc,) = json.loads(r.stdout)["processes"]
     assert proc["status"] == "skipped" and proc["problems"][0].startswith("cgroup too narrow")
     assert any(n.startswith("to bind it: in Kubernetes") for n in proc["notes"]), proc["notes"]

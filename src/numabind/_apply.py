@@ -996,7 +996,8 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
     inherits the old mask and is not in the list the pass began with (a dataloader or a
     watchdog starting its workers while a late ``apply()`` runs), so the threads are
     listed again until a listing holds none not seen, at most :data:`THREAD_PASSES`
-    times; what still appeared after the last is said in a note."""
+    times; what still appeared after the last is said in a note.  A process whose only
+    thread is the caller is listed once: nothing else runs to start a thread."""
     from . import _kernel
 
     seen: set[int] = set()
@@ -1008,8 +1009,8 @@ def _apply_cpus(b: Binding, cpus: frozenset[int], all_threads: bool, rebind_insi
         seen.update(new)
         if not _apply_threads(b, new, cpus, rebind_inside):
             return  # the calling thread could not be bound: b.errors says why
-        if not all_threads:
-            break
+        if not all_threads or len(seen) == 1:
+            break  # the caller alone (a rank's start): no other thread could start one
         tids = _kernel.thread_ids()
     else:
         if any(tid not in seen for tid in tids):
